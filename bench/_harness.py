@@ -1,0 +1,97 @@
+"""Shared helpers for benchmarks: timing, machine naming, and result files.
+
+Every benchmark runs gpuml and its baseline in the same process on the same
+data and reports ratios; absolute seconds on these shared machines are noisy.
+Results go to ``bench/results/<machine>/<name>.json`` plus a Markdown table.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import sys
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def machine_name(gpu: bool = False) -> str:
+    """A short, stable name for the machine the numbers come from."""
+    if gpu:
+        from gpuml._backend import gpu_name
+
+        name = gpu_name()
+        if name:
+            return name.lower().replace("nvidia ", "").replace(" ", "-")
+    return f"cpu-{os.cpu_count()}core"
+
+
+def timeit(fn: Callable[[], object], *, repeat: int = 3, warmup: int = 0,
+           sync: Callable[[], None] | None = None) -> float:
+    """Best wall time of ``repeat`` calls of ``fn`` in seconds (after ``warmup`` calls).
+
+    ``sync`` is called after each call (for example a device synchronise) so
+    that asynchronous GPU work is inside the measured interval.
+    """
+    for _ in range(warmup):
+        fn()
+        if sync:
+            sync()
+    best = float("inf")
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        fn()
+        if sync:
+            sync()
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
+def _fmt(v) -> str:
+    if isinstance(v, float):
+        if v != 0 and (abs(v) < 1e-3 or abs(v) >= 1e5):
+            return f"{v:.3e}"
+        return f"{v:.4g}"
+    return str(v)
+
+
+def markdown_table(rows: Sequence[dict]) -> str:
+    """Rows of dicts (same keys) as a Markdown table."""
+    if not rows:
+        return "(no rows)\n"
+    keys = list(rows[0])
+    for r in rows[1:]:
+        keys += [k for k in r if k not in keys]
+    lines = ["| " + " | ".join(keys) + " |", "|" + "---|" * len(keys)]
+    lines += ["| " + " | ".join(_fmt(r.get(k, "")) for k in keys) + " |" for r in rows]
+    return "\n".join(lines) + "\n"
+
+
+def record(name: str, rows: Sequence[dict], *, gpu: bool = False, title: str = "",
+           notes: str = "", command: str | None = None) -> Path:
+    """Print ``rows`` as a table and write them to bench/results/<machine>/<name>.{json,md}."""
+    machine = machine_name(gpu)
+    out = RESULTS / machine
+    out.mkdir(parents=True, exist_ok=True)
+    command = command or "python -m bench.run " + name
+    meta = {
+        "name": name,
+        "machine": machine,
+        "python": sys.version.split()[0],
+        "platform": platform.platform(),
+        "time": time.strftime("%Y-%m-%d %H:%M:%S"),
+        "command": command,
+        "notes": notes,
+    }
+    (out / f"{name}.json").write_text(json.dumps({"meta": meta, "rows": list(rows)}, indent=1,
+                                                 default=float))
+    table = markdown_table(rows)
+    md = f"# {title or name}\n\nMachine: `{machine}`. Command: `{command}`.\n\n{table}"
+    if notes:
+        md += f"\n{notes}\n"
+    (out / f"{name}.md").write_text(md)
+    print(f"\n## {title or name} ({machine})\n{table}", flush=True)
+    return out / f"{name}.md"
