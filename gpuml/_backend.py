@@ -1,0 +1,207 @@
+"""The one seam that knows NumPy from CuPy.
+
+Estimators call :func:`resolve` once at the top of ``fit``/``predict`` and then
+write their algorithm against ``backend.xp``. Nothing else in gpuml branches
+on the device, except the hardware-specific code in :mod:`gpuml.kernels`.
+
+Rules
+-----
+* ``device="auto"``: the device of a CuPy input if there is one; otherwise
+  the GPU when CuPy imports and a CUDA device answers; otherwise the CPU.
+* ``device="cpu"``, ``"cuda"`` (current GPU, normally 0) or ``"cuda:N"``.
+  Asking for a GPU that is not there raises :class:`RuntimeError`.
+* Outputs follow the input: a CuPy input gives CuPy outputs, anything else
+  (NumPy, pandas, lists, SciPy sparse) gives NumPy outputs, wherever the
+  computation ran.
+* Floating dtypes: float32 and float64 are kept as given. Integers, booleans
+  and float16 become float64 (float16 has too little precision for kernel
+  sums). Mixed float32/float64 inputs are computed in float64.
+
+Importing this module never imports CuPy, never touches a GPU, never prints.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+from dataclasses import dataclass
+from types import ModuleType
+
+import numpy as np
+
+_DEVICE_RE = re.compile(r"^(auto|cpu|cuda)(?::(\d+))?$")
+
+
+@functools.lru_cache(maxsize=1)
+def _cupy() -> ModuleType | None:
+    """CuPy if it imports, else None (cached; import errors are swallowed)."""
+    try:
+        import cupy
+    except Exception:  # ImportError, or a broken CUDA install raising at import
+        return None
+    return cupy
+
+
+@functools.lru_cache(maxsize=1)
+def gpu_count() -> int:
+    """Number of CUDA devices that answer (0 without CuPy or without a GPU)."""
+    cp = _cupy()
+    if cp is None:
+        return 0
+    try:
+        return int(cp.cuda.runtime.getDeviceCount())
+    except Exception:  # CUDARuntimeError without a driver or device
+        return 0
+
+
+def cuda_available() -> bool:
+    """True when CuPy imports and at least one CUDA device answers."""
+    return gpu_count() > 0
+
+
+def gpu_name(device_id: int = 0) -> str | None:
+    """The GPU's marketing name, or None without one."""
+    if not cuda_available():
+        return None
+    props = _cupy().cuda.runtime.getDeviceProperties(device_id)
+    name = props["name"]
+    return name.decode() if isinstance(name, bytes) else str(name)
+
+
+def is_cupy_array(a) -> bool:
+    """True for CuPy dense arrays and cupyx sparse matrices (without importing CuPy)."""
+    mod = type(a).__module__
+    return mod.startswith("cupy") or mod.startswith("cupyx")
+
+
+@dataclass(frozen=True)
+class Backend:
+    """The array namespace and device a computation runs on.
+
+    Attributes
+    ----------
+    xp : module
+        ``numpy`` or ``cupy``.
+    device_id : int or None
+        CUDA device ordinal, None on the CPU.
+    """
+
+    xp: ModuleType
+    device_id: int | None = None
+
+    @property
+    def is_gpu(self) -> bool:
+        return self.device_id is not None
+
+    @property
+    def device(self) -> str:
+        return "cpu" if self.device_id is None else f"cuda:{self.device_id}"
+
+    def use(self):
+        """Context manager making this backend's GPU current (a no-op on the CPU)."""
+        if self.device_id is None:
+            import contextlib
+
+            return contextlib.nullcontext()
+        return self.xp.cuda.Device(self.device_id)
+
+    def asarray(self, a, dtype=None):
+        """``a`` on this backend's device (a copy only when it must move or change dtype)."""
+        if self.is_gpu:
+            with self.use():
+                if hasattr(a, "tocsr") and not is_cupy_array(a):
+                    import cupyx.scipy.sparse as cpsp
+
+                    return cpsp.csr_matrix(a.astype(dtype) if dtype else a)
+                return self.xp.asarray(a, dtype=dtype)
+        return to_numpy(a) if dtype is None else to_numpy(a).astype(dtype, copy=False)
+
+    def sync(self) -> None:
+        """Wait for queued GPU work (a no-op on the CPU); for timing only."""
+        if self.is_gpu:
+            with self.use():
+                self.xp.cuda.get_current_stream().synchronize()
+
+
+CPU = Backend(np, None)
+
+
+def parse_device(device) -> tuple[str, int | None]:
+    """Split ``"cuda:1"`` into ``("cuda", 1)``; raise ValueError on anything else."""
+    if not isinstance(device, str) or not _DEVICE_RE.match(device):
+        raise ValueError(
+            f"device must be 'auto', 'cpu', 'cuda' or 'cuda:N', got {device!r}"
+        )
+    kind, _, ordinal = device.partition(":")
+    return kind, (int(ordinal) if ordinal else None)
+
+
+def _gpu_backend(ordinal: int | None) -> Backend:
+    n = gpu_count()
+    if n == 0:
+        why = "CuPy is not installed" if _cupy() is None else "no CUDA device answers"
+        raise RuntimeError(
+            f"device='cuda' was asked for but {why}; install gpuml[cuda12] or "
+            "gpuml[cuda13] on a machine with an NVIDIA GPU, or use device='cpu'"
+        )
+    ordinal = 0 if ordinal is None else ordinal
+    if ordinal >= n:
+        raise RuntimeError(f"device='cuda:{ordinal}' does not exist: this machine has {n} GPU(s)")
+    return Backend(_cupy(), ordinal)
+
+
+def resolve(device="auto", *arrays) -> Backend:
+    """The backend for a call, from the ``device`` parameter and the inputs.
+
+    Parameters
+    ----------
+    device : {"auto", "cpu", "cuda"} or "cuda:N"
+    *arrays : the call's inputs; a CuPy input pins ``"auto"`` to its device.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from gpuml._backend import resolve
+    >>> resolve("cpu", np.zeros(3)).device
+    'cpu'
+    """
+    kind, ordinal = parse_device(device)
+    cupy_inputs = [a for a in arrays if a is not None and is_cupy_array(a)]
+    if kind == "cpu":
+        return CPU
+    if kind == "cuda":
+        return _gpu_backend(ordinal)
+    if cupy_inputs:
+        dev = cupy_inputs[0].device
+        return _gpu_backend(int(getattr(dev, "id", dev)))
+    return _gpu_backend(None) if cuda_available() else CPU
+
+
+def namespace_of(a) -> ModuleType:
+    """``cupy`` for a CuPy input, else ``numpy``: the namespace outputs follow."""
+    return _cupy() if is_cupy_array(a) else np
+
+
+def to_numpy(a):
+    """A NumPy view/copy of ``a`` (dense or sparse, host or device)."""
+    if is_cupy_array(a):
+        return a.get()
+    if hasattr(a, "tocsr"):
+        return a
+    return np.asarray(a)
+
+
+def to_output(a, like):
+    """``a`` converted to follow the input ``like``: CuPy in, CuPy out; NumPy otherwise."""
+    if like is not None and is_cupy_array(like):
+        cp = _cupy()
+        return cp.asarray(a)
+    return to_numpy(a)
+
+
+def float_dtype(*arrays) -> np.dtype:
+    """The computation dtype for the given inputs (see the module's rules)."""
+    kinds = [np.dtype(a.dtype) for a in arrays if a is not None and hasattr(a, "dtype")]
+    if kinds and all(k == np.float32 for k in kinds):
+        return np.dtype(np.float32)
+    return np.dtype(np.float64)

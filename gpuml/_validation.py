@@ -1,0 +1,108 @@
+"""Input checks shared by every estimator and public function.
+
+Every check runs before any heavy work, raises an error that names the
+problem, and never modifies what the caller passed in. NumPy, pandas and
+SciPy-sparse inputs go through scikit-learn's own validation (so messages
+match scikit-learn's); CuPy inputs get the same checks on the device.
+"""
+
+from __future__ import annotations
+
+import numbers
+
+import numpy as np
+from sklearn.utils.validation import check_array, validate_data
+
+from ._backend import is_cupy_array
+
+FLOAT_DTYPES = (np.float64, np.float32)
+
+
+def _check_cupy_2d(X, name="X"):
+    """The checks scikit-learn applies, for a CuPy array (dense or cupyx sparse)."""
+    import cupy as cp
+
+    if X.ndim != 2:
+        raise ValueError(
+            f"Expected 2D array, got {X.ndim}D array instead for {name}; reshape your data "
+            "with X.reshape(-1, 1) for a single feature or X.reshape(1, -1) for a single sample."
+        )
+    if X.shape[0] < 1 or X.shape[1] < 1:
+        raise ValueError(f"Found array with shape {X.shape} while a minimum of 1 sample and "
+                         f"1 feature is required ({name}).")
+    if hasattr(X, "tocsr"):
+        X = X.tocsr()
+        data = X.data
+    else:
+        data = X
+    if data.dtype not in FLOAT_DTYPES:
+        if data.dtype.kind not in "biuf":
+            raise ValueError(f"{name} has dtype {data.dtype}; a numeric dtype is required")
+        X = X.astype(cp.float64)
+        data = X.data if hasattr(X, "tocsr") else X
+    if not bool(cp.isfinite(data).all()):
+        raise ValueError(f"Input {name} contains NaN or infinity.")
+    return X
+
+
+def validate_X(estimator, X, *, reset: bool):
+    """Validate a feature matrix for ``fit`` (``reset=True``) or ``predict``.
+
+    Returns a float32/float64 2-D array (CSR for sparse input) on the input's
+    own device, and sets/checks ``n_features_in_``.
+    """
+    if is_cupy_array(X):
+        X = _check_cupy_2d(X)
+        if reset:
+            estimator.n_features_in_ = int(X.shape[1])
+        elif X.shape[1] != estimator.n_features_in_:
+            raise ValueError(
+                f"X has {X.shape[1]} features, but {type(estimator).__name__} is expecting "
+                f"{estimator.n_features_in_} features as input."
+            )
+        return X
+    return validate_data(estimator, X, accept_sparse="csr", dtype=FLOAT_DTYPES, reset=reset)
+
+
+def validate_X_y(estimator, X, y, *, y_numeric: bool = False, multi_output: bool = False):
+    """Validate ``X`` and ``y`` for ``fit``: same length, finite, ``y`` 1-D (or 2-D if allowed)."""
+    if is_cupy_array(X) or is_cupy_array(y):
+        import cupy as cp
+
+        X = validate_X(estimator, cp.asarray(X) if not is_cupy_array(X) else X, reset=True)
+        y = cp.asarray(y)
+        if y.ndim == 2 and y.shape[1] == 1 and not multi_output:
+            y = y.ravel()
+        if y.ndim != 1 and not (multi_output and y.ndim == 2):
+            raise ValueError(f"y should be a 1d array, got an array of shape {y.shape} instead.")
+        if y.shape[0] != X.shape[0]:
+            raise ValueError(f"Found input variables with inconsistent numbers of samples: "
+                             f"[{X.shape[0]}, {y.shape[0]}]")
+        if y_numeric:
+            y = y.astype(X.dtype, copy=False)
+            if not bool(cp.isfinite(y).all()):
+                raise ValueError("Input y contains NaN or infinity.")
+        return X, y
+    return validate_data(estimator, X, y, accept_sparse="csr", dtype=FLOAT_DTYPES,
+                         y_numeric=y_numeric, multi_output=multi_output)
+
+
+def as_float_matrix(X, name: str = "X"):
+    """Validate a matrix for the plain functions (kernels, partitioners): 2-D, finite, float."""
+    if is_cupy_array(X):
+        return _check_cupy_2d(X, name)
+    return check_array(X, accept_sparse="csr", dtype=FLOAT_DTYPES, input_name=name)
+
+
+def check_n_partitions(n_partitions, n_samples: int) -> int:
+    """``n_partitions`` must be an integer in [1, n_samples]."""
+    if isinstance(n_partitions, bool) or not isinstance(n_partitions, numbers.Integral):
+        raise TypeError(f"n_partitions must be an integer, got {n_partitions!r}")
+    if n_partitions < 1:
+        raise ValueError(f"n_partitions must be at least 1, got {n_partitions}")
+    if n_partitions > n_samples:
+        raise ValueError(
+            f"n_partitions={n_partitions} is larger than the number of samples ({n_samples}); "
+            "every partition needs at least one sample"
+        )
+    return int(n_partitions)

@@ -1,0 +1,1 @@
+"""scikit-learn estimators of gpuml."""

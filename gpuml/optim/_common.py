@@ -1,0 +1,185 @@
+"""Pieces shared by :mod:`gpuml.optim.lamb` and :mod:`gpuml.optim.lars`.
+
+Argument checks, the exclusion rules (which tensors skip layer-wise adaptation
+and weight decay), the choice between the three implementations, and the state
+handling that the three implementations share.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Iterable, Sequence
+
+import torch
+from torch import Tensor
+
+__all__ = ["param_groups_by_name"]
+
+_LOW_PRECISION = (torch.float16, torch.bfloat16)
+_SUPPORTED = (torch.float32, torch.float16, torch.bfloat16)
+
+DEFAULT_EXCLUDE = ("bias", "norm", "ln", "bn")
+
+
+def check_nonneg(name: str, value) -> None:
+    if isinstance(value, Tensor):
+        if value.numel() != 1:
+            raise ValueError(f"{name} must be a scalar, got a tensor of shape {tuple(value.shape)}")
+        return
+    if not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+        raise ValueError(f"Invalid {name}: {value!r} (must be a finite number >= 0)")
+
+
+def check_positive(name: str, value) -> None:
+    if not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+        raise ValueError(f"Invalid {name}: {value!r} (must be a finite number > 0)")
+
+
+def check_beta(name: str, value) -> None:
+    if not isinstance(value, (int, float)) or not 0.0 <= value < 1.0:
+        raise ValueError(f"Invalid {name}: {value!r} (must lie in [0, 1))")
+
+
+def check_bounds(bounds) -> tuple[float, float]:
+    try:
+        lower, upper = (float(b) for b in bounds)
+    except (TypeError, ValueError):
+        raise ValueError(f"trust_bounds must be a pair (lower, upper), got {bounds!r}") from None
+    if not (lower >= 0 and upper > 0 and lower <= upper) or math.isnan(upper):
+        raise ValueError(f"Invalid trust_bounds {bounds!r}: need 0 <= lower <= upper, upper > 0")
+    return lower, upper
+
+
+def check_exclusion(name: str, value) -> None:
+    if value is not None and not isinstance(value, bool):
+        raise ValueError(f"{name} must be None (exclude tensors with ndim <= 1), True or False; "
+                         f"got {value!r}")
+
+
+def excluded(rule: bool | None, p: Tensor) -> bool:
+    """Apply an exclusion rule: ``None`` excludes 1-D tensors (biases, norm weights)."""
+    return p.ndim <= 1 if rule is None else bool(rule)
+
+
+def interpreter_on() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+def resolve_impl(params: Sequence[Tensor], foreach: bool | None, fused: bool | None) -> str:
+    """``"fused"`` on CUDA tensors, ``"foreach"`` otherwise, unless asked explicitly."""
+    if fused and foreach:
+        raise ValueError("fused=True and foreach=True are mutually exclusive")
+    if fused:
+        return "fused"
+    if foreach is False:
+        return "loop"
+    if foreach:
+        return "foreach"
+    if fused is None and params and all(p.is_cuda for p in params):
+        return "fused"
+    return "foreach"
+
+
+def check_fused_devices(params: Sequence[Tensor]) -> None:
+    for p in params:
+        if not p.is_cuda and not (p.device.type == "cpu" and interpreter_on()):
+            raise RuntimeError(
+                f"fused=True needs CUDA tensors, got a parameter on {p.device}. Use the default "
+                "(foreach) path on CPU; for testing, TRITON_INTERPRET=1 runs the Triton kernels "
+                "on CPU tensors.")
+
+
+def check_group_tensors(params: Sequence[Tensor]) -> None:
+    """Reject sparse gradients, unsupported dtypes and mixed devices within one group."""
+    devices = set()
+    for p in params:
+        if p.grad is None:
+            continue
+        if p.grad.is_sparse:
+            raise RuntimeError("LAMB/LARS do not support sparse gradients "
+                               "(layer-wise norms need dense tensors); use torch.optim.SparseAdam")
+        if p.dtype not in _SUPPORTED:
+            raise TypeError(f"parameters must be float32, float16 or bfloat16, got {p.dtype}")
+        if torch.is_complex(p):
+            raise TypeError("complex parameters are not supported")
+        devices.add(p.device)
+    if len(devices) > 1:
+        raise ValueError(f"parameters of one param group live on several devices "
+                         f"{sorted(map(str, devices))}; put each device's parameters in their "
+                         "own param group")
+
+
+def compute_view(p: Tensor, master: Tensor | None) -> Tensor:
+    """The fp32 tensor the update is computed on: the master copy, or the parameter."""
+    if master is not None:
+        return master
+    return p if p.dtype == torch.float32 else p.float()
+
+
+def step_tensor(device: torch.device, on_device: bool) -> Tensor:
+    return torch.zeros((), dtype=torch.float32, device=device if on_device else "cpu")
+
+
+def step_value(step: Tensor) -> float:
+    return float(step.item()) if step.device.type == "cpu" else float(step)
+
+
+def skip_step(found_inf: Tensor | None) -> bool:
+    """The loop and foreach paths read ``found_inf`` on the host (one synchronisation)."""
+    return found_inf is not None and bool(found_inf.item())
+
+
+def param_groups_by_name(model: torch.nn.Module, weight_decay: float | None = None,
+                         exclude: Iterable[str] = DEFAULT_EXCLUDE, exclude_1d: bool = True,
+                         **group_options) -> list[dict]:
+    """Two param groups: tensors that get adaptation and weight decay, and those that do not.
+
+    A parameter is excluded (no layer-wise adaptation, no weight decay) when any
+    string of ``exclude`` occurs in its lower-cased qualified name (the BERT
+    recipe's ``["bias", "LayerNorm", "layer_norm"]``), or, with ``exclude_1d``,
+    when it has at most one dimension.
+
+    Parameters
+    ----------
+    model : torch.nn.Module
+    weight_decay : float, optional
+        Weight decay of the first group (the optimizer's default when None).
+    exclude : iterable of str
+        Substrings of parameter names to exclude.
+    exclude_1d : bool
+        Also exclude tensors with ``ndim <= 1``.
+    **group_options
+        Extra options copied into both groups (for example ``lr``).
+
+    Returns
+    -------
+    list of dict
+        ``[{"params": [...], "exclude_from_adaptation": False,
+        "exclude_from_weight_decay": False, ...}, {"params": [...], ...: True}]``;
+        empty groups are dropped.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from gpuml.optim import LAMB, param_groups_by_name
+    >>> model = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.LayerNorm(3))
+    >>> groups = param_groups_by_name(model, weight_decay=0.01)
+    >>> [len(g["params"]) for g in groups]
+    [1, 3]
+    >>> opt = LAMB(groups, lr=1e-3)
+    """
+    patterns = tuple(s.lower() for s in exclude)
+    keep, skip = [], []
+    for name, p in model.named_parameters():
+        if not p.requires_grad:
+            continue
+        out = any(s in name.lower() for s in patterns) or (exclude_1d and p.ndim <= 1)
+        (skip if out else keep).append(p)
+    first = {"params": keep, "exclude_from_adaptation": False,
+             "exclude_from_weight_decay": False, **group_options}
+    if weight_decay is not None:
+        first["weight_decay"] = weight_decay
+    second = {"params": skip, "exclude_from_adaptation": True,
+              "exclude_from_weight_decay": True, **group_options}
+    return [g for g in (first, second) if g["params"]]

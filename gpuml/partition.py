@@ -1,0 +1,273 @@
+"""Partitioners of seed 001 and nearest-centre routing.
+
+Each partitioner splits ``n`` samples into ``P`` parts and returns
+``(labels, centers)``: ``labels[i]`` is the part of sample ``i`` and
+``centers[j]`` the centre that routes new samples to part ``j``
+(:func:`assign_nearest`). All are deterministic under ``random_state`` and
+run on NumPy or CuPy inputs (the distance and assignment steps are GEMMs on
+the input's device; the greedy fill, sequential by nature, is a numba loop).
+
+=========  ===============================================  ==============
+name       what                                              sizes
+=========  ===============================================  ==============
+random     even random split, centre = mean (CA-SVM, Alg 5)  balanced
+fcfs       random centres, first come first served (Alg 3)   balanced
+kmeans     k-means, k-means++ init (CP-SVM, KKRR)            unbalanced
+kbalance   k-means centres, then greedy FCFS fill (Alg 9)    balanced
+bkm        k-means, then move the farthest samples of        balanced
+           over-full parts to the nearest under-full (Alg 4)
+=========  ===============================================  ==============
+
+Balanced means part sizes differ by at most one. The paper assumes ``P``
+divides ``n`` (capacity ``n/P`` each); here every part may hold
+``lo = n // P`` samples and ``r = n % P`` parts may hold one more: for
+``fcfs`` the first ``r`` random centres, for ``kbalance`` and ``bkm`` the
+``r`` parts k-means made largest (ties to the lower index). For ``fcfs``,
+``kbalance`` and ``bkm`` the returned centres are the means of the final
+parts, as in the algorithms' last lines; for ``kmeans`` they are the
+centres of the last assignment, so that ``assign_nearest(X, centers)``
+reproduces ``labels``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from sklearn.utils import check_random_state
+
+from ._backend import namespace_of, to_numpy
+from ._validation import as_float_matrix, check_n_partitions
+from .kernels import fill_nearest_open, sq_distances, squared_norms
+
+#: Bound on each temporary (n_block x P) distance block.
+BLOCK_BYTES = 64 << 20
+
+
+def _row_blocks(n_rows: int, n_cols: int, itemsize: int = 8):
+    rows = max(1, BLOCK_BYTES // max(1, n_cols * itemsize))
+    for start in range(0, n_rows, rows):
+        yield start, min(start + rows, n_rows)
+
+
+def _nearest(X, centers):
+    """Nearest centre of every row of X and its squared distance (blocked GEMM)."""
+    xp = namespace_of(centers)
+    c_norms = squared_norms(centers)
+    labels = xp.empty(X.shape[0], dtype=np.int64)
+    d2 = xp.empty(X.shape[0], dtype=centers.dtype)
+    for start, stop in _row_blocks(X.shape[0], centers.shape[0]):
+        D = sq_distances(X[start:stop], centers, c_norms)
+        labels[start:stop] = D.argmin(axis=1)
+        d2[start:stop] = D[xp.arange(stop - start), labels[start:stop]]
+    return labels, d2
+
+
+def _means(X, labels, n_parts, fallback=None):
+    """Mean of each part; an empty part keeps ``fallback[j]`` (or zeros)."""
+    xp = namespace_of(labels)
+    counts = xp.bincount(labels, minlength=n_parts)
+    sums = xp.zeros((n_parts, X.shape[1]), dtype=X.dtype)
+    if hasattr(X, "tocsr"):
+        for j in range(n_parts):
+            sums[j] = xp.asarray(X[xp.flatnonzero(labels == j)].sum(axis=0)).ravel()
+    else:
+        xp.add.at(sums, labels, X)
+    empty = counts == 0
+    means = sums / xp.maximum(counts, 1)[:, None].astype(X.dtype)
+    if fallback is not None and bool(empty.any()):
+        means[empty] = fallback[empty]
+    return means
+
+
+def _capacities(n: int, n_parts: int, larger_first=None) -> np.ndarray:
+    """Part capacities ``n // P`` plus one for ``n % P`` parts (``larger_first`` order)."""
+    lo, r = divmod(n, n_parts)
+    caps = np.full(n_parts, lo, dtype=np.int64)
+    order = np.arange(n_parts) if larger_first is None else larger_first
+    caps[order[:r]] += 1
+    return caps
+
+
+def _fill(X, centers, counts, caps, rows=None):
+    """Greedy FCFS fill of ``X[rows]`` (in that order) into parts with room left."""
+    xp = namespace_of(centers)
+    rows = xp.arange(X.shape[0]) if rows is None else rows
+    labels = xp.empty(rows.shape[0], dtype=np.int64)
+    c_norms = squared_norms(centers)
+    for start, stop in _row_blocks(rows.shape[0], centers.shape[0]):
+        D = sq_distances(X[rows[start:stop]], centers, c_norms)
+        labels[start:stop] = fill_nearest_open(D, counts, caps)
+    return labels
+
+
+def _random(X, n_parts, rng, **_):
+    n = X.shape[0]
+    labels = np.empty(n, dtype=np.int64)
+    labels[rng.permutation(n)] = np.arange(n) % n_parts
+    labels = namespace_of(X).asarray(labels)
+    return labels, _means(X, labels, n_parts)
+
+
+def _dense_rows(X, idx):
+    rows = X[idx]
+    return rows.toarray() if hasattr(rows, "toarray") else rows
+
+
+def _fcfs(X, n_parts, rng, **_):
+    n = X.shape[0]
+    seeds = np.sort(rng.choice(n, n_parts, replace=False))
+    centers = _dense_rows(X, seeds)
+    counts = np.zeros(n_parts, dtype=np.int64)
+    labels = _fill(X, centers, counts, _capacities(n, n_parts))
+    return labels, _means(X, labels, n_parts)
+
+
+def _kmeans_pp(X, n_parts, rng):
+    """k-means++ seeding (Arthur & Vassilvitskii, 2007): D^2-weighted sampling."""
+    xp = namespace_of(X)
+    n = X.shape[0]
+    first = int(rng.randint(n))
+    centers = [_dense_rows(X, [first])[0]]
+    closest = sq_distances(X, centers[0][None, :])[:, 0]
+    for _ in range(1, n_parts):
+        cumulative = xp.cumsum(closest)
+        total = float(cumulative[-1])
+        if total <= 0:  # fewer distinct points than parts: any sample will do
+            pick = int(rng.randint(n))
+        else:
+            pick = int(xp.searchsorted(cumulative, rng.uniform(0, total)))
+            pick = min(pick, n - 1)
+        c = _dense_rows(X, [pick])[0]
+        centers.append(c)
+        xp.minimum(closest, sq_distances(X, c[None, :])[:, 0], out=closest)
+    return namespace_of(centers[0]).stack(centers)
+
+
+def kmeans(X, n_parts, random_state=None, *, max_iter=100, tol=1e-4):
+    """Lloyd's k-means with k-means++ seeding; returns ``(labels, centers)``.
+
+    ``tol`` is relative to the mean per-feature variance of X (as
+    scikit-learn's KMeans). The returned labels are the nearest of the
+    returned centres.
+    """
+    X = as_float_matrix(X)
+    n_parts = check_n_partitions(n_parts, X.shape[0])
+    return _kmeans(X, n_parts, check_random_state(random_state), max_iter=max_iter, tol=tol)
+
+
+def _kmeans(X, n_parts, rng, max_iter=100, tol=1e-4, **_):
+    centers = _kmeans_pp(X, n_parts, rng)
+    xp = namespace_of(centers)
+    if hasattr(X, "tocsr"):
+        mean_sq = float(X.multiply(X).mean())
+        variance = mean_sq - float(X.mean()) ** 2
+    else:
+        variance = float(X.var(axis=0).mean())
+    threshold = tol * variance
+    labels, _ = _nearest(X, centers)
+    for _ in range(max_iter):
+        new_centers = _means(X, labels, n_parts, fallback=centers)
+        shift = float(((new_centers - centers) ** 2).sum())
+        centers = new_centers
+        labels, _ = _nearest(X, centers)
+        if shift <= threshold:
+            break
+    return labels, xp.ascontiguousarray(centers)
+
+
+def _kbalance(X, n_parts, rng, max_iter=100, tol=1e-4, **_):
+    km_labels, km_centers = _kmeans(X, n_parts, rng, max_iter=max_iter, tol=tol)
+    sizes = to_numpy(namespace_of(km_labels).bincount(km_labels, minlength=n_parts))
+    caps = _capacities(X.shape[0], n_parts, np.argsort(-sizes, kind="stable"))
+    counts = np.zeros(n_parts, dtype=np.int64)
+    labels = _fill(X, km_centers, counts, caps)
+    return labels, _means(X, labels, n_parts)
+
+
+def _bkm(X, n_parts, rng, max_iter=100, tol=1e-4, **_):
+    labels, km_centers = _kmeans(X, n_parts, rng, max_iter=max_iter, tol=tol)
+    xp = namespace_of(labels)
+    sizes = to_numpy(xp.bincount(labels, minlength=n_parts))
+    caps = _capacities(X.shape[0], n_parts, np.argsort(-sizes, kind="stable"))
+    # Over-full part j gives up its (size - cap) members farthest from its centre,
+    # farthest first; parts are visited in index order (Alg 4, lines 9-26).
+    labels_host = to_numpy(labels)
+    movers = []
+    for j in np.flatnonzero(sizes > caps):
+        members = np.flatnonzero(labels_host == j)
+        d2 = to_numpy(sq_distances(_dense_rows(X, members), km_centers[j][None, :])[:, 0])
+        farthest_first = members[np.argsort(-d2, kind="stable")]
+        movers.append(farthest_first[: sizes[j] - caps[j]])
+    if movers:
+        movers = np.concatenate(movers)
+        counts = np.minimum(sizes, caps).astype(np.int64)
+        rows = xp.asarray(movers) if xp is not np else movers
+        labels = labels.copy()
+        labels[rows] = _fill(X, km_centers, counts, caps, rows=rows)
+    return labels, _means(X, labels, n_parts)
+
+
+#: Partitioners by name; each is ``f(X, n_parts, rng, max_iter=, tol=) -> (labels, centers)``.
+PARTITIONERS = {
+    "random": _random,
+    "fcfs": _fcfs,
+    "kmeans": _kmeans,
+    "kbalance": _kbalance,
+    "bkm": _bkm,
+}
+
+
+def partition(X, n_partitions, method="random", *, random_state=None, max_iter=100, tol=1e-4):
+    """Split the rows of ``X`` into ``n_partitions`` parts.
+
+    Parameters
+    ----------
+    X : array of shape (n_samples, n_features), NumPy or CuPy, dense or CSR
+    n_partitions : int in [1, n_samples]
+    method : {"random", "fcfs", "kmeans", "kbalance", "bkm"}
+    random_state : int, RandomState or None
+    max_iter, tol : k-means iterations and relative tolerance (k-means based methods)
+
+    Returns
+    -------
+    labels : int64 array of shape (n_samples,), on X's device
+    centers : dense array of shape (n_partitions, n_features), on X's device
+
+    References
+    ----------
+    Yang You, "Fast and Accurate Machine Learning on Distributed Systems and
+    Supercomputers", PhD thesis (seed 001): Alg 3 (FCFS), Alg 4 (BKM),
+    Alg 5 (CA-SVM random split), Alg 9 (K-balance).
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from gpuml.partition import partition
+    >>> X = np.random.default_rng(0).normal(size=(10, 2))
+    >>> labels, centers = partition(X, 3, "kbalance", random_state=0)
+    >>> np.bincount(labels).tolist()
+    [4, 3, 3]
+    """
+    if method not in PARTITIONERS:
+        raise ValueError(f"partition method must be one of {sorted(PARTITIONERS)}, got {method!r}")
+    X = as_float_matrix(X)
+    n_partitions = check_n_partitions(n_partitions, X.shape[0])
+    rng = check_random_state(random_state)
+    return PARTITIONERS[method](X, n_partitions, rng, max_iter=max_iter, tol=tol)
+
+
+def assign_nearest(X, centers):
+    """Index of the nearest centre for every row of ``X`` (Alg 5's routing of new samples).
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from gpuml.partition import assign_nearest
+    >>> centers = np.array([[0.0, 0.0], [1.0, 1.0]])
+    >>> assign_nearest(np.array([[0.1, 0.0], [0.9, 1.2]]), centers).tolist()
+    [0, 1]
+    """
+    X = as_float_matrix(X)
+    centers = as_float_matrix(centers, "centers")
+    if X.shape[1] != centers.shape[1]:
+        raise ValueError(f"X has {X.shape[1]} features but centers have {centers.shape[1]}")
+    return _nearest(X, centers)[0]
