@@ -116,6 +116,10 @@ class Backend:
                 return self.xp.asarray(a, dtype=dtype)
         return to_numpy(a) if dtype is None else to_numpy(a).astype(dtype, copy=False)
 
+    def __reduce__(self):
+        # Modules do not pickle; a backend is rebuilt from its device (CPU stays CPU).
+        return resolve, (self.device,)
+
     def sync(self) -> None:
         """Wait for queued GPU work (a no-op on the CPU); for timing only."""
         if self.is_gpu:

@@ -1,0 +1,133 @@
+import numpy as np
+import pytest
+import scipy.sparse as sp
+from sklearn.datasets import load_breast_cancer
+from sklearn.metrics import pairwise as skp
+
+from gpuml.kernels import pairwise
+from gpuml.kernels.pairwise import Kernel, kernel_matrix, make_kernel, resolve_gamma
+
+X_REAL = load_breast_cancer().data[:120]
+X_STD = (X_REAL - X_REAL.mean(0)) / X_REAL.std(0)
+
+SKLEARN = {
+    "linear": lambda X, Y, g, d, c: skp.linear_kernel(X, Y),
+    "poly": lambda X, Y, g, d, c: skp.polynomial_kernel(X, Y, degree=d, gamma=g, coef0=c),
+    "rbf": lambda X, Y, g, d, c: skp.rbf_kernel(X, Y, gamma=g),
+    "sigmoid": lambda X, Y, g, d, c: skp.sigmoid_kernel(X, Y, gamma=g, coef0=c),
+}
+
+
+@pytest.mark.parametrize("kernel", sorted(SKLEARN))
+@pytest.mark.parametrize("sparse", [False, True])
+def test_matches_sklearn_float64(kernel, sparse):
+    X, Y = X_STD[:80], X_STD[80:]
+    g, d, c = 0.02, 3, 0.5
+    expected = SKLEARN[kernel](X, Y, g, d, c)
+    Xin = sp.csr_matrix(X) if sparse else X
+    got = kernel_matrix(Xin, Y, kernel, gamma=g, degree=d, coef0=c)
+    np.testing.assert_allclose(got, expected, rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("kernel", sorted(SKLEARN))
+def test_float32_kept_and_close(kernel):
+    X = X_STD[:60].astype(np.float32)
+    got = kernel_matrix(X, kernel=kernel, gamma=0.02, degree=2, coef0=0.5)
+    assert got.dtype == np.float32
+    expected = SKLEARN[kernel](X_STD[:60], X_STD[:60], 0.02, 2, 0.5)
+    np.testing.assert_allclose(got, expected, rtol=2e-4, atol=2e-4)
+
+
+def test_rbf_distance_is_clamped_at_zero():
+    # Equal rows far from the origin: ||x||^2 + ||y||^2 - 2 x.y cancels to about +-eps.
+    X = np.full((4, 3), 1e4) + np.arange(3) * 1e-9
+    K = kernel_matrix(X, kernel="rbf", gamma=1.0)
+    assert np.all(K <= 1.0) and np.all(np.isfinite(K))
+    np.testing.assert_allclose(K, 1.0)
+
+
+def test_blocks_give_the_same_answer(monkeypatch):
+    k = Kernel("rbf", gamma=0.03)
+    full = k.matrix(X_STD)
+    coef = np.random.default_rng(0).normal(size=(X_STD.shape[0], 2))
+    tiny_block = 8 * X_STD.shape[0] * 7  # 7 rows per block
+    np.testing.assert_allclose(k.dot(X_STD, X_STD, coef, block_bytes=tiny_block), full @ coef,
+                               rtol=1e-12)
+    monkeypatch.setattr(pairwise, "BLOCK_BYTES", tiny_block)
+    np.testing.assert_allclose(k.matrix(X_STD), full, rtol=1e-12)
+
+
+def test_matrix_refuses_to_exceed_the_memory_budget():
+    X = np.zeros((1000, 2))
+    with pytest.raises(MemoryError, match="max_bytes"):
+        kernel_matrix(X, kernel="rbf", gamma=1.0, max_bytes=1000 * 999 * 8)
+    huge = Kernel("rbf", 1.0)
+    # 1M x 1M would be 8 TB: refused before any allocation.
+    with pytest.raises(MemoryError, match="7450.6 GiB"):
+        huge.matrix(np.broadcast_to(np.zeros(2), (1_000_000, 2)))
+
+
+@pytest.mark.parametrize("kernel", sorted(SKLEARN))
+def test_diag_and_rows(kernel):
+    k = Kernel(kernel, gamma=0.02, degree=3, coef0=0.5)
+    K = k.matrix(X_STD)
+    np.testing.assert_allclose(k.diag(X_STD), np.diag(K), rtol=1e-10, atol=1e-12)
+    idx = np.array([3, 0, 17])
+    np.testing.assert_allclose(k.rows(X_STD, idx), K[idx], rtol=1e-12)
+
+
+def test_precomputed_passes_the_matrix_through():
+    K = skp.rbf_kernel(X_STD, gamma=0.1)
+    k = make_kernel("precomputed")
+    assert k.matrix(K) is K
+    np.testing.assert_array_equal(k.diag(K), np.diag(K))
+    np.testing.assert_array_equal(k.rows(K, [2, 5]), K[[2, 5]])
+    np.testing.assert_allclose(k.dot(K, None, np.ones(len(K))), K.sum(1))
+
+
+def test_gamma_scale_and_auto_match_sklearn_svc():
+    from sklearn.svm import SVC
+
+    svc = SVC(gamma="scale").fit(X_REAL, np.arange(len(X_REAL)) % 2)
+    assert resolve_gamma("scale", X_REAL) == pytest.approx(svc._gamma, rel=1e-12)
+    assert resolve_gamma("scale", sp.csr_matrix(X_REAL)) == pytest.approx(svc._gamma, rel=1e-9)
+    assert resolve_gamma("auto", X_REAL) == 1 / X_REAL.shape[1]
+    assert resolve_gamma("scale", np.ones((3, 2))) == 1.0
+
+
+@pytest.mark.parametrize("bad", [0.0, -1.0, "wide", float("nan")])
+def test_bad_gamma(bad):
+    with pytest.raises(ValueError, match="gamma"):
+        resolve_gamma(bad, X_REAL)
+
+
+def test_bad_inputs_raise_before_work_and_inputs_are_untouched():
+    X = X_STD[:10].copy()
+    before = X.copy()
+    kernel_matrix(X, kernel="rbf", gamma=0.1)
+    np.testing.assert_array_equal(X, before)
+    with pytest.raises(ValueError, match="kernel must be one of"):
+        kernel_matrix(X, kernel="laplacian")
+    with pytest.raises(ValueError, match="NaN"):
+        kernel_matrix(np.array([[np.nan, 1.0]]))
+    with pytest.raises(ValueError, match="2D array"):
+        kernel_matrix(np.ones(3))
+    with pytest.raises(ValueError, match="features"):
+        kernel_matrix(np.ones((2, 3)), np.ones((2, 4)))
+    with pytest.raises(ValueError):
+        kernel_matrix(np.array([["a", "b"]]))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kernel", sorted(SKLEARN))
+@pytest.mark.parametrize("sparse", [False, True])
+def test_gpu_matches_cpu(kernel, sparse):
+    import cupy as cp
+    import cupyx.scipy.sparse as cpsp
+
+    X = X_STD[:70]
+    expected = kernel_matrix(X, kernel=kernel, gamma=0.02, degree=3, coef0=0.5)
+    Xg = cpsp.csr_matrix(cp.asarray(X)) if sparse else cp.asarray(X)
+    got = kernel_matrix(Xg, kernel=kernel, gamma=0.02, degree=3, coef0=0.5)
+    assert isinstance(got, cp.ndarray)
+    np.testing.assert_allclose(got.get(), expected, rtol=1e-10, atol=1e-12)

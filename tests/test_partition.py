@@ -1,0 +1,228 @@
+"""Partitioners against literal transcriptions of seed 001's Alg 3, 4 and 9 (the oracles)."""
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+from sklearn.cluster import KMeans
+from sklearn.datasets import load_breast_cancer, load_digits
+from sklearn.utils import check_random_state
+
+from gpuml.kernels import fill_nearest_open
+from gpuml.partition import PARTITIONERS, assign_nearest, kmeans, partition
+
+_BC = load_breast_cancer().data[:540]
+# 540 samples, divisible by 3, 5 and 10 as the literal algorithms assume; standardised
+# continuous features, so no two centres are exactly equidistant from a sample.
+SMALL = (_BC - _BC.mean(0)) / _BC.std(0)
+DIGITS = load_digits().data[:600]
+
+
+# --- literal transcriptions, loop for loop ---------------------------------------------------
+
+def euclid(a, b):
+    return np.sqrt(((a - b) ** 2).sum())
+
+
+def means(SA, MB, P):
+    CT = np.zeros((P, SA.shape[1]))
+    CS = np.zeros(P, dtype=int)
+    for i in range(len(SA)):
+        CT[MB[i]] += SA[i]
+        CS[MB[i]] += 1
+    for i in range(P):
+        CT[i] = CT[i] / CS[i]
+    return CT
+
+
+def alg3_fcfs(SA, P, RS):
+    """Algorithm 3, First Come First Served partitioning (RS: the randomly picked samples)."""
+    m = len(SA)
+    CT = [SA[RS[i]] for i in range(P)]
+    CS = [0] * P
+    MB = [0] * m
+    balanced = m / P
+    for i in range(m):
+        mindis, minind = np.inf, 0
+        for j in range(P):
+            dist = euclid(SA[i], CT[j])
+            if dist < mindis and CS[j] < balanced:
+                mindis, minind = dist, j
+        CS[minind] += 1
+        MB[i] = minind
+    return np.array(MB), means(SA, MB, P)
+
+
+def alg9_kbalance(SA, CT, P):
+    """Algorithm 9, K-balance clustering, given the k-means centres CT."""
+    n = len(SA)
+    CS = [0] * P
+    MB = [0] * n
+    balanced = n / P
+    for i in range(n):
+        mindis, minind = np.inf, 0
+        for j in range(P):
+            dist = euclid(SA[i], CT[j])
+            if dist < mindis and CS[j] < balanced:
+                mindis, minind = dist, j
+        CS[minind] += 1
+        MB[i] = minind
+    return np.array(MB), means(SA, MB, P)
+
+
+def alg4_bkm(SA, CT, MB, P):
+    """Algorithm 4, Balanced K-means, given k-means centres CT and memberships MB."""
+    m = len(SA)
+    MB = list(MB)
+    CS = [MB.count(j) for j in range(P)]
+    balanced = m / P
+    dist = [[euclid(SA[i], CT[j]) for j in range(P)] for i in range(m)]
+    for j in range(P):
+        while CS[j] > balanced:
+            maxdist, maxind = 0, 0
+            for i in range(m):
+                if dist[i][j] > maxdist and MB[i] == j:
+                    maxdist, maxind = dist[i][j], i
+            mindist, minind = np.inf, j
+            for k in range(P):
+                if dist[maxind][k] < mindist and CS[k] < balanced:
+                    mindist, minind = dist[maxind][k], k
+            MB[maxind] = minind
+            CS[j] -= 1
+            CS[minind] += 1
+    return np.array(MB), means(SA, MB, P)
+
+
+# --- tests ------------------------------------------------------------------------------------
+
+def test_fill_reproduces_the_papers_worked_example():
+    # Figure 2.3: dist[j][i] between centres C0..C3 and samples S0..S7.
+    dist = np.array([[5, 7, 3, 8, 2, 0, 8, 0],
+                     [4, 1, 6, 3, 7, 3, 9, 4],
+                     [1, 2, 8, 4, 4, 7, 6, 1],
+                     [3, 0, 4, 1, 6, 1, 4, 9]], dtype=float)
+    counts = np.zeros(4, dtype=np.int64)
+    labels = fill_nearest_open(dist.T.copy(), counts, np.full(4, 2, dtype=np.int64))
+    # S0->C2, S1->C3, S2->C0, S3->C3, S4->C0, S5->C1, S6->C2, S7->C1 (steps 2.3.2-2.3.9)
+    assert labels.tolist() == [2, 3, 0, 3, 0, 1, 2, 1]
+    assert counts.tolist() == [2, 2, 2, 2]
+
+
+@pytest.mark.parametrize("P", [3, 5, 10])
+def test_fcfs_matches_algorithm_3(P):
+    labels, centers = partition(SMALL, P, "fcfs", random_state=7)
+    RS = np.sort(check_random_state(7).choice(len(SMALL), P, replace=False))
+    MB, CT = alg3_fcfs(SMALL, P, RS)
+    np.testing.assert_array_equal(labels, MB)
+    np.testing.assert_allclose(centers, CT, rtol=1e-12)
+
+
+@pytest.mark.parametrize("P", [3, 5, 10])
+def test_kbalance_matches_algorithm_9(P):
+    labels, centers = partition(SMALL, P, "kbalance", random_state=3)
+    _, CT = kmeans(SMALL, P, random_state=3)
+    MB, CT_final = alg9_kbalance(SMALL, CT, P)
+    np.testing.assert_array_equal(labels, MB)
+    np.testing.assert_allclose(centers, CT_final, rtol=1e-12)
+
+
+@pytest.mark.parametrize("P", [3, 5, 10])
+def test_bkm_matches_algorithm_4(P):
+    labels, centers = partition(SMALL, P, "bkm", random_state=5)
+    km_labels, CT = kmeans(SMALL, P, random_state=5)
+    MB, CT_final = alg4_bkm(SMALL, CT, km_labels, P)
+    np.testing.assert_array_equal(labels, MB)
+    np.testing.assert_allclose(centers, CT_final, rtol=1e-12)
+
+
+def test_kmeans_is_a_fixed_point_and_as_good_as_sklearn():
+    labels, centers = kmeans(DIGITS, 10, random_state=0, tol=0)
+    np.testing.assert_array_equal(assign_nearest(DIGITS, centers), labels)
+    for j in range(10):
+        np.testing.assert_allclose(centers[j], DIGITS[labels == j].mean(0), rtol=1e-10)
+    inertia = ((DIGITS - centers[labels]) ** 2).sum()
+    reference = KMeans(10, n_init=1, random_state=0).fit(DIGITS).inertia_
+    assert inertia <= 1.05 * reference
+
+
+@pytest.mark.parametrize("method", ["random", "fcfs", "kbalance", "bkm"])
+@pytest.mark.parametrize("P", [1, 7, 64, 599, 600])
+def test_balanced_methods_differ_by_at_most_one(method, P):
+    labels, centers = partition(DIGITS, P, method, random_state=0)
+    sizes = np.bincount(labels, minlength=P)
+    assert sizes.sum() == len(DIGITS)
+    assert sizes.max() - sizes.min() <= 1
+    assert centers.shape == (P, DIGITS.shape[1])
+
+
+@pytest.mark.parametrize("method", ["random", "fcfs", "kbalance", "bkm"])
+def test_centres_are_part_means(method):
+    labels, centers = partition(DIGITS, 6, method, random_state=1)
+    for j in range(6):
+        np.testing.assert_allclose(centers[j], DIGITS[labels == j].mean(0), rtol=1e-10)
+
+
+def test_kmeans_is_unbalanced_but_kbalance_is_not():
+    blobs = np.concatenate([np.zeros((90, 2)), np.ones((10, 2)) * 10]) + \
+        np.random.default_rng(0).normal(scale=0.1, size=(100, 2))
+    km = np.bincount(partition(blobs, 2, "kmeans", random_state=0)[0])
+    kb = np.bincount(partition(blobs, 2, "kbalance", random_state=0)[0])
+    assert sorted(km.tolist()) == [10, 90]
+    assert kb.tolist() == [50, 50]
+
+
+@pytest.mark.parametrize("method", sorted(PARTITIONERS))
+def test_deterministic_sparse_equal_and_input_untouched(method):
+    X = DIGITS.copy()
+    a = partition(X, 8, method, random_state=11)
+    b = partition(X, 8, method, random_state=11)
+    c = partition(sp.csr_matrix(X), 8, method, random_state=11)
+    np.testing.assert_array_equal(X, DIGITS)
+    np.testing.assert_array_equal(a[0], b[0])
+    np.testing.assert_array_equal(a[0], c[0])
+    np.testing.assert_allclose(a[1], c[1], rtol=1e-10)
+
+
+def test_assign_nearest_routes_to_the_closest_centre():
+    centers = np.array([[0.0, 0.0], [10.0, 0.0], [0.0, 10.0]])
+    X = np.array([[1.0, 1.0], [9.0, -1.0], [-1.0, 8.0], [4.0, 0.0]])
+    assert assign_nearest(X, centers).tolist() == [0, 1, 2, 0]
+    with pytest.raises(ValueError, match="features"):
+        assign_nearest(X, centers[:, :1])
+
+
+@pytest.mark.parametrize("bad, match", [
+    (np.array([[1.0, np.nan]] * 4), "NaN"),
+    (np.array([[1.0, np.inf]] * 4), "infinity"),
+    (np.ones(4), "2D array"),
+    (np.empty((0, 3)), "0 sample"),
+    (np.array([["a", "b"]] * 4), "could not convert|dtype"),
+])
+def test_bad_input(bad, match):
+    with pytest.raises(ValueError, match=match):
+        partition(bad, 2, "kmeans")
+
+
+@pytest.mark.parametrize("P, error", [(0, ValueError), (-1, ValueError), (601, ValueError),
+                                      (2.5, TypeError), (True, TypeError)])
+def test_bad_n_partitions(P, error):
+    with pytest.raises(error, match="n_partitions"):
+        partition(DIGITS, P, "random")
+
+
+def test_unknown_method():
+    with pytest.raises(ValueError, match="partition method must be one of"):
+        partition(DIGITS, 2, "spectral")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("method", sorted(PARTITIONERS))
+def test_gpu_matches_cpu(method):
+    import cupy as cp
+
+    cpu_labels, cpu_centers = partition(DIGITS, 8, method, random_state=2)
+    labels, centers = partition(cp.asarray(DIGITS), 8, method, random_state=2)
+    assert isinstance(labels, cp.ndarray) and isinstance(centers, cp.ndarray)
+    np.testing.assert_array_equal(labels.get(), cpu_labels)
+    np.testing.assert_allclose(centers.get(), cpu_centers, rtol=1e-9)
+    routed = assign_nearest(cp.asarray(DIGITS[:50]), centers)
+    np.testing.assert_array_equal(routed.get(), assign_nearest(DIGITS[:50], cpu_centers))
