@@ -183,3 +183,69 @@ def param_groups_by_name(model: torch.nn.Module, weight_decay: float | None = No
     second = {"params": skip, "exclude_from_adaptation": True,
               "exclude_from_weight_decay": True, **group_options}
     return [g for g in (first, second) if g["params"]]
+
+
+def global_grad_norm(grads: Sequence[Tensor], impl: str) -> Tensor:
+    """L2 norm of all ``grads`` together, as a 0-d fp32 tensor (no host synchronisation).
+
+    Used for LAMB's global gradient clipping, over every param group at once
+    (as apex and timm do).
+    """
+    if not grads:
+        return torch.zeros((), dtype=torch.float32)
+    device = grads[0].device
+    if impl == "fused":
+        from gpuml.optim import _triton
+
+        by_device: dict[torch.device, list[Tensor]] = {}
+        for g in grads:
+            by_device.setdefault(g.device, []).append(g)
+        parts = [_triton.sum_of_squares(gs).to(device) for gs in by_device.values()]
+        return torch.stack(parts).sum().sqrt()
+    if impl == "foreach":
+        by_key: dict[tuple, list[Tensor]] = {}
+        for g in grads:
+            by_key.setdefault((g.device, g.dtype), []).append(g)
+        norms = []
+        for gs in by_key.values():
+            norms += [n.to(device) for n in torch._foreach_norm(gs, 2, dtype=torch.float32)]
+        return torch.linalg.vector_norm(torch.stack(norms))
+    norms = [torch.linalg.vector_norm(g.float()).to(device) for g in grads]
+    return torch.linalg.vector_norm(torch.stack(norms))
+
+
+def scaled_step_coefficient(grad_scale: Tensor | None, clip: Tensor | None) -> Tensor | None:
+    """The one factor every gradient is multiplied by: ``clip / grad_scale`` (or None)."""
+    coef = None
+    if grad_scale is not None:
+        coef = 1.0 / grad_scale.float()
+    if clip is not None:
+        coef = clip if coef is None else coef * clip
+    return coef
+
+
+def clip_factor(norm: Tensor, max_grad_norm: float | None) -> Tensor | None:
+    """apex/timm global clipping: divide every gradient by ``max(1, norm / max_grad_norm)``."""
+    if max_grad_norm is None:
+        return None
+    return 1.0 / torch.clamp(norm / max_grad_norm, min=1.0)
+
+
+def fix_state_dtypes(optimizer: torch.optim.Optimizer, state_dict: dict, keys: Sequence[str]):
+    """Undo ``Optimizer.load_state_dict``'s cast of fp32 state to a low-precision param dtype.
+
+    The moments and master weights stay fp32 whatever the parameter's dtype, so
+    they are taken from ``state_dict`` again, exactly, and only moved to the
+    parameter's device.
+    """
+    saved_ids = [i for g in state_dict["param_groups"] for i in g["params"]]
+    params = [p for g in optimizer.param_groups for p in g["params"]]
+    for pid, p in zip(saved_ids, params):
+        saved = state_dict["state"].get(pid)
+        if not saved or p not in optimizer.state:
+            continue
+        for k in keys:
+            v = saved.get(k)
+            if isinstance(v, Tensor):
+                optimizer.state[p][k] = v.detach().to(device=p.device, dtype=torch.float32,
+                                                      copy=True)

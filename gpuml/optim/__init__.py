@@ -1,0 +1,34 @@
+"""Large-batch optimizers for PyTorch: LAMB, LARS (loop / foreach / fused Triton) and schedules.
+
+``from gpuml.optim import FusedLAMB`` drops into an existing training loop.
+Importing :mod:`gpuml` does not import torch; importing :mod:`gpuml.optim` does
+(Triton is imported only when the fused path runs).
+"""
+
+from gpuml.optim._common import param_groups_by_name
+from gpuml.optim.lamb import LAMB, FusedLAMB, lamb
+from gpuml.optim.lars import LARS, FusedLARS, lars
+from gpuml.optim.schedules import (
+    GoyalWarmupStepDecay,
+    LEGWPolynomialDecay,
+    RollerCoasterDecay,
+    WarmupPolynomialDecay,
+    legw_warmup_steps,
+    scale_lr,
+)
+
+__all__ = [
+    "LAMB",
+    "LARS",
+    "FusedLAMB",
+    "FusedLARS",
+    "lamb",
+    "lars",
+    "param_groups_by_name",
+    "WarmupPolynomialDecay",
+    "LEGWPolynomialDecay",
+    "RollerCoasterDecay",
+    "GoyalWarmupStepDecay",
+    "legw_warmup_steps",
+    "scale_lr",
+]

@@ -1,0 +1,452 @@
+r"""LAMB: layer-wise adaptive moments (seed 001, ch. 6, Alg 16; N-LAMB/NN-LAMB Alg 17-18).
+
+Structure as in ``torch/optim/adam.py``: the :class:`LAMB` optimizer gathers the
+tensors of each param group and calls the functional :func:`lamb`, which
+dispatches to one of three implementations with one signature:
+
+* :func:`_single_tensor_lamb`, a for-loop over tensors: the readable reference
+  and the oracle of the tests;
+* :func:`_multi_tensor_lamb`, ``torch._foreach_*`` over all tensors of a group,
+  per-tensor norms with ``torch._foreach_norm`` (no host synchronisation);
+* :func:`_fused_lamb`, two Triton kernels over all tensors of a group (see
+  :mod:`gpuml.optim._triton`).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+from torch.optim import Optimizer
+
+from gpuml.optim import _common as C
+
+__all__ = ["LAMB", "FusedLAMB", "lamb"]
+
+_VARIANTS = ("lamb", "nlamb", "nnlamb")
+_FP32_STATE = ("exp_avg", "exp_avg_sq", "master_param")
+
+
+class LAMB(Optimizer):
+    r"""LAMB optimizer (You et al.; seed 001 Algorithm 16, with Alg 17-18 as variants).
+
+    For every tensor :math:`x^{(i)}` (a "layer") with gradient :math:`g` at step
+    :math:`t`:
+
+    .. math::
+
+        g &\leftarrow g \,/\, \max(1, \|g_{\text{all}}\|_2 / \text{max\_grad\_norm})
+            \quad\text{(global clipping, optional)}\\
+        m_t &= \beta_1 m_{t-1} + \beta_3 g, \qquad
+            \beta_3 = 1-\beta_1 \text{ (grad\_averaging) else } 1\\
+        v_t &= \beta_2 v_{t-1} + (1-\beta_2) g^2\\
+        \hat m &= m_t/(1-\beta_1^t), \qquad \hat v = v_t/(1-\beta_2^t)
+            \quad\text{(bias\_correction)}\\
+        r_t &= \hat m / \sqrt{\hat v + \epsilon}\ \ \text{(eps\_inside\_sqrt)}
+            \quad\text{or}\quad \hat m / (\sqrt{\hat v} + \epsilon)\\
+        u_t &= r_t + \lambda x_t\\
+        x_{t+1} &= x_t - \eta_t \,\frac{\phi(\|x_t\|)}{\|u_t\|}\, u_t, \qquad
+            \phi(z) = \min(\max(z, \gamma_l), \gamma_u)
+
+    The trust ratio :math:`\phi(\|x\|)/\|u\|` is replaced by 1 when
+    :math:`\|x\| = 0` or :math:`\|u\| = 0` (never NaN), and for tensors excluded
+    from adaptation. ``variant="nlamb"`` (Alg 17) uses Nesterov-style moments
+    with a constant :math:`\beta_1`:
+    :math:`\hat m = \beta_1 m_t/(1-\beta_1^{t+1}) + \beta_3 g/(1-\beta_1^t)`,
+    :math:`\hat v = \beta_2 v_t/(1-\beta_2^{t+1})`; ``"nnlamb"`` (Alg 18) adds
+    :math:`(1-\beta_2) g^2/(1-\beta_2^t)` to :math:`\hat v`.
+
+    Parameters
+    ----------
+    params : iterable
+        Tensors or param groups. Group keys override every option below except
+        ``foreach``/``fused``/``capturable`` which are per group as well.
+    lr : float or Tensor, default 1e-3
+        :math:`\eta`. A tensor keeps it on the device (``capturable=True``).
+    betas : (float, float), default (0.9, 0.999)
+        :math:`\beta_1, \beta_2` in [0, 1) (the paper's values).
+    eps : float, default 1e-6
+        :math:`\epsilon > 0`.
+    weight_decay : float, default 0.01
+        :math:`\lambda \ge 0` (decoupled: added to the update, as in Alg 16).
+    bias_correction : bool, default True
+        Divide the moments by :math:`1-\beta^t` (Alg 16).
+    grad_averaging : bool, default True
+        :math:`\beta_3 = 1-\beta_1` (Alg 16); False gives :math:`\beta_3 = 1`.
+    max_grad_norm : float or None, default 1.0
+        Global gradient clipping over all param groups (apex, timm); None turns it off.
+    trust_bounds : (float, float), default (0, inf)
+        :math:`(\gamma_l, \gamma_u)` of the scaling function :math:`\phi`.
+    eps_inside_sqrt : bool, default True
+        Alg 16 writes :math:`\sqrt{\hat v + \epsilon}`; apex, timm and the BERT
+        code use :math:`\sqrt{\hat v} + \epsilon` (``False``).
+    always_adapt : bool, default True
+        Adapt tensors whose weight decay is 0 too (the paper adapts every layer).
+        False is apex's default and timm's ``always_adapt=False``: tensors
+        without weight decay get a plain Adam step.
+    variant : {"lamb", "nlamb", "nnlamb"}, default "lamb"
+        Algorithm 16, 17 or 18 (17 and 18 need ``bias_correction=True``).
+    exclude_from_adaptation, exclude_from_weight_decay : bool or None, default None
+        None excludes tensors with ``ndim <= 1`` (biases, norm weights), the BERT
+        recipe; True excludes every tensor of the group, False none. See
+        :func:`gpuml.optim.param_groups_by_name` for the name-based rule.
+    master_weights : bool, default False
+        Keep an fp32 copy of fp16/bf16 parameters in the state (``master_param``),
+        update it and round it into the parameter. The moments are fp32 always.
+    capturable : bool, default False
+        Keep ``step`` on the parameter's device so a step can be captured in a
+        CUDA graph (pass ``lr`` as a device tensor to change it inside the graph).
+    foreach, fused : bool or None
+        Implementation: default fused (Triton) on CUDA tensors, foreach otherwise;
+        ``foreach=False`` gives the for-loop reference.
+
+    Notes
+    -----
+    Defaults follow the paper where it is explicit (betas, bias correction,
+    gradient averaging, :math:`\epsilon` inside the square root, adaptation of
+    every layer) and apex/timm where it is silent (``eps=1e-6``,
+    ``weight_decay=0.01``, ``max_grad_norm=1.0``, 1-D tensors excluded).
+
+    apex ``FusedLAMB`` (defaults) equals ``LAMB(params, eps=1e-6, weight_decay=0.01,
+    max_grad_norm=1.0, eps_inside_sqrt=False, always_adapt=False,
+    exclude_from_adaptation=False, exclude_from_weight_decay=False)``; apex's
+    ``use_nvlamb=True`` is ``always_adapt=True``. timm ``Lamb`` (defaults,
+    ``trust_clip=False``) is the same setting.
+
+    ``step(grad_scale=..., found_inf=...)`` follows the fused-optimizer protocol
+    of ``torch.amp.GradScaler``: gradients are unscaled on the fly and the step is
+    skipped (no state changes) when ``found_inf`` is nonzero. The fused path does
+    this on the device; the loop and foreach paths read ``found_inf`` on the host.
+
+    Without a scaler the gradients are not inspected: a NaN or inf gradient makes
+    that tensor's moments and parameter NaN, and, with ``max_grad_norm`` set, the
+    global norm is NaN so every parameter becomes NaN (as with
+    ``torch.nn.utils.clip_grad_norm_`` followed by ``torch.optim.AdamW``).
+
+    References
+    ----------
+    .. [1] Y. You, "Fast and Accurate Machine Learning on Distributed Systems and
+       Supercomputers", PhD thesis, UC Berkeley (seed 001), ch. 6: Algorithm 16
+       (LAMB), Algorithms 17-18 (N-LAMB, NN-LAMB).
+    .. [2] Y. You et al., "Large Batch Optimization for Deep Learning: Training
+       BERT in 76 minutes", ICLR 2020.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from gpuml.optim import LAMB
+    >>> model = torch.nn.Linear(8, 2)
+    >>> opt = LAMB(model.parameters(), lr=1e-2)
+    >>> loss = model(torch.randn(16, 8)).square().mean()
+    >>> loss.backward()
+    >>> opt.step()
+    """
+
+    _step_supports_amp_scaling = True
+
+    def __init__(self, params, lr: float | Tensor = 1e-3, betas=(0.9, 0.999), eps: float = 1e-6,
+                 weight_decay: float = 0.01, *, bias_correction: bool = True,
+                 grad_averaging: bool = True, max_grad_norm: float | None = 1.0,
+                 trust_bounds=(0.0, float("inf")), eps_inside_sqrt: bool = True,
+                 always_adapt: bool = True, variant: str = "lamb",
+                 exclude_from_adaptation: bool | None = None,
+                 exclude_from_weight_decay: bool | None = None, master_weights: bool = False,
+                 capturable: bool = False, foreach: bool | None = None,
+                 fused: bool | None = None):
+        defaults = dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay,
+                        bias_correction=bias_correction, grad_averaging=grad_averaging,
+                        max_grad_norm=max_grad_norm, trust_bounds=trust_bounds,
+                        eps_inside_sqrt=eps_inside_sqrt, always_adapt=always_adapt,
+                        variant=variant, exclude_from_adaptation=exclude_from_adaptation,
+                        exclude_from_weight_decay=exclude_from_weight_decay,
+                        master_weights=master_weights, capturable=capturable,
+                        foreach=foreach, fused=fused)
+        _validate(defaults)
+        super().__init__(params, defaults)
+
+    def add_param_group(self, param_group: dict) -> None:
+        super().add_param_group(param_group)
+        _validate(self.param_groups[-1])
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        super().load_state_dict(state_dict)
+        C.fix_state_dtypes(self, state_dict, _FP32_STATE)
+
+    def _init_group(self, group, impl):
+        params, grads, ms, vs, masters, steps, adapt, decay = [], [], [], [], [], [], [], []
+        on_device = impl == "fused" or group["capturable"]
+        for p in group["params"]:
+            if p.grad is None:
+                continue
+            state = self.state[p]
+            if not state:
+                state["step"] = C.step_tensor(p.device, on_device)
+                state["exp_avg"] = torch.zeros_like(p, dtype=torch.float32,
+                                                    memory_format=torch.preserve_format)
+                state["exp_avg_sq"] = torch.zeros_like(state["exp_avg"])
+                if group["master_weights"] and p.dtype in C._LOW_PRECISION:
+                    state["master_param"] = p.detach().float().clone()
+            want = p.device if on_device else torch.device("cpu")
+            if state["step"].device != want:
+                state["step"] = state["step"].to(want, torch.float32)
+            params.append(p)
+            grads.append(p.grad)
+            ms.append(state["exp_avg"])
+            vs.append(state["exp_avg_sq"])
+            masters.append(state.get("master_param"))
+            steps.append(state["step"])
+            dec = not C.excluded(group["exclude_from_weight_decay"], p)
+            decay.append(dec)
+            wd_i = group["weight_decay"] if dec else 0.0
+            adapt.append(not C.excluded(group["exclude_from_adaptation"], p)
+                         and (group["always_adapt"] or wd_i != 0))
+        return params, grads, ms, vs, masters, steps, adapt, decay
+
+    @torch.no_grad()
+    def step(self, closure=None, grad_scale: Tensor | None = None,
+             found_inf: Tensor | None = None):
+        """One optimizer step; ``grad_scale``/``found_inf`` come from ``torch.amp.GradScaler``."""
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        work = []
+        for group in self.param_groups:
+            C.check_group_tensors(group["params"])
+            with_grad = [p for p in group["params"] if p.grad is not None]
+            if not with_grad:
+                continue
+            impl = C.resolve_impl(with_grad, group["foreach"], group["fused"])
+            if impl == "fused":
+                C.check_fused_devices(with_grad)
+            work.append((group, impl, self._init_group(group, impl)))
+        if not work:
+            return loss
+        norm = None
+        if any(g["max_grad_norm"] is not None for g, _, _ in work):
+            all_grads = [g for _, _, t in work for g in t[1]]
+            norm = C.global_grad_norm(all_grads, work[0][1])
+            if grad_scale is not None:
+                norm = norm / grad_scale.to(norm.device).float()
+        for group, impl, (params, grads, ms, vs, masters, steps, adapt, decay) in work:
+            beta1, beta2 = group["betas"]
+            lamb(params, grads, ms, vs, masters, steps, adapt=adapt, decay=decay,
+                 global_grad_norm=norm, grad_scale=grad_scale, found_inf=found_inf,
+                 foreach=impl == "foreach", fused=impl == "fused", lr=group["lr"],
+                 beta1=beta1, beta2=beta2, eps=group["eps"],
+                 weight_decay=group["weight_decay"], bias_correction=group["bias_correction"],
+                 grad_averaging=group["grad_averaging"], max_grad_norm=group["max_grad_norm"],
+                 trust_bounds=tuple(group["trust_bounds"]),
+                 eps_inside_sqrt=group["eps_inside_sqrt"], variant=group["variant"],
+                 capturable=group["capturable"])
+        return loss
+
+
+class FusedLAMB(LAMB):
+    """:class:`LAMB` pinned to the fused Triton path (CUDA tensors)."""
+
+    def __init__(self, params, *args, **kwargs):
+        if kwargs.get("fused") is False or kwargs.get("foreach"):
+            raise ValueError("FusedLAMB always uses the fused path; use LAMB for the others")
+        kwargs["fused"] = True
+        kwargs["foreach"] = None
+        super().__init__(params, *args, **kwargs)
+
+
+def _validate(group: dict) -> None:
+    lr = group["lr"]
+    C.check_nonneg("lr", lr)
+    if not isinstance(group["betas"], (tuple, list)) or len(group["betas"]) != 2:
+        raise ValueError(f"betas must be a pair, got {group['betas']!r}")
+    C.check_beta("beta1", group["betas"][0])
+    C.check_beta("beta2", group["betas"][1])
+    C.check_positive("eps", group["eps"])
+    C.check_nonneg("weight_decay", group["weight_decay"])
+    if group["max_grad_norm"] is not None:
+        C.check_positive("max_grad_norm", group["max_grad_norm"])
+    group["trust_bounds"] = C.check_bounds(group["trust_bounds"])
+    if group["variant"] not in _VARIANTS:
+        raise ValueError(f"variant must be one of {_VARIANTS}, got {group['variant']!r}")
+    if group["variant"] != "lamb" and not group["bias_correction"]:
+        raise ValueError(f"variant={group['variant']!r} is bias-corrected by construction "
+                         "(Alg 17-18); it needs bias_correction=True")
+    C.check_exclusion("exclude_from_adaptation", group["exclude_from_adaptation"])
+    C.check_exclusion("exclude_from_weight_decay", group["exclude_from_weight_decay"])
+    if group["fused"] and group["foreach"]:
+        raise ValueError("fused=True and foreach=True are mutually exclusive")
+    if isinstance(lr, Tensor) and not group["capturable"] and not group["fused"] \
+            and lr.device.type != "cpu":
+        raise ValueError("a device tensor lr needs capturable=True or fused=True")
+
+
+def lamb_coefficients(t, beta1: float, beta2: float, beta3: float, bias_correction: bool,
+                      variant: str):
+    r"""Coefficients :math:`(a_m, a_g, a_v, a_{g^2})` with :math:`\hat m = a_m m_t + a_g g`
+    and :math:`\hat v = a_v v_t + a_{g^2} g^2` at step ``t`` (float or tensor)."""
+    if variant == "lamb":
+        if not bias_correction:
+            return 1.0, 0.0, 1.0, 0.0
+        return 1.0 / (1.0 - beta1 ** t), 0.0, 1.0 / (1.0 - beta2 ** t), 0.0
+    a_m = beta1 / (1.0 - beta1 ** (t + 1))
+    a_g = beta3 / (1.0 - beta1 ** t)
+    a_v = beta2 / (1.0 - beta2 ** (t + 1))
+    a_g2 = (1.0 - beta2) / (1.0 - beta2 ** t) if variant == "nnlamb" else 0.0
+    return a_m, a_g, a_v, a_g2
+
+
+def lamb(params: list[Tensor], grads: list[Tensor], exp_avgs: list[Tensor],
+         exp_avg_sqs: list[Tensor], master_params: list[Tensor | None],
+         state_steps: list[Tensor], *, adapt: list[bool], decay: list[bool],
+         global_grad_norm: Tensor | None = None, grad_scale: Tensor | None = None,
+         found_inf: Tensor | None = None, foreach: bool | None = None,
+         fused: bool | None = None, lr: float | Tensor, beta1: float, beta2: float,
+         eps: float, weight_decay: float, bias_correction: bool, grad_averaging: bool,
+         max_grad_norm: float | None, trust_bounds: tuple[float, float],
+         eps_inside_sqrt: bool, variant: str, capturable: bool = False) -> None:
+    """Functional LAMB: see :class:`LAMB` for the update rule and the options.
+
+    ``adapt[i]`` / ``decay[i]`` say whether tensor ``i`` gets the trust ratio and
+    weight decay. ``global_grad_norm`` is the unscaled norm used for clipping
+    (computed from ``grads`` when None and ``max_grad_norm`` is set).
+    """
+    impl = C.resolve_impl(params, foreach, fused)
+    if max_grad_norm is not None and global_grad_norm is None and grads:
+        global_grad_norm = C.global_grad_norm(grads, impl)
+        if grad_scale is not None:
+            global_grad_norm = global_grad_norm / grad_scale.float()
+    func = {"loop": _single_tensor_lamb, "foreach": _multi_tensor_lamb,
+            "fused": _fused_lamb}[impl]
+    func(params, grads, exp_avgs, exp_avg_sqs, master_params, state_steps, adapt=adapt,
+         decay=decay, global_grad_norm=global_grad_norm, grad_scale=grad_scale,
+         found_inf=found_inf, lr=lr, beta1=beta1, beta2=beta2, eps=eps,
+         weight_decay=weight_decay, bias_correction=bias_correction,
+         grad_averaging=grad_averaging, max_grad_norm=max_grad_norm,
+         trust_bounds=trust_bounds, eps_inside_sqrt=eps_inside_sqrt, variant=variant,
+         capturable=capturable)
+
+
+def _trust_ratio(w_norm: Tensor, u_norm: Tensor, bounds: tuple[float, float]) -> Tensor:
+    phi = torch.clamp(w_norm, min=bounds[0], max=bounds[1])
+    ok = (w_norm > 0) & (u_norm > 0)
+    return torch.where(ok, phi / torch.where(ok, u_norm, 1.0), 1.0)
+
+
+def _single_tensor_lamb(params, grads, exp_avgs, exp_avg_sqs, master_params, state_steps, *,
+                        adapt, decay, global_grad_norm, grad_scale, found_inf, lr, beta1, beta2,
+                        eps, weight_decay, bias_correction, grad_averaging, max_grad_norm,
+                        trust_bounds, eps_inside_sqrt, variant, capturable):
+    if C.skip_step(found_inf):
+        return
+    clip = C.clip_factor(global_grad_norm, max_grad_norm) if global_grad_norm is not None \
+        else None
+    coef = C.scaled_step_coefficient(grad_scale, clip)
+    beta3 = 1.0 - beta1 if grad_averaging else 1.0
+    for i, p in enumerate(params):
+        g = grads[i].float()
+        if coef is not None:
+            g = g * coef
+        m, v, step = exp_avgs[i], exp_avg_sqs[i], state_steps[i]
+        step += 1
+        t = step if capturable else C.step_value(step)
+        m.mul_(beta1).add_(g, alpha=beta3)
+        v.mul_(beta2).addcmul_(g, g, value=1.0 - beta2)
+        a_m, a_g, a_v, a_g2 = lamb_coefficients(t, beta1, beta2, beta3, bias_correction, variant)
+        m_hat = m * a_m + g * a_g
+        v_hat = v * a_v + g * g * a_g2
+        denom = (v_hat + eps).sqrt() if eps_inside_sqrt else v_hat.sqrt() + eps
+        update = m_hat / denom
+        w = C.compute_view(p, master_params[i])
+        if decay[i] and weight_decay != 0:
+            update = update + weight_decay * w
+        ratio = 1.0
+        if adapt[i]:
+            ratio = _trust_ratio(torch.linalg.vector_norm(w), torch.linalg.vector_norm(update),
+                                 trust_bounds)
+        w.sub_(update * (ratio * lr))
+        if w is not p:
+            p.copy_(w)
+
+
+def _multi_tensor_lamb(params, grads, exp_avgs, exp_avg_sqs, master_params, state_steps, *,
+                       adapt, decay, global_grad_norm, grad_scale, found_inf, lr, beta1, beta2,
+                       eps, weight_decay, bias_correction, grad_averaging, max_grad_norm,
+                       trust_bounds, eps_inside_sqrt, variant, capturable):
+    if not params or C.skip_step(found_inf):
+        return
+    device = params[0].device
+    clip = C.clip_factor(global_grad_norm, max_grad_norm) if global_grad_norm is not None \
+        else None
+    coef = C.scaled_step_coefficient(grad_scale, clip)
+    beta3 = 1.0 - beta1 if grad_averaging else 1.0
+    gs = [g.float() for g in grads]
+    if coef is not None:
+        gs = torch._foreach_mul(gs, coef.to(device))
+    torch._foreach_add_(state_steps, 1.0)
+    torch._foreach_mul_(exp_avgs, beta1)
+    torch._foreach_add_(exp_avgs, gs, alpha=beta3)
+    torch._foreach_mul_(exp_avg_sqs, beta2)
+    torch._foreach_addcmul_(exp_avg_sqs, gs, gs, value=1.0 - beta2)
+
+    if capturable:
+        t = torch.stack(state_steps)
+        a_m, a_g, a_v, a_g2 = (
+            list(torch.as_tensor(c, dtype=torch.float32, device=device)
+                 .expand(len(params)).unbind(0))
+            for c in lamb_coefficients(t, beta1, beta2, beta3, bias_correction, variant))
+    else:
+        cs = [lamb_coefficients(C.step_value(s), beta1, beta2, beta3, bias_correction, variant)
+              for s in state_steps]
+        a_m, a_g, a_v, a_g2 = (list(x) for x in zip(*cs))
+    m_hat = torch._foreach_mul(exp_avgs, a_m)
+    v_hat = torch._foreach_mul(exp_avg_sqs, a_v)
+    if variant != "lamb":
+        torch._foreach_add_(m_hat, torch._foreach_mul(gs, a_g))
+        if variant == "nnlamb":
+            torch._foreach_add_(v_hat, torch._foreach_mul(torch._foreach_mul(gs, gs), a_g2))
+    if eps_inside_sqrt:
+        torch._foreach_add_(v_hat, eps)
+        torch._foreach_sqrt_(v_hat)
+    else:
+        torch._foreach_sqrt_(v_hat)
+        torch._foreach_add_(v_hat, eps)
+    updates = torch._foreach_div(m_hat, v_hat)
+    del m_hat, v_hat
+
+    ws = [C.compute_view(p, mp) for p, mp in zip(params, master_params)]
+    dec = [i for i, d in enumerate(decay) if d]
+    if dec and weight_decay != 0:
+        torch._foreach_add_([updates[i] for i in dec], [ws[i] for i in dec], alpha=weight_decay)
+    adapt_mask = torch.tensor(adapt, device=device) if any(adapt) else None
+    if adapt_mask is not None:
+        w_norms = torch.stack(torch._foreach_norm(ws))
+        u_norms = torch.stack(torch._foreach_norm(updates))
+        ratio = torch.where(adapt_mask, _trust_ratio(w_norms, u_norms, trust_bounds), 1.0)
+        scale = ratio * (-lr if not isinstance(lr, Tensor) else -lr.to(device))
+        torch._foreach_mul_(updates, list(scale.unbind(0)))
+        torch._foreach_add_(ws, updates)
+    elif isinstance(lr, Tensor):
+        torch._foreach_mul_(updates, -lr.to(device))
+        torch._foreach_add_(ws, updates)
+    else:
+        torch._foreach_add_(ws, updates, alpha=-lr)
+    low = [(p, w) for p, w in zip(params, ws) if w is not p]
+    if low:
+        torch._foreach_copy_([p for p, _ in low], [w for _, w in low])
+
+
+def _fused_lamb(params, grads, exp_avgs, exp_avg_sqs, master_params, state_steps, *,
+                adapt, decay, global_grad_norm, grad_scale, found_inf, lr, beta1, beta2,
+                eps, weight_decay, bias_correction, grad_averaging, max_grad_norm,
+                trust_bounds, eps_inside_sqrt, variant, capturable):
+    if not params:
+        return
+    from gpuml.optim import _triton
+
+    C.check_fused_devices(params)
+    clip = C.clip_factor(global_grad_norm, max_grad_norm) if global_grad_norm is not None \
+        else None
+    _triton.lamb_step(params, grads, exp_avgs, exp_avg_sqs, master_params, state_steps,
+                      adapt=adapt, decay=decay, clip=clip, grad_scale=grad_scale,
+                      found_inf=found_inf, lr=lr, beta1=beta1, beta2=beta2, eps=eps,
+                      weight_decay=weight_decay, bias_correction=bias_correction,
+                      grad_averaging=grad_averaging, trust_bounds=trust_bounds,
+                      eps_inside_sqrt=eps_inside_sqrt, variant=variant)

@@ -1,0 +1,398 @@
+r"""LARS: layer-wise adaptive rate scaling (seed 001 eq. 5.1 and Alg 15; seed 002 §3.5).
+
+Same structure as :mod:`gpuml.optim.lamb`: :class:`LARS` → :func:`lars` →
+:func:`_single_tensor_lars` (reference) / :func:`_multi_tensor_lars`
+(``torch._foreach_*``) / :func:`_fused_lars` (Triton, :mod:`gpuml.optim._triton`).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+from torch.optim import Optimizer
+
+from gpuml.optim import _common as C
+
+__all__ = ["LARS", "FusedLARS", "lars"]
+
+_MODES = ("classic", "normalized")
+_FP32_STATE = ("momentum_buffer", "master_param")
+
+
+class LARS(Optimizer):
+    r"""LARS optimizer (You, Gitman & Ginsburg; seed 001 eq. 5.1, §5.3 and Algorithm 15).
+
+    ``mode="classic"`` is the five-step sequence of chapter 5 with torch's SGD
+    momentum (lr applied after the momentum buffer, as in ``torch.optim.SGD``,
+    timm and apex; identical to the thesis' :math:`a = \mu a + \eta\nabla w`
+    while the learning rate is constant):
+
+    .. math::
+
+        \alpha &= l\,\frac{\|w\|}{\|g\| + \beta\|w\| + \epsilon}, \qquad
+            \alpha \leftarrow \min(\max(\alpha, r_l), r_u), \qquad
+            \alpha \leftarrow \min(\alpha/\gamma, 1)\ \text{(clip)}\\
+        d &= \alpha\,(g + \beta w)\\
+        a &= \mu a + (1-\text{dampening})\, d \quad (a = d \text{ at the first step})\\
+        w &\leftarrow w - \gamma\,(d + \mu a \text{ if nesterov else } a)
+
+    with :math:`l` the trust coefficient, :math:`\beta` the weight decay and
+    :math:`\gamma` the learning rate. (The thesis prints the denominator of step
+    (1) as :math:`\|\nabla w\| + \beta\|\nabla w\|`; we use
+    :math:`\|\nabla w\| + \beta\|w\|`, the form of the original LARS paper,
+    apex's LARC and timm.)
+
+    ``mode="normalized"`` is Algorithm 15 (normalized momentum):
+
+    .. math::
+
+        m_t &= \mu m_{t-1} + (1-\mu)(g + \beta w)\\
+        w &\leftarrow w - \gamma\, \alpha\, m_t, \qquad
+            \alpha = l\,\frac{\|w\|}{\|m_t\| + \epsilon}
+
+    (``trust_coefficient=1``, ``eps=0`` give exactly :math:`\phi(z)=z`).
+
+    In both modes :math:`\alpha = 1` when :math:`\|w\| = 0` or the denominator
+    norm is 0 (then bounds and clip still apply, as in seed 002 Alg 1), and
+    :math:`\alpha = 1` for tensors excluded from adaptation.
+
+    Parameters
+    ----------
+    params : iterable
+        Tensors or param groups (group keys override the options below).
+    lr : float or Tensor, default 1.0
+        :math:`\gamma` (timm's default; the per-layer rate is
+        :math:`\gamma\alpha`, typically ~1e-3 of it).
+    momentum : float, default 0.9
+        :math:`\mu` in [0, 1) (the thesis' experiments use 0.9).
+    dampening : float, default 0
+    nesterov : bool, default False
+    weight_decay : float, default 0
+        :math:`\beta \ge 0`.
+    trust_coefficient : float, default 0.001
+        :math:`l` of eq. 5.1 (the thesis' value for AlexNet and ResNet-50).
+    eps : float, default 1e-8
+    clip : bool, default False
+        LARC clipping :math:`\alpha \leftarrow \min(\alpha/\gamma, 1)`.
+    trust_bounds : (float, float), default (0, inf)
+        Lower and upper limits on :math:`\alpha` (seed 002 §3.5).
+    mode : {"classic", "normalized"}, default "classic"
+    always_adapt : bool, default True
+        Adapt tensors without weight decay too; False is timm's default.
+    exclude_from_adaptation, exclude_from_weight_decay : bool or None, default None
+        None excludes tensors with ``ndim <= 1``; True/False every/no tensor.
+    master_weights, capturable, foreach, fused
+        As in :class:`gpuml.optim.LAMB`. The momentum buffer is fp32.
+
+    Notes
+    -----
+    timm ``Lars(lr, momentum, dampening, weight_decay, nesterov, trust_coeff, eps,
+    trust_clip, always_adapt)`` is ``LARS(..., mode="classic", clip=trust_clip,
+    always_adapt=always_adapt, exclude_from_adaptation=False,
+    exclude_from_weight_decay=False)`` (timm's defaults: momentum 0, eps 1e-8,
+    always_adapt False). apex ``LARC(SGD(lr, momentum, weight_decay=wd),
+    trust_coefficient=0.02, clip=True)`` is ``LARS(lr, momentum, weight_decay=wd,
+    trust_coefficient=0.02, clip=True, exclude_from_adaptation=False,
+    exclude_from_weight_decay=False)`` for tensors with nonzero norms.
+
+    GradScaler, NaN gradients and ``capturable`` behave as described in
+    :class:`gpuml.optim.LAMB`.
+
+    References
+    ----------
+    .. [1] Y. You, PhD thesis (seed 001): eq. (5.1) and the five-step LARS
+       sequence (§5.3), Algorithm 15 (LARS with normalized momentum).
+    .. [2] Y. You et al., "Large-Batch Training for LSTM and Beyond" (seed 002),
+       §3.5 dynamic per-layer lower/upper limits.
+    .. [3] Y. You, I. Gitman, B. Ginsburg, "Large Batch Training of Convolutional
+       Networks", arXiv:1708.03888, 2017.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from gpuml.optim import LARS
+    >>> model = torch.nn.Linear(8, 2)
+    >>> opt = LARS(model.parameters(), lr=0.5, weight_decay=5e-4)
+    >>> model(torch.randn(16, 8)).square().mean().backward()
+    >>> opt.step()
+    """
+
+    _step_supports_amp_scaling = True
+
+    def __init__(self, params, lr: float | Tensor = 1.0, momentum: float = 0.9,
+                 dampening: float = 0.0, weight_decay: float = 0.0, nesterov: bool = False, *,
+                 trust_coefficient: float = 0.001, eps: float = 1e-8, clip: bool = False,
+                 trust_bounds=(0.0, float("inf")), mode: str = "classic",
+                 always_adapt: bool = True, exclude_from_adaptation: bool | None = None,
+                 exclude_from_weight_decay: bool | None = None, master_weights: bool = False,
+                 capturable: bool = False, foreach: bool | None = None,
+                 fused: bool | None = None):
+        defaults = dict(lr=lr, momentum=momentum, dampening=dampening,
+                        weight_decay=weight_decay, nesterov=nesterov,
+                        trust_coefficient=trust_coefficient, eps=eps, clip=clip,
+                        trust_bounds=trust_bounds, mode=mode, always_adapt=always_adapt,
+                        exclude_from_adaptation=exclude_from_adaptation,
+                        exclude_from_weight_decay=exclude_from_weight_decay,
+                        master_weights=master_weights, capturable=capturable,
+                        foreach=foreach, fused=fused)
+        _validate(defaults)
+        super().__init__(params, defaults)
+
+    def add_param_group(self, param_group: dict) -> None:
+        super().add_param_group(param_group)
+        _validate(self.param_groups[-1])
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        super().load_state_dict(state_dict)
+        C.fix_state_dtypes(self, state_dict, _FP32_STATE)
+
+    def _init_group(self, group, impl):
+        params, grads, bufs, masters, steps, adapt, decay = [], [], [], [], [], [], []
+        on_device = impl == "fused" or group["capturable"]
+        need_buf = group["momentum"] != 0 or group["mode"] == "normalized"
+        for p in group["params"]:
+            if p.grad is None:
+                continue
+            state = self.state[p]
+            if not state:
+                state["step"] = C.step_tensor(p.device, on_device)
+                if need_buf:
+                    state["momentum_buffer"] = torch.zeros_like(
+                        p, dtype=torch.float32, memory_format=torch.preserve_format)
+                if group["master_weights"] and p.dtype in C._LOW_PRECISION:
+                    state["master_param"] = p.detach().float().clone()
+            want = p.device if on_device else torch.device("cpu")
+            if state["step"].device != want:
+                state["step"] = state["step"].to(want, torch.float32)
+            params.append(p)
+            grads.append(p.grad)
+            bufs.append(state.get("momentum_buffer"))
+            masters.append(state.get("master_param"))
+            steps.append(state["step"])
+            dec = not C.excluded(group["exclude_from_weight_decay"], p)
+            decay.append(dec)
+            wd_i = group["weight_decay"] if dec else 0.0
+            adapt.append(not C.excluded(group["exclude_from_adaptation"], p)
+                         and (group["always_adapt"] or wd_i != 0))
+        return params, grads, bufs, masters, steps, adapt, decay
+
+    @torch.no_grad()
+    def step(self, closure=None, grad_scale: Tensor | None = None,
+             found_inf: Tensor | None = None):
+        """One optimizer step; ``grad_scale``/``found_inf`` come from ``torch.amp.GradScaler``."""
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for group in self.param_groups:
+            C.check_group_tensors(group["params"])
+            with_grad = [p for p in group["params"] if p.grad is not None]
+            if not with_grad:
+                continue
+            impl = C.resolve_impl(with_grad, group["foreach"], group["fused"])
+            if impl == "fused":
+                C.check_fused_devices(with_grad)
+            params, grads, bufs, masters, steps, adapt, decay = self._init_group(group, impl)
+            lars(params, grads, bufs, masters, steps, adapt=adapt, decay=decay,
+                 grad_scale=grad_scale, found_inf=found_inf, foreach=impl == "foreach",
+                 fused=impl == "fused", lr=group["lr"], momentum=group["momentum"],
+                 dampening=group["dampening"], nesterov=group["nesterov"],
+                 weight_decay=group["weight_decay"],
+                 trust_coefficient=group["trust_coefficient"], eps=group["eps"],
+                 clip=group["clip"], trust_bounds=tuple(group["trust_bounds"]),
+                 mode=group["mode"], capturable=group["capturable"])
+        return loss
+
+
+class FusedLARS(LARS):
+    """:class:`LARS` pinned to the fused Triton path (CUDA tensors)."""
+
+    def __init__(self, params, *args, **kwargs):
+        if kwargs.get("fused") is False or kwargs.get("foreach"):
+            raise ValueError("FusedLARS always uses the fused path; use LARS for the others")
+        kwargs["fused"] = True
+        kwargs["foreach"] = None
+        super().__init__(params, *args, **kwargs)
+
+
+def _validate(group: dict) -> None:
+    C.check_nonneg("lr", group["lr"])
+    C.check_beta("momentum", group["momentum"])
+    C.check_nonneg("dampening", group["dampening"])
+    if group["dampening"] > 1:
+        raise ValueError(f"Invalid dampening: {group['dampening']!r} (must lie in [0, 1])")
+    C.check_nonneg("weight_decay", group["weight_decay"])
+    C.check_positive("trust_coefficient", group["trust_coefficient"])
+    C.check_positive("eps", group["eps"])
+    group["trust_bounds"] = C.check_bounds(group["trust_bounds"])
+    if group["mode"] not in _MODES:
+        raise ValueError(f"mode must be one of {_MODES}, got {group['mode']!r}")
+    if group["nesterov"] and (group["momentum"] <= 0 or group["dampening"] != 0):
+        raise ValueError("nesterov=True needs momentum > 0 and dampening = 0")
+    if group["mode"] == "normalized" and (group["nesterov"] or group["dampening"] != 0):
+        raise ValueError("mode='normalized' (Alg 15) uses m = mu m + (1 - mu) d; "
+                         "it takes neither nesterov nor dampening")
+    C.check_exclusion("exclude_from_adaptation", group["exclude_from_adaptation"])
+    C.check_exclusion("exclude_from_weight_decay", group["exclude_from_weight_decay"])
+    if group["fused"] and group["foreach"]:
+        raise ValueError("fused=True and foreach=True are mutually exclusive")
+
+
+def lars(params: list[Tensor], grads: list[Tensor], momentum_buffers: list[Tensor | None],
+         master_params: list[Tensor | None], state_steps: list[Tensor], *, adapt: list[bool],
+         decay: list[bool], grad_scale: Tensor | None = None, found_inf: Tensor | None = None,
+         foreach: bool | None = None, fused: bool | None = None, lr: float | Tensor,
+         momentum: float, dampening: float, nesterov: bool, weight_decay: float,
+         trust_coefficient: float, eps: float, clip: bool, trust_bounds: tuple[float, float],
+         mode: str, capturable: bool = False) -> None:
+    """Functional LARS: see :class:`LARS` for the update rule and the options."""
+    impl = C.resolve_impl(params, foreach, fused)
+    func = {"loop": _single_tensor_lars, "foreach": _multi_tensor_lars,
+            "fused": _fused_lars}[impl]
+    func(params, grads, momentum_buffers, master_params, state_steps, adapt=adapt,
+         decay=decay, grad_scale=grad_scale, found_inf=found_inf, lr=lr, momentum=momentum,
+         dampening=dampening, nesterov=nesterov, weight_decay=weight_decay,
+         trust_coefficient=trust_coefficient, eps=eps, clip=clip, trust_bounds=trust_bounds,
+         mode=mode, capturable=capturable)
+
+
+def _lars_ratio(w_norm, d_norm, wd, *, trust_coefficient, eps, lr, clip, trust_bounds,
+                normalized):
+    denom = d_norm + eps if normalized else d_norm + wd * w_norm + eps
+    ok = (w_norm > 0) & (d_norm > 0)
+    ratio = torch.where(ok, trust_coefficient * w_norm / torch.where(ok, denom, 1.0), 1.0)
+    ratio = torch.clamp(ratio, min=trust_bounds[0], max=trust_bounds[1])
+    if clip:
+        ratio = torch.clamp(ratio / lr, max=1.0)
+    return ratio
+
+
+def _single_tensor_lars(params, grads, momentum_buffers, master_params, state_steps, *, adapt,
+                        decay, grad_scale, found_inf, lr, momentum, dampening, nesterov,
+                        weight_decay, trust_coefficient, eps, clip, trust_bounds, mode,
+                        capturable):
+    if C.skip_step(found_inf):
+        return
+    coef = C.scaled_step_coefficient(grad_scale, None)
+    normalized = mode == "normalized"
+    for i, p in enumerate(params):
+        g = grads[i].float()
+        if coef is not None:
+            g = g * coef
+        step = state_steps[i]
+        step += 1
+        w = C.compute_view(p, master_params[i])
+        wd = weight_decay if decay[i] else 0.0
+        d = g + wd * w if wd != 0 else g
+        ratio = torch.ones((), device=w.device)
+        buf = momentum_buffers[i]
+        if normalized:
+            buf.mul_(momentum).add_(d, alpha=1.0 - momentum)
+            if adapt[i]:
+                ratio = _lars_ratio(torch.linalg.vector_norm(w), torch.linalg.vector_norm(buf),
+                                    wd, trust_coefficient=trust_coefficient, eps=eps, lr=lr,
+                                    clip=clip, trust_bounds=trust_bounds, normalized=True)
+            direction = ratio * buf
+        else:
+            if adapt[i]:
+                ratio = _lars_ratio(torch.linalg.vector_norm(w), torch.linalg.vector_norm(g),
+                                    wd, trust_coefficient=trust_coefficient, eps=eps, lr=lr,
+                                    clip=clip, trust_bounds=trust_bounds, normalized=False)
+            d = ratio * d
+            if momentum != 0:
+                first = step == 1 if capturable else C.step_value(step) == 1
+                buf.copy_(torch.where(torch.as_tensor(first, device=buf.device), d,
+                                      momentum * buf + (1.0 - dampening) * d))
+                direction = d + momentum * buf if nesterov else buf
+            else:
+                direction = d
+        w.sub_(lr * direction)
+        if w is not p:
+            p.copy_(w)
+
+
+def _multi_tensor_lars(params, grads, momentum_buffers, master_params, state_steps, *, adapt,
+                       decay, grad_scale, found_inf, lr, momentum, dampening, nesterov,
+                       weight_decay, trust_coefficient, eps, clip, trust_bounds, mode,
+                       capturable):
+    if not params or C.skip_step(found_inf):
+        return
+    device = params[0].device
+    coef = C.scaled_step_coefficient(grad_scale, None)
+    normalized = mode == "normalized"
+    gs = [g.float() for g in grads]
+    if coef is not None:
+        gs = torch._foreach_mul(gs, coef.to(device))
+    torch._foreach_add_(state_steps, 1.0)
+    ws = [C.compute_view(p, mp) for p, mp in zip(params, master_params)]
+    dec = [i for i, x in enumerate(decay) if x] if weight_decay != 0 else []
+    ds = list(gs)
+    if dec:
+        for i, t in zip(dec, torch._foreach_add([gs[i] for i in dec], [ws[i] for i in dec],
+                                                alpha=weight_decay)):
+            ds[i] = t
+    wd_vec = torch.tensor([weight_decay if i in set(dec) else 0.0 for i in range(len(params))],
+                          device=device)
+    adapt_mask = torch.tensor(adapt, device=device)
+    kw = dict(trust_coefficient=trust_coefficient, eps=eps, lr=lr, clip=clip,
+              trust_bounds=trust_bounds)
+    neg_lr = -lr.to(device) if isinstance(lr, Tensor) else -lr
+    if normalized:
+        torch._foreach_mul_(momentum_buffers, momentum)
+        torch._foreach_add_(momentum_buffers, ds, alpha=1.0 - momentum)
+        ratio = torch.ones(len(params), device=device)
+        if any(adapt):
+            ratio = torch.where(adapt_mask, _lars_ratio(
+                torch.stack(torch._foreach_norm(ws)),
+                torch.stack(torch._foreach_norm(momentum_buffers)), wd_vec, normalized=True,
+                **kw), 1.0)
+        torch._foreach_add_(ws, torch._foreach_mul(momentum_buffers,
+                                                   list((ratio * neg_lr).unbind(0))))
+    else:
+        ratio = torch.ones(len(params), device=device)
+        if any(adapt):
+            ratio = torch.where(adapt_mask, _lars_ratio(
+                torch.stack(torch._foreach_norm(ws)), torch.stack(torch._foreach_norm(gs)),
+                wd_vec, normalized=False, **kw), 1.0)
+        ds = torch._foreach_mul(ds, list(ratio.unbind(0)))
+        if momentum != 0:
+            bufs = momentum_buffers
+            if capturable:
+                new = torch._foreach_mul(bufs, momentum)
+                torch._foreach_add_(new, ds, alpha=1.0 - dampening)
+                for b, d, n, s in zip(bufs, ds, new, state_steps):
+                    b.copy_(torch.where(s == 1, d, n))
+            else:
+                first = [i for i, s in enumerate(state_steps) if C.step_value(s) == 1]
+                rest = [i for i in range(len(bufs)) if i not in set(first)]
+                if first:
+                    torch._foreach_copy_([bufs[i] for i in first], [ds[i] for i in first])
+                if rest:
+                    rb = [bufs[i] for i in rest]
+                    torch._foreach_mul_(rb, momentum)
+                    torch._foreach_add_(rb, [ds[i] for i in rest], alpha=1.0 - dampening)
+            dirs = torch._foreach_add(ds, bufs, alpha=momentum) if nesterov else bufs
+        else:
+            dirs = ds
+        if isinstance(lr, Tensor):
+            torch._foreach_add_(ws, torch._foreach_mul(dirs, neg_lr))
+        else:
+            torch._foreach_add_(ws, dirs, alpha=neg_lr)
+    low = [(p, w) for p, w in zip(params, ws) if w is not p]
+    if low:
+        torch._foreach_copy_([p for p, _ in low], [w for _, w in low])
+
+
+def _fused_lars(params, grads, momentum_buffers, master_params, state_steps, *, adapt, decay,
+                grad_scale, found_inf, lr, momentum, dampening, nesterov, weight_decay,
+                trust_coefficient, eps, clip, trust_bounds, mode, capturable):
+    if not params:
+        return
+    from gpuml.optim import _triton
+
+    C.check_fused_devices(params)
+    _triton.lars_step(params, grads, momentum_buffers, master_params, state_steps, adapt=adapt,
+                      decay=decay, grad_scale=grad_scale, found_inf=found_inf, lr=lr,
+                      momentum=momentum, dampening=dampening, nesterov=nesterov,
+                      weight_decay=weight_decay, trust_coefficient=trust_coefficient, eps=eps,
+                      clip=clip, trust_bounds=trust_bounds, mode=mode)
