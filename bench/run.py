@@ -16,7 +16,7 @@ from pathlib import Path
 
 def available() -> list[str]:
     here = Path(__file__).resolve().parent
-    return sorted(m.name[len("bench_"):] for m in pkgutil.iter_modules([str(here))
+    return sorted(m.name[len("bench_"):] for m in pkgutil.iter_modules([str(here)])
                   if m.name.startswith("bench_"))
 
 

@@ -10,12 +10,12 @@ sigmoid        :math:`K(x, y) = \tanh(\gamma\, x^\top y + r)`
 precomputed    ``X`` already holds kernel values
 =============  ====================================================
 
-Every function works in row blocks: one GEMM ``X_block @ Y.T`` per block,
-then the kernel's elementwise map in place. For rbf the squared distance is
-:math:`\lVert x\rVert^2 + \lVert y\rVert^2 - 2 x^\top y`, clamped at 0.
+Kernel values come from one GEMM ``X @ Y.T`` (per row block in
+:meth:`Kernel.dot`) followed by the kernel's elementwise map in place. For
+rbf the squared distance is :math:`\lVert x\rVert^2 + \lVert y\rVert^2 - 2 x^\top y`, clamped at 0.
 Memory is bounded two ways:
 
-* ``block_bytes`` bounds the temporary block of :func:`kernel_dot` (which
+* ``block_bytes`` bounds the temporary block of :meth:`Kernel.dot` (which
   never holds the whole kernel matrix), and
 * ``max_bytes`` bounds the *output* of :func:`kernel_matrix`: asking for a
   kernel matrix larger than that raises ``MemoryError`` before allocating,
@@ -54,6 +54,9 @@ def squared_norms(X):
 def _gram(X, Y):
     """``X @ Y.T`` as a dense array, for any mix of dense and CSR."""
     if _is_sparse(X):
+        if _is_sparse(Y) and Y.shape[0] * Y.shape[1] * Y.dtype.itemsize <= BLOCK_BYTES:
+            # sparse x dense writes the dense result directly: much faster than sparse x sparse
+            Y = Y.toarray()
         G = X @ Y.T
         return G.toarray() if _is_sparse(G) else namespace_of(X).asarray(G)
     if _is_sparse(Y):
@@ -157,11 +160,10 @@ class Kernel:
                 f"max_bytes={max_bytes / 2**30:.1f} GiB; use kernel_dot for products with it, "
                 "or raise max_bytes if you really want it in memory"
             )
-        xp = namespace_of(X)
-        out = xp.empty((n, m), dtype=X.dtype)
-        for start, stop, block in self._blocks(X, Y, block_bytes=max(BLOCK_BYTES, 1)):
-            out[start:stop] = block
-        return out
+        if X.shape[1] != Y.shape[1]:
+            raise ValueError(f"X has {X.shape[1]} features but Y has {Y.shape[1]}")
+        # The output is the only n x m allocation: one GEMM into it, the map in place.
+        return self._block(X, Y, squared_norms(Y) if self.name == "rbf" else None)
 
     def dot(self, X, Y, coef, *, block_bytes: int = BLOCK_BYTES):
         """``K(X, Y) @ coef`` without forming ``K``: memory bounded by ``block_bytes``."""
