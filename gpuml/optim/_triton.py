@@ -51,6 +51,8 @@ and are compared with the for-loop reference in ``tests/optim``.
 
 from __future__ import annotations
 
+import math
+
 import torch
 import triton
 import triton.language as tl
@@ -122,6 +124,10 @@ def _scalar_arg(x, device) -> tuple[Tensor, float, bool]:
     return _dummy(device), float(x), False
 
 
+def _log(beta: float) -> float:
+    return math.log(beta) if beta > 0 else -math.inf
+
+
 def _dummy(device) -> Tensor:
     return torch.zeros(1, dtype=torch.float32, device=device)
 
@@ -131,6 +137,16 @@ def _load_scalar(ptr, value, IS_PTR: tl.constexpr):
     if IS_PTR:
         return tl.load(ptr).to(tl.float32)
     return value
+
+
+@triton.jit
+def _to_param(x, p_w, PARAM_BF16: tl.constexpr):
+    # Round-to-nearest-even into bfloat16 by hand: the Triton interpreter truncates.
+    if PARAM_BF16:
+        bits = x.to(tl.uint32, bitcast=True)
+        bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
+        x = tl.where(x != x, x, bits.to(tl.float32, bitcast=True))
+    return x.to(p_w.dtype.element_ty)
 
 
 @triton.jit
@@ -174,26 +190,37 @@ def sum_of_squares(grads: list[Tensor], chunk: int | None = None,
 
 
 @triton.jit
-def _lamb_coefs(t, beta1, beta2, beta3, BIAS_CORRECTION: tl.constexpr,
+def _one_minus_pow(log_beta, t):
+    # 1 - beta**t = -expm1(t log beta), with Kahan's expm1 (exp(x) - 1 cancels for beta ~ 1);
+    # beta = 0 gives log = -inf and 1 - 0**t = 1.
+    x = t * log_beta
+    u = tl.exp(x)
+    um1 = u - 1.0
+    safe = (um1 != 0.0) & (u > 0.0)
+    expm1 = tl.where(safe, um1 * x / tl.log(tl.where(safe, u, 2.0)), tl.where(u > 0.0, x, -1.0))
+    return -expm1
+
+
+@triton.jit
+def _lamb_coefs(t, beta1, beta2, beta3, lb1, lb2, omb2, BIAS_CORRECTION: tl.constexpr,
                 VARIANT: tl.constexpr):
-    # beta ** t as exp(t * log(beta)); beta = 0 gives log = -inf and exp(-inf) = 0.
-    lb1 = tl.log(beta1 + 0.0 * t)
-    lb2 = tl.log(beta2 + 0.0 * t)
+    # lb = log(beta) and omb2 = 1 - beta2 come from the host in double precision: in fp32,
+    # 1 - beta2 for beta2 = 0.999 is off by 1e-5 relative.
     if VARIANT == 0:
         if BIAS_CORRECTION:
-            a_m = 1.0 / (1.0 - tl.exp(t * lb1))
-            a_v = 1.0 / (1.0 - tl.exp(t * lb2))
+            a_m = 1.0 / _one_minus_pow(lb1, t)
+            a_v = 1.0 / _one_minus_pow(lb2, t)
         else:
             a_m = 1.0 + 0.0 * t
             a_v = 1.0 + 0.0 * t
         a_g = 0.0 * t
         a_g2 = 0.0 * t
     else:
-        a_m = beta1 / (1.0 - tl.exp((t + 1.0) * lb1))
-        a_g = beta3 / (1.0 - tl.exp(t * lb1))
-        a_v = beta2 / (1.0 - tl.exp((t + 1.0) * lb2))
+        a_m = beta1 / _one_minus_pow(lb1, t + 1.0)
+        a_g = beta3 / _one_minus_pow(lb1, t)
+        a_v = beta2 / _one_minus_pow(lb2, t + 1.0)
         if VARIANT == 2:
-            a_g2 = (1.0 - beta2) / (1.0 - tl.exp(t * lb2))
+            a_g2 = omb2 / _one_minus_pow(lb2, t)
         else:
             a_g2 = 0.0 * t
     return a_m, a_g, a_v, a_g2
@@ -241,7 +268,7 @@ def _tensor_norms(row, partials, PBLOCK: tl.constexpr):
 
 @triton.jit
 def _lamb_pass1(tab, chunks, partials, p_w, g_w, f_w, coef, found_inf, beta1, beta2, beta3,
-                eps, weight_decay, HAS_COEF: tl.constexpr, HAS_INF: tl.constexpr,
+                lb1, lb2, omb2, eps, weight_decay, HAS_COEF: tl.constexpr, HAS_INF: tl.constexpr,
                 HAS_MASTER: tl.constexpr, BIAS_CORRECTION: tl.constexpr,
                 VARIANT: tl.constexpr, EPS_INSIDE: tl.constexpr, NCOL: tl.constexpr,
                 CHUNK: tl.constexpr, BLOCK: tl.constexpr):
@@ -259,7 +286,8 @@ def _lamb_pass1(tab, chunks, partials, p_w, g_w, f_w, coef, found_inf, beta1, be
     scale = 1.0
     if HAS_COEF:
         scale = tl.load(coef)
-    a_m, a_g, a_v, a_g2 = _lamb_coefs(t, beta1, beta2, beta3, BIAS_CORRECTION, VARIANT)
+    a_m, a_g, a_v, a_g2 = _lamb_coefs(t, beta1, beta2, beta3, lb1, lb2, omb2,
+                                      BIAS_CORRECTION, VARIANT)
     acc_w = tl.zeros([BLOCK], dtype=tl.float32)
     acc_u = tl.zeros([BLOCK], dtype=tl.float32)
     for off in range(start, end, BLOCK):
@@ -267,7 +295,7 @@ def _lamb_pass1(tab, chunks, partials, p_w, g_w, f_w, coef, found_inf, beta1, be
         mask = idx < end
         gv = tl.load(g + idx, mask=mask, other=0.0).to(tl.float32) * scale
         mv = beta1 * tl.load(m + idx, mask=mask, other=0.0) + beta3 * gv
-        vv = beta2 * tl.load(v + idx, mask=mask, other=0.0) + (1.0 - beta2) * gv * gv
+        vv = beta2 * tl.load(v + idx, mask=mask, other=0.0) + omb2 * gv * gv
         tl.store(m + idx, mv, mask=mask)
         tl.store(v + idx, vv, mask=mask)
         wv = tl.load(w + idx, mask=mask, other=0.0).to(tl.float32)
@@ -281,11 +309,12 @@ def _lamb_pass1(tab, chunks, partials, p_w, g_w, f_w, coef, found_inf, beta1, be
 
 @triton.jit
 def _lamb_pass2(tab, chunks, partials, p_w, g_w, f_w, coef, found_inf, lr_ptr, lr_val,
-                beta1, beta2, beta3, eps, weight_decay, lower, upper,
+                beta1, beta2, beta3, lb1, lb2, omb2, eps, weight_decay, lower, upper,
                 HAS_COEF: tl.constexpr, HAS_INF: tl.constexpr, HAS_MASTER: tl.constexpr,
                 LR_IS_PTR: tl.constexpr, BIAS_CORRECTION: tl.constexpr,
                 VARIANT: tl.constexpr, EPS_INSIDE: tl.constexpr, NCOL: tl.constexpr,
-                CHUNK: tl.constexpr, BLOCK: tl.constexpr, PBLOCK: tl.constexpr):
+                CHUNK: tl.constexpr, BLOCK: tl.constexpr, PBLOCK: tl.constexpr,
+                PARAM_BF16: tl.constexpr):
     c, row, start, end = _chunk_setup(tab, chunks, found_inf, NCOL, CHUNK, HAS_INF)
     p = tl.load(row + 0).to(p_w.dtype)
     g = tl.load(row + 1).to(g_w.dtype)
@@ -301,7 +330,8 @@ def _lamb_pass2(tab, chunks, partials, p_w, g_w, f_w, coef, found_inf, lr_ptr, l
     scale = 1.0
     if HAS_COEF:
         scale = tl.load(coef)
-    a_m, a_g, a_v, a_g2 = _lamb_coefs(t, beta1, beta2, beta3, BIAS_CORRECTION, VARIANT)
+    a_m, a_g, a_v, a_g2 = _lamb_coefs(t, beta1, beta2, beta3, lb1, lb2, omb2,
+                                      BIAS_CORRECTION, VARIANT)
     w_norm, u_norm = _tensor_norms(row, partials, PBLOCK)
     ok = (w_norm > 0) & (u_norm > 0) & ((flags & 1) != 0)
     phi = tl.minimum(tl.maximum(w_norm, lower), upper)
@@ -321,7 +351,7 @@ def _lamb_pass2(tab, chunks, partials, p_w, g_w, f_w, coef, found_inf, lr_ptr, l
         wv = wv - step_size * u
         if HAS_MASTER:
             tl.store(w + idx, wv, mask=mask)
-        tl.store(p + idx, wv.to(p_w.dtype.element_ty), mask=mask)
+        tl.store(p + idx, _to_param(wv, p_w, PARAM_BF16), mask=mask)
 
 
 def _buckets(params, masters):
@@ -363,6 +393,7 @@ def lamb_step(params, grads, exp_avgs, exp_avg_sqs, master_params, state_steps, 
     lr_ptr, lr_val, lr_is_ptr = _scalar_arg(lr, device)
     beta3 = 1.0 - beta1 if grad_averaging else 1.0
     var = {"lamb": 0, "nlamb": 1, "nnlamb": 2}[variant]
+    logs = (_log(beta1), _log(beta2), 1.0 - beta2)
     for (_, has_master), idx in _buckets(params, master_params):
         ps = [params[i] for i in idx]
         cols = [[_ptr(ps[k]) for k in range(len(idx))],
@@ -377,11 +408,12 @@ def lamb_step(params, grads, exp_avgs, exp_avg_sqs, master_params, state_steps, 
                       BIAS_CORRECTION=bool(bias_correction), VARIANT=var,
                       EPS_INSIDE=bool(eps_inside_sqrt), NCOL=NCOL, CHUNK=chunk, BLOCK=block)
         _lamb_pass1[(n_chunks,)](tab, chunks, partials, ps[0], grads[idx[0]], f_w, coef, inf,
-                                 beta1, beta2, beta3, eps, weight_decay, **common)
+                                 beta1, beta2, beta3, *logs, eps, weight_decay, **common)
         _lamb_pass2[(n_chunks,)](tab, chunks, partials, ps[0], grads[idx[0]], f_w, coef, inf,
-                                 lr_ptr, lr_val, beta1, beta2, beta3, eps, weight_decay,
+                                 lr_ptr, lr_val, beta1, beta2, beta3, *logs, eps, weight_decay,
                                  float(trust_bounds[0]), float(trust_bounds[1]),
-                                 LR_IS_PTR=lr_is_ptr, PBLOCK=128, **common)
+                                 LR_IS_PTR=lr_is_ptr, PBLOCK=128,
+                                 PARAM_BF16=ps[0].dtype == torch.bfloat16, **common)
     _finish_steps(state_steps, found_inf)
 
 
@@ -428,7 +460,7 @@ def _lars_pass2(tab, chunks, partials, p_w, g_w, f_w, coef, found_inf, lr_ptr, l
                 LR_IS_PTR: tl.constexpr, NORMALIZED: tl.constexpr,
                 HAS_MOMENTUM: tl.constexpr, NESTEROV: tl.constexpr, CLIP: tl.constexpr,
                 NCOL: tl.constexpr, CHUNK: tl.constexpr, BLOCK: tl.constexpr,
-                PBLOCK: tl.constexpr):
+                PBLOCK: tl.constexpr, PARAM_BF16: tl.constexpr):
     c, row, start, end = _chunk_setup(tab, chunks, found_inf, NCOL, CHUNK, HAS_INF)
     p = tl.load(row + 0).to(p_w.dtype)
     g = tl.load(row + 1).to(g_w.dtype)
@@ -478,7 +510,7 @@ def _lars_pass2(tab, chunks, partials, p_w, g_w, f_w, coef, found_inf, lr_ptr, l
         wv = wv - lr * direction
         if HAS_MASTER:
             tl.store(w + idx, wv, mask=mask)
-        tl.store(p + idx, wv.to(p_w.dtype.element_ty), mask=mask)
+        tl.store(p + idx, _to_param(wv, p_w, PARAM_BF16), mask=mask)
 
 
 def lars_step(params, grads, momentum_buffers, master_params, state_steps, *, adapt, decay,
@@ -514,5 +546,6 @@ def lars_step(params, grads, momentum_buffers, master_params, state_steps, *, ad
                                  float(trust_bounds[0]), float(trust_bounds[1]),
                                  LR_IS_PTR=lr_is_ptr, HAS_MOMENTUM=momentum != 0,
                                  NESTEROV=bool(nesterov), CLIP=bool(clip), PBLOCK=128,
+                                 PARAM_BF16=ps[0].dtype == torch.bfloat16,
                                  **common)
     _finish_steps(state_steps, found_inf)

@@ -1,0 +1,309 @@
+"""The three implementations agree (loop = reference, foreach, fused Triton), and the
+protocol pieces: GradScaler, master weights, capturable, state_dict, NaN, bad input.
+
+The fused path runs on CUDA when there is a GPU, else in the Triton interpreter on CPU
+(``TRITON_INTERPRET=1``, set before the kernels are first imported).
+"""
+
+import copy
+import os
+
+import pytest
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+from gpuml.optim import LAMB, LARS, FusedLAMB, FusedLARS, _triton  # noqa: E402
+
+DEV = "cuda" if torch.cuda.is_available() else "cpu"
+SHAPES = [(7, 5), (5,), (70, 100), (3, 1, 4), (1,)]
+IMPLS = {"loop": dict(foreach=False), "foreach": dict(foreach=True), "fused": dict(fused=True)}
+
+
+@pytest.fixture(autouse=True)
+def small_chunks(monkeypatch):
+    # several chunks per tensor, so the in-kernel per-tensor reductions are exercised
+    monkeypatch.setattr(_triton, "INTERPRET_CHUNK", 1024)
+    monkeypatch.setattr(_triton, "INTERPRET_BLOCK", 256)
+
+
+def params(dtype=torch.float32, seed=0, device=None):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.nn.Parameter(torch.randn(s, generator=g).to(device or DEV, dtype))
+            for s in SHAPES]
+
+
+def grads_for(ps, step, scale=1.0):
+    g = torch.Generator().manual_seed(100 + step)
+    return [(torch.randn(p.shape, generator=g) * (1 + step) * scale).to(p.device, p.dtype)
+            for p in ps]
+
+
+def train(cls, impl, steps=3, dtype=torch.float32, kw=None, ps=None):
+    ps = ps if ps is not None else params(dtype)
+    opt = cls(ps, **IMPLS[impl], **(kw or {}))
+    for k in range(steps):
+        for p, g in zip(ps, grads_for(ps, k)):
+            p.grad = g
+        opt.step()
+    return ps, opt
+
+
+def assert_same(a, b, rtol=1e-5, atol=1e-6):
+    for x, y in zip(a, b):
+        torch.testing.assert_close(x.detach().float().cpu(), y.detach().float().cpu(),
+                                   rtol=rtol, atol=atol)
+
+
+LAMB_OPTS = [
+    {},
+    {"max_grad_norm": None, "eps_inside_sqrt": False, "trust_bounds": (0.5, 2.0)},
+    {"variant": "nlamb", "weight_decay": 0.1},
+    {"variant": "nnlamb", "grad_averaging": False, "always_adapt": False},
+    {"bias_correction": False, "exclude_from_adaptation": False,
+     "exclude_from_weight_decay": False},
+]
+LARS_OPTS = [
+    {},
+    {"momentum": 0.0, "weight_decay": 1e-3, "clip": True, "lr": 0.01},
+    {"nesterov": True, "weight_decay": 1e-4, "trust_bounds": (1e-4, 1e-3)},
+    {"dampening": 0.5, "always_adapt": False, "weight_decay": 1e-4},
+    {"mode": "normalized", "weight_decay": 1e-3, "exclude_from_adaptation": False},
+]
+
+
+@pytest.mark.parametrize("impl", ["foreach", "fused"])
+@pytest.mark.parametrize("kw", LAMB_OPTS)
+def test_lamb_paths_agree(impl, kw):
+    ref, _ = train(LAMB, "loop", kw=dict(lr=0.05, **kw))
+    got, _ = train(LAMB, impl, kw=dict(lr=0.05, **kw))
+    assert_same(got, ref)
+
+
+@pytest.mark.parametrize("impl", ["foreach", "fused"])
+@pytest.mark.parametrize("kw", LARS_OPTS)
+def test_lars_paths_agree(impl, kw):
+    kw = dict({"lr": 1.0}, **kw)
+    ref, _ = train(LARS, "loop", kw=kw)
+    got, _ = train(LARS, impl, kw=kw)
+    assert_same(got, ref)
+
+
+def test_default_is_foreach_on_cpu_and_fused_classes_pin_fused():
+    from gpuml.optim._common import resolve_impl
+
+    cpu = [torch.zeros(2)]
+    assert resolve_impl(cpu, None, None) == "foreach"
+    assert resolve_impl(cpu, False, None) == "loop"
+    assert FusedLAMB(params()).param_groups[0]["fused"] is True
+    assert FusedLARS(params()).param_groups[0]["fused"] is True
+    with pytest.raises(ValueError):
+        FusedLAMB(params(), fused=False)
+
+
+@pytest.mark.parametrize("cls", [LAMB, LARS])
+@pytest.mark.parametrize("impl", list(IMPLS))
+def test_grad_scale_unscales_on_the_fly(cls, impl):
+    kw = {"lr": 0.05} if cls is LAMB else {"lr": 1.0, "weight_decay": 1e-4}
+    ref, _ = train(cls, "loop", kw=kw)
+    ps = params()
+    opt = cls(ps, **IMPLS[impl], **kw)
+    scale = torch.tensor(1024.0, device=DEV)
+    for k in range(3):
+        for p, g in zip(ps, grads_for(ps, k, scale=1024.0)):
+            p.grad = g
+        opt.step(grad_scale=scale, found_inf=torch.zeros((), device=DEV))
+    assert_same(ps, ref, rtol=2e-5, atol=2e-6)
+
+
+@pytest.mark.parametrize("cls", [LAMB, LARS])
+@pytest.mark.parametrize("impl", list(IMPLS))
+def test_found_inf_skips_the_step(cls, impl):
+    ps, opt = train(cls, impl, steps=2)
+    before = [p.detach().clone() for p in ps]
+    state = copy.deepcopy(opt.state_dict())
+    for p in ps:
+        p.grad = torch.full_like(p, float("inf"))
+    opt.step(grad_scale=torch.tensor(2.0, device=DEV), found_inf=torch.ones((), device=DEV))
+    assert_same(ps, before, rtol=0, atol=0)
+    after = opt.state_dict()
+    for k, s in state["state"].items():
+        for name, v in s.items():
+            torch.testing.assert_close(after["state"][k][name].cpu(), v.cpu(), rtol=0, atol=0)
+
+
+def test_torch_grad_scaler_end_to_end():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(6, 4), torch.nn.Tanh(), torch.nn.Linear(4, 1))
+    ref = copy.deepcopy(model)
+    x, y = torch.randn(32, 6), torch.randn(32, 1)
+    opt, opt_ref = LAMB(model.parameters(), lr=0.01), LAMB(ref.parameters(), lr=0.01)
+    scaler = torch.amp.GradScaler("cpu", init_scale=256.0)
+    for _ in range(3):
+        opt.zero_grad()
+        scaler.scale(torch.nn.functional.mse_loss(model(x), y)).backward()
+        scaler.step(opt)
+        scaler.update()
+        opt_ref.zero_grad()
+        torch.nn.functional.mse_loss(ref(x), y).backward()
+        opt_ref.step()
+    assert_same(list(model.parameters()), list(ref.parameters()), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("cls", [LAMB, LARS])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_master_weights_low_precision(cls, dtype):
+    kw = dict(lr=0.05, master_weights=True) if cls is LAMB else dict(lr=1.0, master_weights=True)
+    runs = {impl: train(cls, impl, dtype=dtype, kw=kw) for impl in IMPLS}
+    masters = {impl: [opt.state[p]["master_param"] for p in ps]
+               for impl, (ps, opt) in runs.items()}
+    assert all(m.dtype == torch.float32 for m in masters["loop"])
+    for impl in ("foreach", "fused"):
+        assert_same(masters[impl], masters["loop"], rtol=1e-5, atol=1e-6)
+        for p, q in zip(runs[impl][0], runs["loop"][0]):
+            assert p.dtype == dtype
+            torch.testing.assert_close(p.float(), q.float(), rtol=1e-2, atol=1e-2)
+    # the masters follow the fp32 run on the same (low-precision) data
+    ps32 = [torch.nn.Parameter(p.detach().float()) for p in params(dtype)]
+    opt = cls(ps32, foreach=False, **{k: v for k, v in kw.items() if k != "master_weights"})
+    for k in range(3):
+        for p, g in zip(ps32, grads_for(params(dtype), k)):
+            p.grad = g.float()
+        opt.step()
+    assert_same(masters["loop"], ps32, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("cls", [LAMB, LARS])
+@pytest.mark.parametrize("impl", list(IMPLS))
+def test_low_precision_without_master(cls, impl):
+    ref, _ = train(cls, "loop", dtype=torch.bfloat16)
+    got, opt = train(cls, impl, dtype=torch.bfloat16)
+    assert all(p.dtype == torch.bfloat16 for p in got)
+    assert "master_param" not in opt.state[got[0]]
+    assert_same(got, ref, rtol=1e-2, atol=1e-2)
+
+
+@pytest.mark.parametrize("cls", [LAMB, LARS])
+@pytest.mark.parametrize("impl", list(IMPLS))
+def test_capturable_and_tensor_lr(cls, impl):
+    lr = 0.05 if cls is LAMB else 1.0
+    ref, _ = train(cls, "loop", kw={"lr": lr})
+    ps = params()
+    kw = {"lr": torch.tensor(lr, device=DEV)}
+    if impl != "fused":
+        kw["capturable"] = True
+    got, opt = train(cls, impl, kw=kw, ps=ps)
+    assert opt.state[got[0]]["step"].device.type == torch.device(DEV).type
+    assert float(opt.state[got[0]]["step"]) == 3.0
+    assert_same(got, ref)
+
+
+@pytest.mark.parametrize("cls", [LAMB, LARS])
+@pytest.mark.parametrize("impl", list(IMPLS))
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_state_dict_round_trip(cls, impl, dtype):
+    ps, opt = train(cls, impl, steps=2, dtype=dtype, kw={"master_weights": True})
+    sd = copy.deepcopy(opt.state_dict())
+    ps2 = [torch.nn.Parameter(p.detach().clone()) for p in ps]
+    opt2 = cls(ps2, **IMPLS[impl], master_weights=True)
+    opt2.load_state_dict(sd)
+    sd2 = opt2.state_dict()
+    for k, s in sd["state"].items():
+        for name, v in s.items():
+            w = sd2["state"][k][name]
+            assert w.dtype == v.dtype, name
+            torch.testing.assert_close(w.cpu(), v.cpu(), rtol=0, atol=0)
+    assert sd2["param_groups"] == sd["param_groups"]
+    for o, pp in ((opt, ps), (opt2, ps2)):
+        for p, g in zip(pp, grads_for(pp, 7)):
+            p.grad = g
+        o.step()
+    assert_same(ps2, ps, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("impl", list(IMPLS))
+def test_nan_gradients_without_scaler(impl):
+    """Documented: gradients are not inspected. A NaN gradient makes its own tensor NaN;
+    with global clipping (LAMB max_grad_norm) the NaN norm makes every tensor NaN."""
+    for clip, all_nan in ((None, False), (1.0, True)):
+        ps = params()
+        opt = LAMB(ps, max_grad_norm=clip, **IMPLS[impl])
+        for p, g in zip(ps, grads_for(ps, 0)):
+            p.grad = g
+        ps[0].grad[0, 0] = float("nan")
+        opt.step()
+        assert torch.isnan(ps[0]).any()
+        assert all(torch.isnan(p).all() == all_nan for p in ps[1:])
+    ps = params()
+    opt = LARS(ps, **IMPLS[impl])
+    for p, g in zip(ps, grads_for(ps, 0)):
+        p.grad = g
+    ps[0].grad[0, 0] = float("nan")
+    opt.step()
+    assert torch.isnan(ps[0]).any() and all(torch.isfinite(p).all() for p in ps[1:])
+
+
+# ---- bad input -------------------------------------------------------------------------
+
+@pytest.mark.parametrize("kw", [
+    {"lr": -1.0}, {"betas": (-0.1, 0.9)}, {"betas": (0.9, 1.0)}, {"betas": (1.0, 0.9)},
+    {"eps": 0.0}, {"eps": -1e-8}, {"weight_decay": -0.01}, {"variant": "adam"},
+    {"variant": "nlamb", "bias_correction": False}, {"trust_bounds": (2.0, 1.0)},
+    {"max_grad_norm": 0.0}, {"exclude_from_adaptation": "bias"},
+    {"fused": True, "foreach": True}, {"lr": float("nan")},
+])
+def test_lamb_rejects_bad_arguments(kw):
+    with pytest.raises(ValueError):
+        LAMB(params(), **kw)
+
+
+@pytest.mark.parametrize("kw", [
+    {"lr": -1.0}, {"momentum": 1.0}, {"momentum": -0.5}, {"eps": 0.0},
+    {"weight_decay": -1e-4}, {"trust_coefficient": 0.0}, {"nesterov": True, "momentum": 0.0},
+    {"mode": "normalized", "nesterov": True}, {"mode": "sgd"}, {"dampening": 2.0},
+])
+def test_lars_rejects_bad_arguments(kw):
+    with pytest.raises(ValueError):
+        LARS(params(), **kw)
+
+
+def test_bad_group_options_are_rejected_too():
+    opt = LAMB(params()[:2])
+    with pytest.raises(ValueError):
+        opt.add_param_group({"params": params()[2:], "lr": -0.1})
+
+
+@pytest.mark.parametrize("cls", [LAMB, LARS])
+@pytest.mark.parametrize("impl", list(IMPLS))
+def test_sparse_gradients_are_rejected(cls, impl):
+    emb = torch.nn.Embedding(10, 3, sparse=True).to(DEV)
+    emb(torch.tensor([1, 2], device=DEV)).sum().backward()
+    with pytest.raises(RuntimeError, match="sparse"):
+        cls(emb.parameters(), **IMPLS[impl]).step()
+
+
+@pytest.mark.parametrize("cls", [LAMB, LARS])
+def test_mixed_devices_in_one_group_are_rejected(cls):
+    a = torch.nn.Parameter(torch.ones(2, 2))
+    b = torch.nn.Parameter(torch.ones(2, 2, device="meta"))
+    a.grad, b.grad = torch.ones(2, 2), torch.ones(2, 2, device="meta")
+    with pytest.raises(ValueError, match="several devices"):
+        cls([a, b]).step()
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU error")
+@pytest.mark.parametrize("cls", [FusedLAMB, FusedLARS])
+def test_fused_on_cpu_without_interpreter_is_a_clear_error(cls, monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    ps = [torch.nn.Parameter(torch.ones(2, 2, device="cpu"))]
+    ps[0].grad = torch.ones(2, 2)
+    with pytest.raises(RuntimeError, match="CUDA tensors"):
+        cls(ps).step()
+
+
+def test_unsupported_dtype_is_rejected():
+    p = torch.nn.Parameter(torch.ones(2, 2, dtype=torch.float64))
+    p.grad = torch.ones_like(p)
+    with pytest.raises(TypeError, match="float32"):
+        LAMB([p]).step()
