@@ -74,7 +74,8 @@ def legw_warmup_steps(base_warmup_epochs: float, batch_size: int, base_batch_siz
     Examples
     --------
     >>> from gpuml.optim import legw_warmup_steps
-    >>> legw_warmup_steps(0.3125, 512, 512, 1_281_167), legw_warmup_steps(5, 8192, 512, 1_281_167)
+    >>> n = 1_281_167  # ImageNet; seed 001 Table 6.6: 0.3125 epochs at 512, 5 at 8K
+    >>> legw_warmup_steps(0.3125, 512, 512, n), legw_warmup_steps(0.3125, 8192, 512, n)
     (782, 782)
     """
     if base_warmup_epochs < 0 or batch_size <= 0 or base_batch_size <= 0 or dataset_size <= 0:
