@@ -1,0 +1,288 @@
+"""Batched dense solvers for partitioned kernel ridge regression (seed 001, Alg 6, 8, 10).
+
+BKRR2 and its family solve P independent SPD systems ``(K_j + s_j I) a_j = y_j``
+and, for the fast σ/λ search, eigendecompose the P kernel blocks ``K_j``.
+This module is the only place that knows how that runs on each device:
+
+* **NumPy**: one SciPy/LAPACK call per part (``potrf``/``potrs``, ``syevd``);
+  parts run in parallel threads through joblib when ``n_jobs`` allows
+  (LAPACK and BLAS release the GIL).
+* **CuPy**: parts of equal size are stacked into one ``(g, m, m)`` array and
+  handled by one batched call: kernel blocks by batched GEMM, the solve by
+  cuSOLVER's ``potrfBatched``/``potrsBatched`` (``cupyx.lapack.posv``).
+  K-balance gives sizes that differ by at most one, so P parts form at most
+  two batches; k-means gives one batch per distinct size.
+
+Every function takes lists of per-part arrays (sizes may differ) and returns
+lists in the same order, on the same device.
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import scipy.linalg
+
+from .._backend import is_cupy_array, namespace_of
+from .pairwise import Kernel
+
+__all__ = [
+    "NotPositiveDefiniteError",
+    "available_bytes",
+    "cholesky_solve_batch",
+    "eigh_batch",
+    "gram_batch",
+    "krr_solve_parts",
+]
+
+#: Largest block size for which cuSOLVER's batched Jacobi eigensolver is used;
+#: larger blocks are each one ``syevd`` call, which fills the GPU on its own.
+_SYEVJ_BATCHED_MAX = 32
+
+
+class NotPositiveDefiniteError(np.linalg.LinAlgError):
+    """A system of the batch is not (numerically) positive definite.
+
+    Attributes
+    ----------
+    part : int or None
+        Index of the failing system in the batch (None when the device only
+        reports that one of them failed).
+    """
+
+    def __init__(self, part=None):
+        self.part = part
+        where = "one of the systems" if part is None else f"system {part}"
+        super().__init__(f"{where} is not positive definite (Cholesky failed)")
+
+
+def available_bytes(xp) -> int:
+    """Memory that can be allocated now: free device memory for CuPy, free RAM for NumPy."""
+    if xp is not np:
+        free, _ = xp.cuda.runtime.memGetInfo()
+        return int(free + xp.get_default_memory_pool().free_bytes())
+    try:
+        return int(os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
+    except (ValueError, OSError, AttributeError):  # not POSIX: no cheap answer
+        return 1 << 62
+
+
+def _map(fn, items, n_jobs):
+    items = list(items)
+    if n_jobs in (None, 1) or len(items) <= 1:
+        return [fn(item) for item in items]
+    from joblib import Parallel, delayed
+
+    return Parallel(n_jobs=n_jobs, prefer="threads")(delayed(fn)(item) for item in items)
+
+
+def _size_groups(sizes) -> list[np.ndarray]:
+    """Indices of the parts, grouped by size (one batched call per group)."""
+    sizes = np.asarray(sizes)
+    return [np.flatnonzero(sizes == m) for m in np.unique(sizes)]
+
+
+def _is_sparse(X) -> bool:
+    return hasattr(X, "tocsr")
+
+
+def _stacked_gram(kernel: Kernel, Xs):
+    """Kernel blocks of a (g, m, d) stack of parts: one batched GEMM plus the kernel's map."""
+    xp = namespace_of(Xs)
+    G = xp.matmul(Xs, Xs.transpose(0, 2, 1))
+    if kernel.name != "rbf":
+        return kernel._from_gram(G)
+    norms = xp.einsum("gij,gij->gi", Xs, Xs)
+    G *= -2.0
+    G += norms[:, :, None]
+    G += norms[:, None, :]
+    xp.maximum(G, 0.0, out=G)
+    G *= -kernel.gamma
+    return xp.exp(G, out=G)
+
+
+def gram_batch(kernel: Kernel, parts: list, *, n_jobs=None) -> list:
+    """Kernel matrices ``K(X_j, X_j)`` of every part.
+
+    On the GPU, dense parts of equal size are stacked and built by one batched
+    GEMM; on the CPU (and for CSR parts) each part is one blocked
+    :meth:`Kernel.matrix`, parts in parallel threads.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from gpuml.kernels.krr import gram_batch
+    >>> from gpuml.kernels.pairwise import Kernel
+    >>> parts = [np.zeros((2, 3)), np.ones((3, 3))]
+    >>> [K.shape for K in gram_batch(Kernel("rbf", gamma=0.5), parts)]
+    [(2, 2), (3, 3)]
+    """
+    if parts and is_cupy_array(parts[0]) and not _is_sparse(parts[0]):
+        xp = namespace_of(parts[0])
+        out = [None] * len(parts)
+        for group in _size_groups([p.shape[0] for p in parts]):
+            stack = _stacked_gram(kernel, xp.stack([parts[j] for j in group]))
+            for slot, j in enumerate(group):
+                out[j] = stack[slot]
+        return out
+    return _map(lambda X: kernel.matrix(X, max_bytes=1 << 62), parts, n_jobs)
+
+
+def _cho_solve_host(A, B, part, overwrite):
+    try:
+        factor = scipy.linalg.cho_factor(A, lower=True, overwrite_a=overwrite, check_finite=False)
+    except np.linalg.LinAlgError:
+        raise NotPositiveDefiniteError(part) from None
+    if not np.all(np.isfinite(np.diagonal(factor[0]))):
+        raise NotPositiveDefiniteError(part)
+    return scipy.linalg.cho_solve(factor, B, check_finite=False)
+
+
+def _posv_device(A_stack, B_stack):
+    """One batched Cholesky solve on the GPU; raises NotPositiveDefiniteError on failure."""
+    import cupyx
+    import cupyx.lapack
+
+    with cupyx.errstate(linalg="raise"):
+        try:
+            X = cupyx.lapack.posv(A_stack, B_stack)
+        except np.linalg.LinAlgError:
+            raise NotPositiveDefiniteError(None) from None
+    xp = namespace_of(X)
+    if not bool(xp.isfinite(X).all()):
+        raise NotPositiveDefiniteError(None)
+    return X
+
+
+def cholesky_solve_batch(As: list, Bs: list, *, overwrite_a=False, n_jobs=None) -> list:
+    """Solve ``A_j X_j = B_j`` for SPD ``A_j`` by Cholesky, for every part ``j``.
+
+    Parameters
+    ----------
+    As : list of (m_j, m_j) SPD arrays (NumPy or CuPy; sizes may differ)
+    Bs : list of (m_j,) or (m_j, k) right-hand sides
+    overwrite_a : bool
+        Let the CPU path factor ``A_j`` in place (saves one m_j × m_j copy).
+    n_jobs : int or None
+        Threads over parts on the CPU.
+
+    Returns
+    -------
+    list of solutions shaped like ``Bs``.
+
+    Raises
+    ------
+    NotPositiveDefiniteError
+        When a Cholesky factorisation fails (``.part`` says which on the CPU).
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from gpuml.kernels.krr import cholesky_solve_batch
+    >>> A = [np.eye(2) * 2.0, np.eye(3) * 4.0]
+    >>> [x.tolist() for x in cholesky_solve_batch(A, [np.ones(2), np.ones(3)])]
+    [[0.5, 0.5], [0.25, 0.25, 0.25]]
+    """
+    if As and is_cupy_array(As[0]):
+        xp = namespace_of(As[0])
+        out = [None] * len(As)
+        for group in _size_groups([A.shape[0] for A in As]):
+            A_stack = xp.stack([As[j] for j in group])
+            B_stack = xp.stack([Bs[j] for j in group])
+            try:
+                X = _posv_device(A_stack, B_stack)
+            except NotPositiveDefiniteError:
+                raise NotPositiveDefiniteError(int(group[0]) if len(group) == 1 else None) from None
+            for slot, j in enumerate(group):
+                out[j] = X[slot]
+        return out
+    return _map(lambda j: _cho_solve_host(As[j], Bs[j], j, overwrite_a), range(len(As)), n_jobs)
+
+
+def krr_solve_parts(kernel: Kernel, parts: list, targets: list, shifts, *, n_jobs=None) -> list:
+    """Dual coefficients of every part: solve ``(K(X_j, X_j) + s_j I) a_j = y_j`` (eq. 3.6).
+
+    The kernel block of a part is built, shifted, factored in place and freed
+    before the next part of the same thread starts (CPU), or per batch of
+    equal-size parts (GPU): peak memory is ``n_jobs`` blocks on the CPU and
+    one batch (twice, for cuSOLVER's copy) on the GPU.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from gpuml.kernels.krr import krr_solve_parts
+    >>> from gpuml.kernels.pairwise import Kernel
+    >>> X = np.array([[0.0], [1.0]])
+    >>> a, = krr_solve_parts(Kernel("linear"), [X], [np.array([0.0, 2.0])], [1.0])
+    >>> a.tolist()
+    [0.0, 1.0]
+    """
+    shifts = [float(s) for s in shifts]
+    if parts and is_cupy_array(parts[0]):
+        xp = namespace_of(parts[0])
+        out = [None] * len(parts)
+        for group in _size_groups([p.shape[0] for p in parts]):
+            if _is_sparse(parts[0]):
+                A = xp.stack(gram_batch(kernel, [parts[j] for j in group]))
+            else:
+                A = _stacked_gram(kernel, xp.stack([parts[j] for j in group]))
+            dtype = A.dtype
+            eye = xp.arange(A.shape[1])
+            A[:, eye, eye] += xp.asarray([shifts[j] for j in group], dtype=dtype)[:, None]
+            B = xp.stack([targets[j] for j in group])
+            try:
+                X = _posv_device(A, B)
+            except NotPositiveDefiniteError:
+                raise NotPositiveDefiniteError(int(group[0]) if len(group) == 1 else None) from None
+            del A
+            for slot, j in enumerate(group):
+                out[j] = X[slot]
+        return out
+
+    def solve(j):
+        K = kernel.matrix(parts[j], max_bytes=1 << 62)
+        K.flat[:: K.shape[0] + 1] += shifts[j]
+        return _cho_solve_host(K, targets[j], j, overwrite=True)
+
+    return _map(solve, range(len(parts)), n_jobs)
+
+
+def eigh_batch(As: list, *, overwrite_a=False, n_jobs=None) -> list:
+    """Eigendecomposition ``A_j = Q_j diag(w_j) Q_j^T`` of every symmetric ``A_j``.
+
+    CPU: LAPACK ``syevd`` per part (threads over parts). GPU: parts of equal
+    size up to 32 go through one batched Jacobi call (cuSOLVER
+    ``syevjBatched``, via :func:`cupy.linalg.eigh` on the stack); larger
+    blocks are one ``syevd`` each.
+
+    Returns
+    -------
+    list of ``(w_j, Q_j)``, eigenvalues ascending.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from gpuml.kernels.krr import eigh_batch
+    >>> (w, Q), = eigh_batch([np.diag([3.0, 1.0])])
+    >>> w.tolist()
+    [1.0, 3.0]
+    """
+    if As and is_cupy_array(As[0]):
+        xp = namespace_of(As[0])
+        out = [None] * len(As)
+        for group in _size_groups([A.shape[0] for A in As]):
+            if As[group[0]].shape[0] <= _SYEVJ_BATCHED_MAX:
+                w, Q = xp.linalg.eigh(xp.stack([As[j] for j in group]))
+                for slot, j in enumerate(group):
+                    out[j] = (w[slot], Q[slot])
+            else:
+                for j in group:
+                    out[j] = xp.linalg.eigh(As[j])
+        return out
+
+    def decompose(A):
+        return scipy.linalg.eigh(A, overwrite_a=overwrite_a, check_finite=False, driver="evd")
+
+    return _map(decompose, As, n_jobs)
+

@@ -1,0 +1,302 @@
+"""BKRRRegressor: exactness vs KernelRidge, the paper's settings, bad input, sklearn API."""
+
+import pickle
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+from sklearn.base import clone
+from sklearn.datasets import load_diabetes
+from sklearn.kernel_ridge import KernelRidge
+from sklearn.model_selection import GridSearchCV
+from sklearn.pipeline import make_pipeline
+from sklearn.preprocessing import StandardScaler
+from sklearn.utils.estimator_checks import parametrize_with_checks
+
+import gpuml.kernels.krr as krr
+from gpuml.estimators import bkrr as bkrr_module
+from gpuml.estimators.bkrr import BKRRRegressor, BKRRRegressorCV
+from gpuml.kernels import (
+    Kernel,
+    NotPositiveDefiniteError,
+    cholesky_solve_batch,
+    eigh_batch,
+    gram_batch,
+    krr_solve_parts,
+)
+
+
+@pytest.fixture(scope="module")
+def diabetes():
+    X, y = load_diabetes(return_X_y=True)
+    return StandardScaler().fit_transform(X), y
+
+
+def _rel(a, b):
+    return np.max(np.abs(a - b)) / np.max(np.abs(b))
+
+
+@pytest.mark.parametrize("sigma, lam", [(1.0, 1e-4), (3.0, 1e-6), (0.5, 1e-2)])
+def test_one_partition_is_kernel_ridge(diabetes, sigma, lam):
+    X, y = diabetes
+    ours = BKRRRegressor(sigma=sigma, lam=lam, n_partitions=1, device="cpu").fit(X[:350], y[:350])
+    ref = KernelRidge(alpha=lam * 350, kernel="rbf", gamma=1 / (2 * sigma**2)).fit(
+        X[:350], y[:350])
+    assert _rel(ours.predict(X[350:]), ref.predict(X[350:])) < 1e-8
+    assert _rel(ours.dual_coef_, ref.dual_coef_) < 1e-8
+
+
+def test_one_partition_multi_output(diabetes):
+    X, y = diabetes
+    Y = np.column_stack([y, np.sqrt(y), -y])
+    ours = BKRRRegressor(sigma=2.0, lam=1e-5, n_partitions=1, device="cpu").fit(X, Y)
+    ref = KernelRidge(alpha=1e-5 * len(X), kernel="rbf", gamma=1 / 8).fit(X, Y)
+    pred = ours.predict(X[:50])
+    assert pred.shape == (50, 3)
+    assert _rel(pred, ref.predict(X[:50])) < 1e-8
+
+
+@pytest.mark.parametrize("kernel, params", [("linear", {}), ("poly", {"degree": 2, "coef0": 1.5})])
+def test_other_kernels_match_kernel_ridge(diabetes, kernel, params):
+    X, y = diabetes
+    sigma, lam = 2.0, 1e-3
+    ours = BKRRRegressor(kernel=kernel, sigma=sigma, lam=lam, n_partitions=1, device="cpu",
+                         **params).fit(X, y)
+    ref = KernelRidge(alpha=lam * len(X), kernel=kernel, gamma=1 / (2 * sigma**2),
+                      **params).fit(X, y)
+    assert _rel(ours.predict(X), ref.predict(X)) < 1e-8
+
+
+def _local_models(est, X, y, lam, sigma):
+    """One KernelRidge per fitted part, with alpha = lam * m_j (eq. 3.6)."""
+    models = []
+    for j in range(est.n_partitions_):
+        lo, hi = est.part_offsets_[j], est.part_offsets_[j + 1]
+        Xj = est.X_fit_[lo:hi]
+        rows = [np.flatnonzero((X == r).all(axis=1))[0] for r in Xj]
+        models.append(KernelRidge(alpha=lam * (hi - lo), kernel="rbf",
+                                  gamma=1 / (2 * sigma**2)).fit(Xj, y[rows]))
+    return models
+
+
+@pytest.mark.parametrize("partition", ["kbalance", "kmeans"])
+def test_nearest_routes_to_the_local_kernel_ridge(diabetes, partition):
+    X, y = diabetes
+    sigma, lam = 2.0, 1e-4
+    est = BKRRRegressor(sigma=sigma, lam=lam, n_partitions=4, partition=partition,
+                        device="cpu", random_state=0).fit(X, y)
+    assert est.part_sizes_.sum() == len(X)
+    if partition == "kbalance":
+        assert est.part_sizes_.max() - est.part_sizes_.min() <= 1
+    models = _local_models(est, X, y, lam, sigma)
+    Xt = X[::7] + 0.01
+    nearest = ((Xt[:, None, :] - est.centers_[None]) ** 2).sum(-1).argmin(1)
+    expected = np.array([models[c].predict(x[None])[0] for x, c in zip(Xt, nearest)])
+    assert _rel(est.predict(Xt), expected) < 1e-8
+
+
+def test_average_is_dc_krr(diabetes):
+    X, y = diabetes
+    sigma, lam = 2.0, 1e-4
+    est = BKRRRegressor(sigma=sigma, lam=lam, n_partitions=3, partition="random",
+                        combine="average", device="cpu", random_state=1).fit(X, y)
+    models = _local_models(est, X, y, lam, sigma)
+    expected = np.mean([m.predict(X[:40]) for m in models], axis=0)
+    assert _rel(est.predict(X[:40]), expected) < 1e-8
+
+
+def test_random_partition_with_nearest_is_allowed(diabetes):
+    X, y = diabetes
+    est = BKRRRegressor(sigma=2.0, n_partitions=3, partition="random", combine="nearest",
+                        device="cpu", random_state=0).fit(X, y)
+    assert np.isfinite(est.predict(X)).all()
+
+
+def test_auto_partitions(monkeypatch, diabetes):
+    X, y = diabetes
+    assert BKRRRegressor(device="cpu").fit(X, y).n_partitions_ == 1
+    monkeypatch.setattr(bkrr_module, "AUTO_PART_SIZE", 100)
+    est = BKRRRegressor(device="cpu", random_state=0).fit(X, y)
+    assert est.n_partitions_ == 5 and est.part_sizes_.max() <= 100
+
+
+def test_prediction_is_chunk_independent(diabetes):
+    X, y = diabetes
+    est = BKRRRegressor(sigma=2.0, n_partitions=4, device="cpu", random_state=0).fit(X, y)
+    rng = np.random.default_rng(0)
+    Xt = rng.normal(size=(30000, X.shape[1]))
+    whole = est.predict(Xt)
+    parts = np.concatenate([est.predict(c) for c in np.array_split(Xt, 7)])
+    np.testing.assert_allclose(whole, parts, rtol=1e-12, atol=1e-12)
+
+
+def test_float32_close_to_float64(diabetes):
+    X, y = diabetes
+    kw = dict(sigma=2.0, lam=1e-3, n_partitions=2, device="cpu", random_state=0)
+    p64 = BKRRRegressor(**kw).fit(X, y).predict(X)
+    est32 = BKRRRegressor(dtype="float32", **kw).fit(X, y)
+    p32 = est32.predict(X)
+    assert p32.dtype == np.float32 and est32.dual_coef_.dtype == np.float32
+    assert _rel(p32.astype(np.float64), p64) < 1e-3
+    follow = BKRRRegressor(dtype=None, **kw).fit(X.astype(np.float32), y)
+    assert follow.X_fit_.dtype == np.float32
+
+
+def test_sparse_input_matches_dense(diabetes):
+    X, y = diabetes
+    kw = dict(sigma=2.0, n_partitions=3, device="cpu", random_state=0)
+    dense = BKRRRegressor(**kw).fit(X, y).predict(X)
+    sparse = BKRRRegressor(**kw).fit(sp.csr_matrix(X), y).predict(sp.csr_matrix(X))
+    np.testing.assert_allclose(sparse, dense, rtol=1e-8)
+
+
+def test_inputs_not_modified(diabetes):
+    X, y = diabetes
+    X0, y0 = X.copy(), y.copy()
+    BKRRRegressor(n_partitions=3, device="cpu", random_state=0).fit(X, y).predict(X)
+    np.testing.assert_array_equal(X, X0)
+    np.testing.assert_array_equal(y, y0)
+
+
+# -- bad input ---------------------------------------------------------------
+@pytest.mark.parametrize("params, match", [
+    ({"sigma": 0.0}, "sigma"),
+    ({"sigma": -1.0}, "sigma"),
+    ({"lam": -1e-3}, "lam"),
+    ({"partition": "spectral"}, "partition"),
+    ({"combine": "vote"}, "combine"),
+    ({"kernel": "precomputed"}, "kernel"),
+    ({"dtype": "float16"}, "dtype"),
+    ({"device": "tpu"}, "device"),
+])
+def test_bad_parameters(diabetes, params, match):
+    X, y = diabetes
+    with pytest.raises(ValueError, match=match):
+        BKRRRegressor(**params).fit(X, y)
+
+
+def test_lam_zero_singular_system_is_a_clear_error():
+    X = np.repeat(np.arange(6.0).reshape(-1, 1), 2, axis=0)
+    y = np.arange(12.0)
+    with pytest.raises(ValueError, match="not positive definite.*lam > 0"):
+        BKRRRegressor(lam=0.0, n_partitions=1, device="cpu").fit(X, y)
+    est = BKRRRegressor(lam=0.0, n_partitions=1, device="cpu").fit(X[::2], y[::2])
+    np.testing.assert_allclose(est.predict(X[::2]), y[::2], atol=1e-6)
+
+
+def test_nan_inf_and_shapes(diabetes):
+    X, y = diabetes
+    bad = X.copy()
+    bad[3, 2] = np.nan
+    with pytest.raises(ValueError, match="NaN"):
+        BKRRRegressor(device="cpu").fit(bad, y)
+    bad[3, 2] = np.inf
+    with pytest.raises(ValueError, match="infinity"):
+        BKRRRegressor(device="cpu").fit(bad, y)
+    ybad = y.copy()
+    ybad[0] = np.nan
+    with pytest.raises(ValueError, match="NaN"):
+        BKRRRegressor(device="cpu").fit(X, ybad)
+    with pytest.raises(ValueError, match="inconsistent numbers of samples"):
+        BKRRRegressor(device="cpu").fit(X, y[:-1])
+    est = BKRRRegressor(device="cpu").fit(X, y)
+    with pytest.raises(ValueError, match="NaN"):
+        est.predict(bad.copy() * np.nan)
+    with pytest.raises(ValueError, match="features"):
+        est.predict(X[:, :3])
+
+
+def test_too_many_partitions(diabetes):
+    X, y = diabetes
+    with pytest.raises(ValueError, match="larger than the number of samples"):
+        BKRRRegressor(n_partitions=11, device="cpu").fit(X[:10], y[:10])
+
+
+def test_memory_estimate_suggests_more_partitions(monkeypatch, diabetes):
+    X, y = diabetes
+    budget = 8 * 120**2
+    monkeypatch.setattr(bkrr_module, "available_bytes", lambda xp: budget)
+    with pytest.raises(MemoryError, match=r"n_partitions>=(\d+)") as info:
+        BKRRRegressor(n_partitions=2, device="cpu", random_state=0).fit(X, y)
+    suggested = int(info.value.args[0].rsplit(">=", 1)[1].split()[0])
+    assert suggested > 2
+    est = BKRRRegressor(n_partitions=suggested, device="cpu", random_state=0).fit(X, y)
+    assert est.part_sizes_.max() ** 2 * 8 <= budget
+
+
+def test_sigmoid_failure_is_clear(diabetes):
+    X, y = diabetes
+    with pytest.raises(ValueError, match="not positive definite"):
+        BKRRRegressor(kernel="sigmoid", sigma=0.05, lam=0.0, coef0=-5.0, n_partitions=1,
+                      device="cpu").fit(X, y)
+
+
+def test_cuda_without_gpu_is_clear(diabetes):
+    from gpuml._backend import cuda_available
+
+    if cuda_available():
+        pytest.skip("a GPU is present")
+    X, y = diabetes
+    with pytest.raises(RuntimeError, match="device='cuda'"):
+        BKRRRegressor(device="cuda").fit(X, y)
+
+
+# -- scikit-learn citizenship -------------------------------------------------
+@parametrize_with_checks([
+    BKRRRegressor(device="cpu"),
+    BKRRRegressor(n_partitions=2, device="cpu", random_state=0),
+    BKRRRegressorCV(device="cpu", sigmas=(0.5, 2.0), lams=(1e-4, 1e-2)),
+])
+def test_sklearn_compatible(estimator, check):
+    check(estimator)
+
+
+def test_pipeline_clone_pickle_gridsearch(diabetes):
+    X, y = diabetes
+    pipe = make_pipeline(StandardScaler(), BKRRRegressor(n_partitions=3, device="cpu",
+                                                         random_state=0))
+    pipe.fit(X, y)
+    restored = pickle.loads(pickle.dumps(pipe))
+    np.testing.assert_array_equal(restored.predict(X), pipe.predict(X))
+    fresh = clone(pipe[-1])
+    assert not hasattr(fresh, "dual_coef_") and fresh.get_params() == pipe[-1].get_params()
+    search = GridSearchCV(BKRRRegressor(n_partitions=2, device="cpu", random_state=0),
+                          {"sigma": [1.0, 3.0], "lam": [1e-4, 1e-2]}, cv=3, n_jobs=2)
+    search.fit(X, y)
+    serial = GridSearchCV(BKRRRegressor(n_partitions=2, device="cpu", random_state=0),
+                          {"sigma": [1.0, 3.0], "lam": [1e-4, 1e-2]}, cv=3).fit(X, y)
+    np.testing.assert_allclose(search.cv_results_["mean_test_score"],
+                               serial.cv_results_["mean_test_score"])
+
+
+# -- the batched solvers of gpuml.kernels (CPU path) --------------------------
+def test_batched_solvers_cpu():
+    rng = np.random.default_rng(0)
+    parts = [rng.normal(size=(m, 3)) for m in (5, 6, 6)]
+    kernel = Kernel("rbf", gamma=0.3)
+    blocks = gram_batch(kernel, parts, n_jobs=2)
+    for Xj, K in zip(parts, blocks):
+        np.testing.assert_allclose(K, kernel.matrix(Xj))
+    shifted = [K + 0.1 * np.eye(len(K)) for K in blocks]
+    rhs = [rng.normal(size=(len(K), 2)) for K in blocks]
+    sols = cholesky_solve_batch(shifted, rhs, n_jobs=2)
+    for A, b, x in zip(shifted, rhs, sols):
+        np.testing.assert_allclose(A @ x, b, atol=1e-10)
+    direct = krr_solve_parts(kernel, parts, rhs, [0.1] * 3)
+    for x, d in zip(sols, direct):
+        np.testing.assert_allclose(d, x, rtol=1e-10)
+    for K, (w, Q) in zip(blocks, eigh_batch(blocks)):
+        np.testing.assert_allclose((Q * w) @ Q.T, K, atol=1e-12)
+
+
+def test_batched_cholesky_names_the_failing_part():
+    good = np.eye(3)
+    bad = -np.eye(3)
+    with pytest.raises(NotPositiveDefiniteError) as info:
+        cholesky_solve_batch([good, bad], [np.ones(3), np.ones(3)])
+    assert info.value.part == 1
+    assert isinstance(info.value, np.linalg.LinAlgError)
+
+
+def test_available_bytes_is_positive():
+    assert krr.available_bytes(np) > 0
