@@ -11,6 +11,14 @@ from __future__ import annotations
 import numpy as np
 
 from .._backend import is_cupy_array, to_numpy
+from .krr import (
+    NotPositiveDefiniteError,
+    available_bytes,
+    cholesky_solve_batch,
+    eigh_batch,
+    gram_batch,
+    krr_solve_parts,
+)
 from .pairwise import (
     KERNELS,
     Kernel,
@@ -23,6 +31,12 @@ from .pairwise import (
 
 __all__ = [
     "KERNELS",
+    "NotPositiveDefiniteError",
+    "available_bytes",
+    "cholesky_solve_batch",
+    "eigh_batch",
+    "gram_batch",
+    "krr_solve_parts",
     "Kernel",
     "fill_nearest_open",
     "kernel_matrix",
