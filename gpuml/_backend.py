@@ -186,6 +186,17 @@ def namespace_of(a) -> ModuleType:
     return _cupy() if is_cupy_array(a) else np
 
 
+def sparse_module(xp) -> ModuleType:
+    """``scipy.sparse`` for NumPy, ``cupyx.scipy.sparse`` for CuPy."""
+    if xp is np:
+        import scipy.sparse
+
+        return scipy.sparse
+    import cupyx.scipy.sparse
+
+    return cupyx.scipy.sparse
+
+
 def to_numpy(a):
     """A NumPy view/copy of ``a`` (dense or sparse, host or device)."""
     if is_cupy_array(a):

@@ -34,12 +34,12 @@ from __future__ import annotations
 import numpy as np
 from sklearn.utils import check_random_state
 
-from ._backend import namespace_of, to_numpy
+from ._backend import namespace_of, sparse_module, to_numpy
 from ._validation import as_float_matrix, check_n_partitions
-from .kernels import fill_nearest_open, sq_distances, squared_norms
+from .kernels import fill_nearest_open, shifted_sq_distances, sq_distances, squared_norms
 
-#: Bound on each temporary (n_block x P) distance block.
-BLOCK_BYTES = 64 << 20
+#: Bound on each temporary (n_block x P) distance block: small enough to stay in cache.
+BLOCK_BYTES = 8 << 20
 
 
 def _row_blocks(n_rows: int, n_cols: int, itemsize: int = 8):
@@ -49,30 +49,26 @@ def _row_blocks(n_rows: int, n_cols: int, itemsize: int = 8):
 
 
 def _nearest(X, centers):
-    """Nearest centre of every row of X and its squared distance (blocked GEMM)."""
+    """Index of the nearest centre for every row of X (blocked GEMM, argmin per row)."""
     xp = namespace_of(centers)
     c_norms = squared_norms(centers)
     labels = xp.empty(X.shape[0], dtype=np.int64)
-    d2 = xp.empty(X.shape[0], dtype=centers.dtype)
     for start, stop in _row_blocks(X.shape[0], centers.shape[0]):
-        D = sq_distances(X[start:stop], centers, c_norms)
-        labels[start:stop] = D.argmin(axis=1)
-        d2[start:stop] = D[xp.arange(stop - start), labels[start:stop]]
-    return labels, d2
+        labels[start:stop] = shifted_sq_distances(X[start:stop], centers, c_norms).argmin(axis=1)
+    return labels
 
 
 def _means(X, labels, n_parts, fallback=None):
-    """Mean of each part; an empty part keeps ``fallback[j]`` (or zeros)."""
+    """Mean of each part (one sparse one-hot product); an empty part keeps ``fallback[j]``."""
     xp = namespace_of(labels)
+    n = X.shape[0]
+    onehot = sparse_module(xp).coo_matrix(
+        (xp.ones(n, dtype=X.dtype), (labels, xp.arange(n))), shape=(n_parts, n)).tocsr()
+    sums = onehot @ X
+    sums = xp.asarray(sums.toarray() if hasattr(sums, "toarray") else sums)
     counts = xp.bincount(labels, minlength=n_parts)
-    sums = xp.zeros((n_parts, X.shape[1]), dtype=X.dtype)
-    if hasattr(X, "tocsr"):
-        for j in range(n_parts):
-            sums[j] = xp.asarray(X[xp.flatnonzero(labels == j)].sum(axis=0)).ravel()
-    else:
-        xp.add.at(sums, labels, X)
-    empty = counts == 0
     means = sums / xp.maximum(counts, 1)[:, None].astype(X.dtype)
+    empty = counts == 0
     if fallback is not None and bool(empty.any()):
         means[empty] = fallback[empty]
     return means
@@ -94,7 +90,7 @@ def _fill(X, centers, counts, caps, rows=None):
     labels = xp.empty(rows.shape[0], dtype=np.int64)
     c_norms = squared_norms(centers)
     for start, stop in _row_blocks(rows.shape[0], centers.shape[0]):
-        D = sq_distances(X[rows[start:stop]], centers, c_norms)
+        D = shifted_sq_distances(X[rows[start:stop]], centers, c_norms)
         labels[start:stop] = fill_nearest_open(D, counts, caps)
     return labels
 
@@ -127,7 +123,12 @@ def _kmeans_pp(X, n_parts, rng):
     n = X.shape[0]
     first = int(rng.randint(n))
     centers = [_dense_rows(X, [first])[0]]
-    closest = sq_distances(X, centers[0][None, :])[:, 0]
+    x_norms = squared_norms(X)
+
+    def sq_distances_to(c):
+        return xp.maximum(shifted_sq_distances(X, c[None, :])[:, 0] + x_norms, 0.0)
+
+    closest = sq_distances_to(centers[0])
     for _ in range(1, n_parts):
         cumulative = xp.cumsum(closest)
         total = float(cumulative[-1])
@@ -138,7 +139,7 @@ def _kmeans_pp(X, n_parts, rng):
             pick = min(pick, n - 1)
         c = _dense_rows(X, [pick])[0]
         centers.append(c)
-        xp.minimum(closest, sq_distances(X, c[None, :])[:, 0], out=closest)
+        xp.minimum(closest, sq_distances_to(c), out=closest)
     return namespace_of(centers[0]).stack(centers)
 
 
@@ -163,12 +164,12 @@ def _kmeans(X, n_parts, rng, max_iter=100, tol=1e-4, **_):
     else:
         variance = float(X.var(axis=0).mean())
     threshold = tol * variance
-    labels, _ = _nearest(X, centers)
+    labels = _nearest(X, centers)
     for _ in range(max_iter):
         new_centers = _means(X, labels, n_parts, fallback=centers)
         shift = float(((new_centers - centers) ** 2).sum())
         centers = new_centers
-        labels, _ = _nearest(X, centers)
+        labels = _nearest(X, centers)
         if shift <= threshold:
             break
     return labels, xp.ascontiguousarray(centers)
@@ -270,4 +271,4 @@ def assign_nearest(X, centers):
     centers = as_float_matrix(centers, "centers")
     if X.shape[1] != centers.shape[1]:
         raise ValueError(f"X has {X.shape[1]} features but centers have {centers.shape[1]}")
-    return _nearest(X, centers)[0]
+    return _nearest(X, centers)

@@ -233,11 +233,20 @@ def kernel_matrix(X, Y=None, kernel="rbf", *, gamma=None, degree=3, coef0=1.0,
     return make_kernel(kernel, gamma, degree, coef0, X).matrix(X, Y, max_bytes=max_bytes)
 
 
-def sq_distances(X, Y, y_norms=None):
-    """Squared Euclidean distances ``||x||^2 + ||y||^2 - 2 x.y`` (one GEMM), clamped at 0."""
-    xp = namespace_of(X)
+def shifted_sq_distances(X, Y, y_norms=None):
+    """``||y||^2 - 2 x.y``: the squared distance less the row's own ``||x||^2``.
+
+    Along a row it orders the columns exactly as the squared distance does,
+    one pass cheaper; nearest-centre searches compare within rows only.
+    """
     D = _gram(X, Y)
     D *= -2.0
-    D += squared_norms(X)[:, None]
     D += (squared_norms(Y) if y_norms is None else y_norms)[None, :]
-    return xp.maximum(D, 0.0, out=D)
+    return D
+
+
+def sq_distances(X, Y, y_norms=None):
+    """Squared Euclidean distances ``||x||^2 + ||y||^2 - 2 x.y`` (one GEMM), clamped at 0."""
+    D = shifted_sq_distances(X, Y, y_norms)
+    D += squared_norms(X)[:, None]
+    return namespace_of(D).maximum(D, 0.0, out=D)
