@@ -11,6 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from .._backend import is_cupy_array, to_numpy
+from ._cpu.gcd import GCDResult
 from ._cpu.smo import SMOProblem, SMOResult
 from .krr import (
     NotPositiveDefiniteError,
@@ -32,6 +33,8 @@ from .pairwise import (
 )
 
 __all__ = [
+    "GCDResult",
+    "gcd_solve",
     "SMOProblem",
     "SMOResult",
     "smo_solve",
@@ -139,3 +142,74 @@ def smo_solve(kernel, X, y, C=1.0, *, tol=1e-3, max_iter=-1, cache_size=1024.0,
     (result,) = smo_solve_batch(kernel, [X], [problem], tol=tol, max_iter=max_iter,
                                 cache_size=cache_size, shrinking=shrinking)
     return result
+
+
+def gcd_solve(X, y, C, kernel, blocks, *, selection="greedy", tol=1e-3, max_updates=None,
+              cache_bytes=256 << 20, random_state=None, trace_interval=None):
+    """Asy-GCD for the bias-free kernel SVM dual (seed 001, Alg 13 and 14), CPU or GPU.
+
+    Solves ``min 1/2 a'Qa - e'a`` s.t. ``0 <= a <= C``, ``Q_ij = y_i y_j K(x_i, x_j)``
+    (eq. 4.9) with one worker per block of variables, the workers sharing the
+    gradient through atomic adds and never waiting for each other. NumPy input
+    runs on CPU threads (numba, outside the GIL); CuPy input runs one persistent
+    CUDA thread block per worker on X's device.
+
+    Parameters
+    ----------
+    X : array of shape (n, d), NumPy or CuPy (CSR is densified), or (n, n) for
+        ``kernel.name == "precomputed"``
+    y : array of shape (n,) with values in {-1, +1}
+    C : array of shape (n,), per-variable upper bounds (>= 0)
+    kernel : Kernel
+    blocks : int array of shape (n,), the block (worker) of every variable; each
+        non-empty block gets one worker, so one block is serial GCD (Alg 13)
+    selection : {"greedy", "random"}
+        Largest projected gradient in the block (eq. 4.11), or a uniformly
+        random variable (asynchronous stochastic coordinate descent, PSCD).
+    tol : float > 0
+        Stop once the largest projected gradient over all variables is below it.
+    max_updates : int or None
+        Stop after this many coordinate updates (over all workers).
+    cache_bytes : int
+        CPU: kernel-column cache over all workers (each gets an equal share,
+        at least one column). GPU: the whole Q is precomputed on the device
+        when it fits in this many bytes, else columns are computed on the fly.
+    random_state : int, RandomState or None
+        Seeds the per-worker generators of ``selection="random"``.
+    trace_interval : float or None
+        CPU only: snapshot ``(seconds, n_updates, objective)`` this often.
+
+    Returns
+    -------
+    GCDResult
+        ``alpha`` in X's namespace, objective, max violation, update count.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from gpuml.kernels import Kernel, gcd_solve
+    >>> X = np.array([[0.0], [1.0], [3.0], [4.0]])
+    >>> res = gcd_solve(X, np.array([-1.0, -1.0, 1.0, 1.0]), np.ones(4), Kernel("rbf", 1.0),
+    ...                 np.zeros(4, dtype=int), tol=1e-8)
+    >>> res.converged, round(res.objective, 4)
+    (True, -1.4723)
+    """
+    from sklearn.utils import check_random_state
+
+    if selection not in ("greedy", "random"):
+        raise ValueError(f"selection must be 'greedy' or 'random', got {selection!r}")
+    if not tol > 0:
+        raise ValueError(f"tol must be positive, got {tol!r}")
+    seed = int(check_random_state(random_state).randint(2**31 - 1))
+    if hasattr(X, "toarray"):
+        X = X.toarray()
+    if is_cupy_array(X):
+        from ._cuda.gcd import solve as solve_cuda
+
+        return solve_cuda(X, y, C, kernel, blocks, selection=selection, tol=tol,
+                          max_updates=max_updates, cache_bytes=cache_bytes, random_state=seed)
+    from ._cpu.gcd import solve as solve_cpu
+
+    return solve_cpu(to_numpy(X), to_numpy(y), to_numpy(C), kernel, to_numpy(blocks),
+                     selection=selection, tol=tol, max_updates=max_updates,
+                     cache_bytes=cache_bytes, random_state=seed, trace_interval=trace_interval)

@@ -1,0 +1,312 @@
+"""Asynchronous greedy coordinate descent for the bias-free kernel SVM dual, on CPU threads.
+
+Seed 001, chapter 4: Alg 13 (serial GCD) and Alg 14 (Asy-GCD). The problem is
+
+    min_a  1/2 a'Qa - e'a   s.t.  0 <= a_i <= C_i,   Q_ij = y_i y_j K(x_i, x_j)   (eq. 4.9)
+
+Each worker is one Python thread running :func:`_work`, a numba function
+compiled with ``nogil=True``, so the workers run truly at the same time. A
+worker owns one contiguous block of variables (the wrapper reorders the data
+so that block ``w`` is ``[starts[w], starts[w+1])``) and repeats, with no
+barrier and no lock:
+
+1. pick the variable of its block with the largest projected gradient
+   (eq. 4.11), reading the shared gradient ``g`` without synchronisation
+   (``selection="greedy"``), or a uniformly random one (``"random"``, the
+   PSCD baseline of §4.5);
+2. the closed-form step ``delta`` (eq. 4.10);
+3. ``g += delta * q_i`` with lock-free atomic float adds
+   (:mod:`._atomics`), ``q_i`` taken from the worker's own LRU column cache
+   (one contiguous array per worker, §4.4 "Kernel Caching") or computed from X;
+4. ``a_i += delta`` (only the owner writes ``a_i``).
+
+Stopping. Two shared counters bracket every update: ``started`` is bumped
+before step 3 and ``finished`` after step 4. A worker whose block has no
+projected gradient above ``tol`` certifies it *at state s* when it read
+``finished == started == s`` before its scan and ``started == s`` after it
+(so ``g`` did not change while it looked). Workers that find nothing to do
+publish that state; when every worker has certified the same state, that
+state is optimal to ``tol`` over all variables and the run stops. Workers
+with work never wait for the check. A worker that stays quiet for a while
+returns to its Python thread, which sleeps briefly before re-entering, so
+idle workers give their core to busy ones when threads outnumber cores.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+from numba import njit
+
+from ._atomics import atomic_add, atomic_add_seq, atomic_load, atomic_store
+
+#: Kernel codes understood by :func:`kernel_value` (names as :mod:`gpuml.kernels.pairwise`).
+KERNEL_CODES = {"linear": 0, "poly": 1, "rbf": 2, "sigmoid": 3, "precomputed": 4}
+
+#: Floor on Q_ii, as LIBSVM's TAU: a non-positive diagonal (sigmoid kernel, zero rows of a
+#: linear kernel) makes the one-variable problem unbounded, and the step then goes to a bound.
+TAU = 1e-12
+
+STARTED, FINISHED, STOP = 0, 1, 2
+#: What :func:`_work` returns: the run is over, or the worker found nothing to do for a while.
+DONE, IDLE = 0, 1
+#: Quiet scans in a row before an idle worker goes back to Python to sleep.
+IDLE_SCANS = 64
+IDLE_SLEEP = 50e-6
+
+
+@njit(nogil=True, cache=True, fastmath=True, inline="always")
+def _dot(X, i, j):
+    s = 0.0
+    for k in range(X.shape[1]):
+        s += X[i, k] * X[j, k]
+    return s
+
+
+@njit(nogil=True, cache=True, fastmath=True)
+def kernel_value(X, sq_norms, i, j, kind, gamma, coef0, degree):
+    """``K(x_i, x_j)`` for rows of X (or ``X[i, j]`` for a precomputed kernel)."""
+    if kind == 4:
+        return X[i, j]
+    dot = _dot(X, i, j)
+    if kind == 0:
+        return dot
+    if kind == 1:
+        return (gamma * dot + coef0) ** degree
+    if kind == 2:
+        return math.exp(-gamma * max(sq_norms[i] + sq_norms[j] - 2.0 * dot, 0.0))
+    return math.tanh(gamma * dot + coef0)
+
+
+@njit(nogil=True, cache=True, fastmath=True)
+def fill_column(X, sq_norms, y, i, kind, gamma, coef0, degree, out):
+    """``out[j] = Q_ji = y_j y_i K(x_j, x_i)`` for every j: one column of Q in O(n d)."""
+    n = y.shape[0]
+    for j in range(n):
+        out[j] = y[j] * y[i] * kernel_value(X, sq_norms, j, i, kind, gamma, coef0, degree)
+
+
+@njit(nogil=True, cache=True, inline="always")
+def _projected_gradient(g_j, a_j, c_j):
+    """|a - P_[0,C](a - g)| (eq. 4.11)."""
+    return abs(a_j - min(max(a_j - g_j, 0.0), c_j))
+
+
+@njit(nogil=True, cache=True)
+def _scan(g, alpha, C, lo, hi):
+    """The variable of [lo, hi) with the largest projected gradient, and its value."""
+    best = -1
+    best_v = 0.0
+    for j in range(lo, hi):
+        v = _projected_gradient(g[j], alpha[j], C[j])
+        if v > best_v:
+            best_v = v
+            best = j
+    return best, best_v
+
+
+@njit(nogil=True, cache=True)
+def _column(X, sq_norms, y, i, kind, gamma, coef0, degree, cache, slot_of, slot_var, slot_time,
+            clock):
+    """Column q_i from this worker's LRU cache (filling the least recently used slot on a miss)."""
+    s = slot_of[i]
+    if s < 0:
+        s = 0
+        for t in range(1, slot_time.shape[0]):
+            if slot_time[t] < slot_time[s]:
+                s = t
+        if slot_var[s] >= 0:
+            slot_of[slot_var[s]] = -1
+        fill_column(X, sq_norms, y, i, kind, gamma, coef0, degree, cache[s])
+        slot_var[s] = i
+        slot_of[i] = s
+    slot_time[s] = clock
+    return cache[s]
+
+
+@njit(nogil=True, cache=True)
+def _xorshift(state):
+    """One step of xorshift64* on ``state[0]``; a uniform 64-bit draw (per-worker RNG)."""
+    x = state[0]
+    x ^= x >> np.uint64(12)
+    x ^= x << np.uint64(25)
+    x ^= x >> np.uint64(27)
+    state[0] = x
+    return x * np.uint64(2685821657736338717)
+
+
+@njit(nogil=True, cache=True)
+def _certify(w, g, alpha, C, lo, hi, tol, counters, quiet):
+    """Try to certify block w quiet at a state with no update in flight; stop if all agree."""
+    finished = atomic_load(counters, FINISHED)
+    started = atomic_load(counters, STARTED)
+    if finished != started:
+        return False
+    _, best_v = _scan(g, alpha, C, lo, hi)
+    if best_v >= tol or atomic_load(counters, STARTED) != started:
+        return False
+    atomic_store(quiet, w, started)
+    for v in range(quiet.shape[0]):
+        if atomic_load(quiet, v) != started:
+            return True
+    if atomic_load(counters, STARTED) == started:
+        atomic_store(counters, STOP, 1)
+    return True
+
+
+@njit(nogil=True, cache=True)
+def _work(w, X, sq_norms, y, C, qdiag, starts, kind, gamma, coef0, degree, greedy, tol,
+          max_updates, alpha, g, counters, quiet, cache, slot_of, slot_var, slot_time, rng):
+    """Worker w's loop (Alg 14) until the run stops (DONE) or it idles (IDLE)."""
+    lo = starts[w]
+    hi = starts[w + 1]
+    size = hi - lo
+    n = g.shape[0]
+    quiet_scans = 0
+    picks = 0
+    clock = slot_time.max()
+    while atomic_load(counters, STOP) == 0:
+        if greedy:
+            i, best_v = _scan(g, alpha, C, lo, hi)
+            if best_v < tol or i < 0:
+                _certify(w, g, alpha, C, lo, hi, tol, counters, quiet)
+                quiet_scans += 1
+                if quiet_scans >= IDLE_SCANS:
+                    return IDLE
+                continue
+        else:
+            picks += 1
+            if picks >= size:
+                picks = 0
+                if _certify(w, g, alpha, C, lo, hi, tol, counters, quiet):
+                    quiet_scans += 1
+                    if quiet_scans >= IDLE_SCANS:
+                        return IDLE
+                    continue
+            i = lo + np.int64(_xorshift(rng) % np.uint64(size))
+        a_i = alpha[i]
+        new = min(max(a_i - g[i] / qdiag[i], 0.0), C[i])
+        delta = new - a_i
+        if delta == 0.0:
+            continue
+        quiet_scans = 0
+        if atomic_add_seq(counters, STARTED, 1) >= max_updates:
+            atomic_store(counters, STOP, 1)
+            break
+        clock += 1
+        q = _column(X, sq_norms, y, i, kind, gamma, coef0, degree, cache, slot_of, slot_var,
+                    slot_time, clock)
+        for j in range(n):
+            atomic_add(g, j, delta * q[j])
+        alpha[i] = new
+        atomic_add_seq(counters, FINISHED, 1)
+    return DONE
+
+
+@dataclass
+class GCDResult:
+    """What a GCD run returns (arrays in the input's namespace).
+
+    Attributes
+    ----------
+    alpha : (n,) dual variables.
+    objective : float, ``1/2 a'Qa - e'a`` from the maintained gradient.
+    max_violation : float, largest projected gradient (eq. 4.11) at the end.
+    n_updates : int, coordinate updates with a non-zero step.
+    converged : bool, ``max_violation < tol``.
+    n_workers : int, workers actually run (empty blocks get none).
+    trace : list of ``(seconds, n_updates, objective)`` snapshots when asked for.
+    """
+
+    alpha: object
+    objective: float
+    max_violation: float
+    n_updates: int
+    converged: bool
+    n_workers: int
+    trace: list = field(default_factory=list)
+
+
+def objective_from_gradient(alpha, g) -> float:
+    """``1/2 a'Qa - e'a = 1/2 a'(g - 1)`` given ``g = Qa - 1``: O(n)."""
+    return 0.5 * float(alpha @ (g - 1.0))
+
+
+def max_violation(alpha, g, C) -> float:
+    """The largest projected gradient over all variables (eq. 4.11)."""
+    if alpha.shape[0] == 0:
+        return 0.0
+    return float(np.abs(alpha - np.clip(alpha - g, 0.0, C)).max())
+
+
+def solve(X, y, C, kernel, blocks, *, selection="greedy", tol=1e-3, max_updates=None,
+          cache_bytes=256 << 20, random_state=0, trace_interval=None):
+    """Run Asy-GCD on NumPy data; see :func:`gpuml.kernels.gcd_solve` for the parameters."""
+    n = y.shape[0]
+    labels = np.asarray(blocks, dtype=np.int64)
+    order = np.argsort(labels, kind="stable")
+    counts = np.bincount(labels, minlength=1)
+    counts = counts[counts > 0]
+    starts = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+    n_workers = counts.shape[0]
+    kind = KERNEL_CODES[kernel.name]
+    if kind == 4:
+        Xw = np.ascontiguousarray(np.asarray(X, dtype=np.float64)[np.ix_(order, order)])
+        qdiag = np.diagonal(Xw).copy()
+        sq_norms = np.zeros(n)
+    else:
+        Xw = np.ascontiguousarray(np.asarray(X, dtype=np.float64)[order])
+        qdiag = np.asarray(kernel.diag(Xw), dtype=np.float64)
+        sq_norms = np.einsum("ij,ij->i", Xw, Xw)
+    qdiag = np.maximum(qdiag, TAU)
+    yw = np.ascontiguousarray(np.asarray(y, dtype=np.float64)[order])
+    Cw = np.ascontiguousarray(np.asarray(C, dtype=np.float64)[order])
+    alpha = np.zeros(n)
+    g = -np.ones(n)
+    counters = np.zeros(3, dtype=np.int64)
+    quiet = np.full(n_workers, -1, dtype=np.int64)
+    slot_of = np.full(n, -1, dtype=np.int64)
+    limit = np.iinfo(np.int64).max if max_updates is None else int(max_updates)
+    per_worker = max(int(cache_bytes) // max(n_workers, 1) // max(8 * n, 1), 1)
+    seeds = np.random.default_rng(random_state).integers(1, 2**63, size=max(n_workers, 1))
+    args = (Xw, sq_norms, yw, Cw, qdiag, starts, kind, float(kernel.gamma),
+            float(kernel.coef0), int(kernel.degree), selection == "greedy", float(tol), limit,
+            alpha, g, counters, quiet)
+
+    def run(w):
+        slots = min(per_worker, int(counts[w]))
+        cache = np.empty((slots, n))
+        slot_var = np.full(slots, -1, dtype=np.int64)
+        slot_time = np.zeros(slots, dtype=np.int64)
+        rng = np.array([seeds[w]], dtype=np.uint64)
+        while _work(w, *args, cache, slot_of, slot_var, slot_time, rng) == IDLE:
+            time.sleep(IDLE_SLEEP)
+
+    trace = []
+    t0 = time.perf_counter()
+    if n_workers == 1 and trace_interval is None:
+        run(0)
+    elif n_workers > 0:
+        threads = [threading.Thread(target=run, args=(w,), daemon=True)
+                   for w in range(n_workers)]
+        for t in threads:
+            t.start()
+        while trace_interval is not None and threads[0].is_alive():
+            threads[0].join(trace_interval)
+            trace.append((time.perf_counter() - t0, int(counters[FINISHED]),
+                          objective_from_gradient(alpha.copy(), g.copy())))
+        for t in threads:
+            t.join()
+    n_updates = int(counters[FINISHED])
+    objective = objective_from_gradient(alpha, g)
+    if trace_interval is not None:
+        trace.append((time.perf_counter() - t0, n_updates, objective))
+    violation = max_violation(alpha, g, Cw)
+    alpha_out = np.empty(n)
+    alpha_out[order] = alpha
+    return GCDResult(alpha_out, objective, violation, n_updates, violation < tol, n_workers,
+                     trace)
