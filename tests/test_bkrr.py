@@ -300,3 +300,15 @@ def test_batched_cholesky_names_the_failing_part():
 
 def test_available_bytes_is_positive():
     assert krr.available_bytes(np) > 0
+
+
+def test_gpu_fitted_pickle_loads_on_cpu(monkeypatch, diabetes):
+    """A model whose state says cuda:0 loads on the CPU where no GPU answers, and predicts."""
+    X, y = diabetes
+    est = BKRRRegressor(sigma=2.0, n_partitions=2, device="cpu", random_state=0).fit(X, y)
+    expected = est.predict(X)
+    est.device_ = "cuda:0"
+    monkeypatch.setattr(bkrr_module, "cuda_available", lambda: False)
+    restored = pickle.loads(pickle.dumps(est))
+    assert restored.device_ == "cpu"
+    np.testing.assert_array_equal(restored.predict(X), expected)

@@ -181,7 +181,7 @@ def cholesky_solve_batch(As: list, Bs: list, *, overwrite_a=False, n_jobs=None) 
     >>> import numpy as np
     >>> from gpuml.kernels.krr import cholesky_solve_batch
     >>> A = [np.eye(2) * 2.0, np.eye(3) * 4.0]
-    >>> [x.tolist() for x in cholesky_solve_batch(A, [np.ones(2), np.ones(3)])]
+    >>> [np.round(x, 12).tolist() for x in cholesky_solve_batch(A, [np.ones(2), np.ones(3)])]
     [[0.5, 0.5], [0.25, 0.25, 0.25]]
     """
     if As and is_cupy_array(As[0]):
@@ -215,7 +215,7 @@ def krr_solve_parts(kernel: Kernel, parts: list, targets: list, shifts, *, n_job
     >>> from gpuml.kernels.pairwise import Kernel
     >>> X = np.array([[0.0], [1.0]])
     >>> a, = krr_solve_parts(Kernel("linear"), [X], [np.array([0.0, 2.0])], [1.0])
-    >>> a.tolist()
+    >>> np.round(a, 12).tolist()
     [0.0, 1.0]
     """
     shifts = [float(s) for s in shifts]
