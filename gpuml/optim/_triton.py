@@ -135,8 +135,10 @@ def _dummy(device) -> Tensor:
 @triton.jit
 def _load_scalar(ptr, value, IS_PTR: tl.constexpr):
     if IS_PTR:
-        return tl.load(ptr).to(tl.float32)
-    return value
+        out = tl.load(ptr).to(tl.float32)
+    else:
+        out = value
+    return out
 
 
 @triton.jit
@@ -144,7 +146,8 @@ def _to_param(x, p_w, PARAM_BF16: tl.constexpr):
     # Round-to-nearest-even into bfloat16 by hand: the Triton interpreter truncates.
     if PARAM_BF16:
         bits = x.to(tl.uint32, bitcast=True)
-        bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
+        bits = bits + 0x7FFF + ((bits >> 16) & 1)
+        bits = (bits >> 16) << 16
         x = tl.where(x != x, x, bits.to(tl.float32, bitcast=True))
     return x.to(p_w.dtype.element_ty)
 
@@ -391,6 +394,7 @@ def lamb_step(params, grads, exp_avgs, exp_avg_sqs, master_params, state_steps, 
     _check_contiguous([*params, *grads, *exp_avgs, *exp_avg_sqs, *master_params])
     coef, has_coef, inf, has_inf = _common_args(grad_scale, clip, found_inf, device)
     lr_ptr, lr_val, lr_is_ptr = _scalar_arg(lr, device)
+    beta1, beta2, eps, weight_decay = float(beta1), float(beta2), float(eps), float(weight_decay)
     beta3 = 1.0 - beta1 if grad_averaging else 1.0
     var = {"lamb": 0, "nlamb": 1, "nnlamb": 2}[variant]
     logs = (_log(beta1), _log(beta2), 1.0 - beta2)

@@ -204,11 +204,22 @@ class LAMB(Optimizer):
     @torch.no_grad()
     def step(self, closure=None, grad_scale: Tensor | None = None,
              found_inf: Tensor | None = None):
-        """One optimizer step; ``grad_scale``/``found_inf`` come from ``torch.amp.GradScaler``."""
+        """One optimizer step.
+
+        ``grad_scale`` (the loss scale, or None if the gradients are unscaled) and
+        ``found_inf`` (nonzero: skip the step) are the fused-optimizer protocol of
+        ``torch.amp.GradScaler``, which sets them as attributes of the optimizer
+        during ``scaler.step(optimizer)``; they can also be passed directly.
+        """
         loss = None
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
+        # torch.amp.GradScaler sets these attributes for optimizers that support scaling
+        if grad_scale is None:
+            grad_scale = getattr(self, "grad_scale", None)
+        if found_inf is None:
+            found_inf = getattr(self, "found_inf", None)
         work = []
         for group in self.param_groups:
             C.check_group_tensors(group["params"])
@@ -350,8 +361,10 @@ def _single_tensor_lamb(params, grads, exp_avgs, exp_avg_sqs, master_params, sta
         m.mul_(beta1).add_(g, alpha=beta3)
         v.mul_(beta2).addcmul_(g, g, value=1.0 - beta2)
         a_m, a_g, a_v, a_g2 = lamb_coefficients(t, beta1, beta2, beta3, bias_correction, variant)
-        m_hat = m * a_m + g * a_g
-        v_hat = v * a_v + g * g * a_g2
+        m_hat, v_hat = m * a_m, v * a_v
+        if variant != "lamb":
+            m_hat = m_hat + g * a_g
+            v_hat = v_hat + g * g * a_g2
         denom = (v_hat + eps).sqrt() if eps_inside_sqrt else v_hat.sqrt() + eps
         update = m_hat / denom
         w = C.compute_view(p, master_params[i])
@@ -408,8 +421,9 @@ def _multi_tensor_lamb(params, grads, exp_avgs, exp_avg_sqs, master_params, stat
     else:
         torch._foreach_sqrt_(v_hat)
         torch._foreach_add_(v_hat, eps)
-    updates = torch._foreach_div(m_hat, v_hat)
-    del m_hat, v_hat
+    torch._foreach_div_(m_hat, v_hat)
+    updates = m_hat
+    del v_hat
 
     ws = [C.compute_view(p, mp) for p, mp in zip(params, master_params)]
     dec = [i for i, d in enumerate(decay) if d]

@@ -179,11 +179,22 @@ class LARS(Optimizer):
     @torch.no_grad()
     def step(self, closure=None, grad_scale: Tensor | None = None,
              found_inf: Tensor | None = None):
-        """One optimizer step; ``grad_scale``/``found_inf`` come from ``torch.amp.GradScaler``."""
+        """One optimizer step.
+
+        ``grad_scale`` (the loss scale, or None if the gradients are unscaled) and
+        ``found_inf`` (nonzero: skip the step) are the fused-optimizer protocol of
+        ``torch.amp.GradScaler``, which sets them as attributes of the optimizer
+        during ``scaler.step(optimizer)``; they can also be passed directly.
+        """
         loss = None
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
+        # torch.amp.GradScaler sets these attributes for optimizers that support scaling
+        if grad_scale is None:
+            grad_scale = getattr(self, "grad_scale", None)
+        if found_inf is None:
+            found_inf = getattr(self, "found_inf", None)
         for group in self.param_groups:
             C.check_group_tensors(group["params"])
             with_grad = [p for p in group["params"] if p.grad is not None]

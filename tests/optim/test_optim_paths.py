@@ -133,21 +133,38 @@ def test_found_inf_skips_the_step(cls, impl):
             torch.testing.assert_close(after["state"][k][name].cpu(), v.cpu(), rtol=0, atol=0)
 
 
-def test_torch_grad_scaler_end_to_end():
+@pytest.mark.parametrize("impl", list(IMPLS))
+@pytest.mark.parametrize("make", [
+    lambda ps, impl: LAMB(ps, lr=0.01, eps=1e-2, max_grad_norm=None, **IMPLS[impl]),
+    lambda ps, impl: LARS(ps, lr=1.0, weight_decay=0.1, **IMPLS[impl]),
+])
+def test_torch_grad_scaler_end_to_end(make, impl):
+    """scaler.step(opt) hands grad_scale/found_inf to the optimizer (attributes); the result
+    equals an unscaled run (both optimizers here are not scale-invariant), and a step whose
+    gradients hold an inf is skipped."""
     torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(6, 4), torch.nn.Tanh(), torch.nn.Linear(4, 1))
+    model = torch.nn.Sequential(torch.nn.Linear(6, 4), torch.nn.Tanh(),
+                                torch.nn.Linear(4, 1)).to(DEV)
     ref = copy.deepcopy(model)
-    x, y = torch.randn(32, 6), torch.randn(32, 1)
-    opt, opt_ref = LAMB(model.parameters(), lr=0.01), LAMB(ref.parameters(), lr=0.01)
-    scaler = torch.amp.GradScaler("cpu", init_scale=256.0)
-    for _ in range(3):
+    x, y = torch.randn(32, 6, device=DEV), torch.randn(32, 1, device=DEV)
+    opt, opt_ref = make(list(model.parameters()), impl), make(list(ref.parameters()), "loop")
+    scaler = torch.amp.GradScaler(DEV, init_scale=256.0)
+    for k in range(4):
         opt.zero_grad()
         scaler.scale(torch.nn.functional.mse_loss(model(x), y)).backward()
+        if k == 2:
+            before = [p.detach().clone() for p in model.parameters()]
+            model[0].weight.grad[0, 0] = float("inf")
         scaler.step(opt)
         scaler.update()
+        if k == 2:
+            assert_same(list(model.parameters()), before, rtol=0, atol=0)
+            assert scaler.get_scale() == 128.0
+            continue
         opt_ref.zero_grad()
         torch.nn.functional.mse_loss(ref(x), y).backward()
         opt_ref.step()
+    assert not hasattr(opt, "grad_scale")
     assert_same(list(model.parameters()), list(ref.parameters()), rtol=1e-5, atol=1e-6)
 
 
