@@ -34,6 +34,7 @@ from .pairwise import (
 
 __all__ = [
     "GCDResult",
+    "gcd_default_workers",
     "gcd_solve",
     "SMOProblem",
     "SMOResult",
@@ -213,3 +214,16 @@ def gcd_solve(X, y, C, kernel, blocks, *, selection="greedy", tol=1e-3, max_upda
     return solve_cpu(to_numpy(X), to_numpy(y), to_numpy(C), kernel, to_numpy(blocks),
                      selection=selection, tol=tol, max_updates=max_updates,
                      cache_bytes=cache_bytes, random_state=seed, trace_interval=trace_interval)
+
+
+def gcd_default_workers(like=None) -> int:
+    """Asy-GCD's default worker count where ``like`` lives: usable CPU cores, or the GPU's SMs."""
+    if like is not None and is_cupy_array(like):
+        from ._cuda.gcd import default_workers
+
+        return default_workers(like.device.id)
+    import os
+
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1

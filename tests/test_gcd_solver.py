@@ -1,0 +1,215 @@
+"""The Asy-GCD solver (seed 001, Alg 13/14) against independent solutions of the same QP."""
+
+import threading
+
+import numpy as np
+import pytest
+from numba import njit
+from scipy.optimize import minimize
+from sklearn.datasets import load_breast_cancer, load_digits
+
+from gpuml.kernels import Kernel, gcd_solve, make_kernel
+from gpuml.kernels._cpu import gcd as cpu_gcd
+from gpuml.kernels._cpu._atomics import atomic_add, atomic_add_seq, atomic_load, atomic_store
+
+
+def _standardise(X):
+    return (X - X.mean(0)) / np.where(X.std(0) > 0, X.std(0), 1.0)
+
+
+X_BC, Y_BC = load_breast_cancer(return_X_y=True)
+X_BC = _standardise(X_BC)
+Y_BC = np.where(Y_BC == 1, 1.0, -1.0)
+X_DIG, Y_DIG = load_digits(return_X_y=True)
+X_DIG = _standardise(X_DIG)
+Y_DIG = np.where(Y_DIG < 5, 1.0, -1.0)
+
+
+def _objective(Q, alpha):
+    return 0.5 * alpha @ Q @ alpha - alpha.sum()
+
+
+def _q_matrix(kernel, X, y):
+    return np.outer(y, y) * kernel.matrix(X)
+
+
+def _lbfgsb(Q, C):
+    res = minimize(lambda a: (_objective(Q, a), Q @ a - 1.0), np.zeros(len(C)), jac=True,
+                   method="L-BFGS-B", bounds=list(zip(np.zeros(len(C)), C)),
+                   options={"ftol": 1e-15, "gtol": 1e-12, "maxiter": 20000})
+    return res.fun
+
+
+def _split(n, workers, seed=0):
+    labels = np.empty(n, dtype=np.int64)
+    labels[np.random.default_rng(seed).permutation(n)] = np.arange(n) % workers
+    return labels
+
+
+@njit(nogil=True)
+def _hammer(a, idx, reps, use_atomic):
+    for k in range(reps):
+        j = idx[k % idx.size]
+        if use_atomic:
+            atomic_add(a, j, 0.5)
+        else:
+            a[j] += 0.5
+
+
+def test_atomic_float_add_loses_nothing_under_contention():
+    idx = np.array([0, 1, 2, 3, 1, 0, 3, 2], dtype=np.int64)
+    reps, n_threads = 300_000, 4
+    a = np.zeros(4)
+    threads = [threading.Thread(target=_hammer, args=(a, idx, reps, True))
+               for _ in range(n_threads)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    # Every add is exact in binary (halves); a lost update would show as a smaller total.
+    assert a.sum() == 0.5 * reps * n_threads
+    np.testing.assert_array_equal(a, np.full(4, 0.5 * reps * n_threads / 4))
+
+
+def test_atomic_helpers_on_integers_and_float32():
+    @njit
+    def use(c, f):
+        old = atomic_add_seq(c, 0, 5)
+        atomic_store(c, 1, 7)
+        atomic_add(f, 2, np.float32(1.5))
+        return old, atomic_load(c, 0), atomic_load(c, 1)
+
+    c = np.array([3, 0], dtype=np.int64)
+    f = np.zeros(3, dtype=np.float32)
+    assert use(c, f) == (3, 8, 7)
+    assert f[2] == np.float32(1.5)
+
+
+@pytest.mark.parametrize("name", ["linear", "poly", "rbf", "sigmoid", "precomputed"])
+def test_columns_match_pairwise_kernels(name):
+    X = X_BC[:60]
+    kernel = Kernel(name, gamma=0.03, degree=2, coef0=0.5)
+    data = Kernel("rbf", 0.03).matrix(X) if name == "precomputed" else X
+    y = np.where(np.arange(60) % 3 == 0, -1.0, 1.0)
+    expected = np.outer(y, y) * (data if name == "precomputed" else kernel.matrix(X))
+    out = np.empty(60)
+    for i in (0, 17, 59):
+        cpu_gcd.fill_column(np.ascontiguousarray(data), np.einsum("ij,ij->i", X, X), y, i,
+                            cpu_gcd.KERNEL_CODES[name], kernel.gamma, kernel.coef0,
+                            kernel.degree, out)
+        np.testing.assert_allclose(out, expected[:, i], rtol=1e-12, atol=1e-12)
+
+
+@pytest.fixture(scope="module")
+def breast_cancer_reference():
+    kernel = make_kernel("rbf", "scale", 3, 0.0, X_BC)
+    C = np.where(np.arange(len(Y_BC)) % 4 == 0, 0.5, 2.0)
+    Q = _q_matrix(kernel, X_BC, Y_BC)
+    return kernel, C, Q, _lbfgsb(Q, C)
+
+
+@pytest.mark.parametrize(("workers", "selection"),
+                         [(1, "greedy"), (2, "greedy"), (4, "greedy"), (1, "random"),
+                          (2, "random")])
+def test_objective_matches_lbfgsb(breast_cancer_reference, workers, selection):
+    kernel, C, Q, f_star = breast_cancer_reference
+    tol = 1e-5 if selection == "greedy" else 1e-4
+    res = gcd_solve(X_BC, Y_BC, C, kernel, _split(len(Y_BC), workers), tol=tol,
+                    selection=selection, random_state=0)
+    assert res.converged and res.n_workers == workers
+    f = _objective(Q, res.alpha)
+    assert abs(f - f_star) <= 1e-4 * abs(f_star)
+    assert abs(res.objective - f) <= 1e-8 * abs(f)
+    assert np.all(res.alpha >= 0) and np.all(res.alpha <= C)
+    # The stop certificate holds for the exact gradient, not only the maintained one.
+    g = Q @ res.alpha - 1.0
+    assert cpu_gcd.max_violation(res.alpha, g, C) < tol + 1e-9
+
+
+@pytest.fixture(scope="module")
+def digits_reference():
+    kernel = make_kernel("rbf", "scale", 3, 0.0, X_DIG)
+    C = np.full(len(Y_DIG), 2.0)
+    ref = gcd_solve(X_DIG, Y_DIG, C, kernel, np.zeros(len(Y_DIG), dtype=np.int64), tol=1e-8)
+    assert ref.converged
+    return kernel, C, ref
+
+
+@pytest.mark.parametrize("workers", [2, 4])
+def test_many_workers_match_long_serial_run(digits_reference, workers):
+    kernel, C, ref = digits_reference
+    res = gcd_solve(X_DIG, Y_DIG, C, kernel, _split(len(Y_DIG), workers, seed=workers),
+                    tol=1e-4, cache_bytes=4 << 20)
+    assert res.converged
+    assert abs(res.objective - ref.objective) <= 1e-4 * abs(ref.objective)
+    Q = _q_matrix(kernel, X_DIG, Y_DIG)
+    assert abs(_objective(Q, res.alpha) - ref.objective) <= 1e-4 * abs(ref.objective)
+
+
+def test_one_worker_is_deterministic_and_cache_size_does_not_change_it():
+    kernel = make_kernel("rbf", "scale", 3, 0.0, X_BC)
+    blocks = np.zeros(len(Y_BC), dtype=np.int64)
+    C = np.ones(len(Y_BC))
+    a = gcd_solve(X_BC, Y_BC, C, kernel, blocks, tol=1e-4, cache_bytes=1 << 30)
+    b = gcd_solve(X_BC, Y_BC, C, kernel, blocks, tol=1e-4, cache_bytes=0)
+    np.testing.assert_array_equal(a.alpha, b.alpha)
+    assert a.n_updates == b.n_updates
+
+
+def test_max_updates_stops_early():
+    kernel = make_kernel("rbf", "scale", 3, 0.0, X_DIG)
+    C = np.ones(len(Y_DIG))
+    for workers in (1, 3):
+        res = gcd_solve(X_DIG, Y_DIG, C, kernel, _split(len(Y_DIG), workers), tol=1e-6,
+                        max_updates=50)
+        assert res.n_updates == 50 and not res.converged
+
+
+def test_lru_cache_evicts_the_least_recently_used_column():
+    X = X_BC[:10]
+    y = np.ones(10)
+    sq = np.einsum("ij,ij->i", X, X)
+    cache = np.empty((2, 10))
+    slot_of = np.full(10, -1, dtype=np.int64)
+    slot_var = np.full(2, -1, dtype=np.int64)
+    slot_time = np.zeros(2, dtype=np.int64)
+
+    def get(i, clock):
+        return cpu_gcd._column(X, sq, y, i, 2, 0.1, 0.0, 3, cache, slot_of, slot_var,
+                               slot_time, clock)
+
+    get(3, 1)
+    get(5, 2)
+    get(3, 3)  # 3 is now more recent than 5
+    col = get(7, 4)  # evicts 5
+    assert slot_of[5] == -1 and slot_of[3] >= 0 and slot_of[7] >= 0
+    np.testing.assert_allclose(col, Kernel("rbf", 0.1).matrix(X)[:, 7], rtol=1e-12)
+
+
+def test_precomputed_kernel_and_empty_blocks():
+    kernel = make_kernel("rbf", "scale", 3, 0.0, X_BC)
+    C = np.ones(len(Y_BC))
+    labels = _split(len(Y_BC), 2) * 3  # blocks 0 and 3: 1 and 2 are empty and get no worker
+    a = gcd_solve(X_BC, Y_BC, C, kernel, labels, tol=1e-6)
+    K = kernel.matrix(X_BC)
+    b = gcd_solve(K, Y_BC, C, Kernel("precomputed"), labels, tol=1e-6)
+    assert a.n_workers == b.n_workers == 2
+    assert abs(a.objective - b.objective) <= 1e-6 * abs(a.objective)
+
+
+def test_trace_records_a_decreasing_objective():
+    kernel = make_kernel("rbf", "scale", 3, 0.0, X_DIG)
+    res = gcd_solve(X_DIG, Y_DIG, np.ones(len(Y_DIG)), kernel, np.zeros(len(Y_DIG), np.int64),
+                    tol=1e-5, trace_interval=0.001)
+    times, updates, objectives = map(np.array, zip(*res.trace))
+    assert len(res.trace) >= 2 and np.all(np.diff(times) >= 0) and np.all(np.diff(updates) >= 0)
+    assert objectives[-1] == res.objective and objectives[0] >= objectives[-1]
+
+
+def test_bad_arguments():
+    kernel = Kernel("linear")
+    with pytest.raises(ValueError, match="selection"):
+        gcd_solve(X_BC, Y_BC, np.ones(len(Y_BC)), kernel, np.zeros(len(Y_BC), int),
+                  selection="cyclic")
+    with pytest.raises(ValueError, match="tol"):
+        gcd_solve(X_BC, Y_BC, np.ones(len(Y_BC)), kernel, np.zeros(len(Y_BC), int), tol=0.0)
