@@ -95,6 +95,12 @@ class LARS(Optimizer):
     trust_coefficient=0.02, clip=True, exclude_from_adaptation=False,
     exclude_from_weight_decay=False)`` for tensors with nonzero norms.
 
+    A tensor excluded from adaptation (by default every tensor with ``ndim <= 1``)
+    steps with :math:`\alpha = 1`, i.e. with the raw global rate :math:`\gamma`,
+    which for LARS is large (the per-layer scale is :math:`\gamma l`). Give such
+    tensors their own param group with a smaller ``lr``, or pass
+    ``exclude_from_adaptation=False``.
+
     GradScaler, NaN gradients and ``capturable`` behave as described in
     :class:`gpuml.optim.LAMB`.
 
