@@ -76,9 +76,28 @@ def resolve_impl(params: Sequence[Tensor], foreach: bool | None, fused: bool | N
         return "loop"
     if foreach:
         return "foreach"
-    if fused is None and params and all(p.is_cuda for p in params):
+    if fused is None and params and all(p.is_cuda for p in params) and triton_available() \
+            and all(dense_layout(p, p.grad) for p in params):
         return "fused"
     return "foreach"
+
+
+def triton_available() -> bool:
+    try:
+        import triton  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def dense_layout(*tensors: Tensor | None) -> bool:
+    """True when the tensors share one dense memory layout (the fused kernels walk memory)."""
+    ts = [t for t in tensors if t is not None]
+    first = ts[0]
+    dense = first.is_contiguous() or (first.ndim == 4 and first.is_contiguous(
+        memory_format=torch.channels_last)) or (first.ndim == 5 and first.is_contiguous(
+            memory_format=torch.channels_last_3d))
+    return dense and all(t.shape == first.shape and t.stride() == first.stride() for t in ts)
 
 
 def check_fused_devices(params: Sequence[Tensor]) -> None:

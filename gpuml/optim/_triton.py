@@ -12,7 +12,10 @@ Triton program handles one chunk (looping over it in ``BLOCK``-wide vectors).
 A whole group is therefore one launch per pass, however many tensors it has,
 without copying parameters into a flat buffer. The tables are built on the host
 and uploaded through pinned memory with ``non_blocking=True``; the last table
-is cached, so a training loop whose tensors keep their addresses uploads nothing.
+is cached, so a training loop whose tensors keep their addresses uploads nothing
+(and a CUDA-graph capture, which needs a warm-up step anyway, replays cached
+tables). Tensors may be contiguous or channels_last, as long as a parameter, its
+gradient and its state share the layout; the default path picks foreach otherwise.
 
 *Norms inside the passes.* Each program writes the partial sums of squares of
 its chunk (weight and update for LAMB, weight and gradient/momentum for LARS)
@@ -58,7 +61,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from gpuml.optim._common import interpreter_on
+from gpuml.optim._common import dense_layout, interpreter_on
 
 CHUNK = 65536
 BLOCK = 1024
@@ -99,6 +102,9 @@ def _tables(cols: list[list], numels: list[int], flags: list[int], device: torch
     hit = _cache.get(key)
     if hit is not None:
         return hit
+    if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+        raise RuntimeError("fused step under CUDA-graph capture with tensors it has not seen: "
+                           "run one eager step with the same tensors before capturing")
     out = (_upload(rows, torch.int64, device), _upload(chunk_rows, torch.int32, device), first)
     if len(_cache) > 8:
         _cache.clear()
@@ -110,11 +116,12 @@ def _ptr(t: Tensor | None) -> int:
     return 0 if t is None else t.data_ptr()
 
 
-def _check_contiguous(tensors) -> None:
-    for t in tensors:
-        if t is not None and not t.is_contiguous():
-            raise ValueError("the fused path needs contiguous parameters, gradients and state; "
-                             "use foreach=True for non-contiguous tensors")
+def _check_layout(*columns) -> None:
+    for tensors in zip(*columns):
+        if not dense_layout(*tensors):
+            raise ValueError("the fused path needs each parameter, its gradient and its state "
+                             "to share one dense layout (contiguous or channels_last); use "
+                             "foreach=True for other layouts")
 
 
 def _scalar_arg(x, device) -> tuple[Tensor, float, bool]:
@@ -176,7 +183,7 @@ def sum_of_squares(grads: list[Tensor], chunk: int | None = None,
     """Sum of squares of all ``grads`` (one device) as a 0-d fp32 tensor."""
     chunk, block = _sizes(chunk, block)
     device = grads[0].device
-    _check_contiguous(grads)
+    _check_layout(grads)
     total = torch.zeros((), dtype=torch.float32, device=device)
     by_dtype: dict[torch.dtype, list[Tensor]] = {}
     for g in grads:
@@ -391,7 +398,7 @@ def lamb_step(params, grads, exp_avgs, exp_avg_sqs, master_params, state_steps, 
     """One fused LAMB step over tensors on one device (see :func:`gpuml.optim.lamb`)."""
     chunk, block = _sizes(chunk, block)
     device = params[0].device
-    _check_contiguous([*params, *grads, *exp_avgs, *exp_avg_sqs, *master_params])
+    _check_layout(params, grads, exp_avgs, exp_avg_sqs, master_params)
     coef, has_coef, inf, has_inf = _common_args(grad_scale, clip, found_inf, device)
     lr_ptr, lr_val, lr_is_ptr = _scalar_arg(lr, device)
     beta1, beta2, eps, weight_decay = float(beta1), float(beta2), float(eps), float(weight_decay)
@@ -524,7 +531,7 @@ def lars_step(params, grads, momentum_buffers, master_params, state_steps, *, ad
     """One fused LARS step over tensors on one device (see :func:`gpuml.optim.lars`)."""
     chunk, block = _sizes(chunk, block)
     device = params[0].device
-    _check_contiguous([*params, *grads, *momentum_buffers, *master_params])
+    _check_layout(params, grads, momentum_buffers, master_params)
     coef, has_coef, inf, has_inf = _common_args(grad_scale, None, found_inf, device)
     lr_ptr, lr_val, lr_is_ptr = _scalar_arg(lr, device)
     normalized = mode == "normalized"

@@ -324,3 +324,33 @@ def test_unsupported_dtype_is_rejected():
     p.grad = torch.ones_like(p)
     with pytest.raises(TypeError, match="float32"):
         LAMB([p]).step()
+
+
+@pytest.mark.parametrize("cls", [LAMB, LARS])
+def test_fused_channels_last_and_layout_mismatch(cls):
+    def conv_params():
+        g = torch.Generator().manual_seed(5)
+        w = torch.randn(8, 3, 5, 5, generator=g).to(DEV)
+        w = w.contiguous(memory_format=torch.channels_last)
+        return [torch.nn.Parameter(w), torch.nn.Parameter(torch.randn(8, generator=g).to(DEV))]
+
+    runs = {}
+    for impl in ("loop", "fused"):
+        ps = conv_params()
+        opt = cls(ps, **IMPLS[impl])
+        for k in range(2):
+            for p, g in zip(ps, grads_for(ps, k)):
+                p.grad = g.contiguous(memory_format=torch.channels_last) if p.ndim == 4 else g
+            opt.step()
+        runs[impl] = ps
+    assert runs["fused"][0].is_contiguous(memory_format=torch.channels_last)
+    assert_same(runs["fused"], runs["loop"])
+    ps = conv_params()
+    ps[0].grad = torch.ones(8, 3, 5, 5, device=DEV)  # contiguous grad, channels_last param
+    ps[1].grad = torch.ones(8, device=DEV)
+    with pytest.raises(ValueError, match="layout"):
+        cls(ps, fused=True).step()
+    from gpuml.optim._common import dense_layout
+
+    assert not dense_layout(ps[0], ps[0].grad)
+    assert not dense_layout(torch.ones(4, 4).t())
