@@ -146,7 +146,7 @@ def smo_solve(kernel, X, y, C=1.0, *, tol=1e-3, max_iter=-1, cache_size=1024.0,
 
 
 def gcd_solve(X, y, C, kernel, blocks, *, selection="greedy", tol=1e-3, max_updates=None,
-              cache_bytes=256 << 20, random_state=None, trace_interval=None):
+              cache_bytes=256 << 20, random_state=None, trace_interval=None, time_limit=None):
     """Asy-GCD for the bias-free kernel SVM dual (seed 001, Alg 13 and 14), CPU or GPU.
 
     Solves ``min 1/2 a'Qa - e'a`` s.t. ``0 <= a <= C``, ``Q_ij = y_i y_j K(x_i, x_j)``
@@ -179,6 +179,8 @@ def gcd_solve(X, y, C, kernel, blocks, *, selection="greedy", tol=1e-3, max_upda
         Seeds the per-worker generators of ``selection="random"``.
     trace_interval : float or None
         CPU only: snapshot ``(seconds, n_updates, objective)`` this often.
+    time_limit : float or None
+        CPU only: stop the workers after about this many seconds.
 
     Returns
     -------
@@ -213,7 +215,8 @@ def gcd_solve(X, y, C, kernel, blocks, *, selection="greedy", tol=1e-3, max_upda
 
     return solve_cpu(to_numpy(X), to_numpy(y), to_numpy(C), kernel, to_numpy(blocks),
                      selection=selection, tol=tol, max_updates=max_updates,
-                     cache_bytes=cache_bytes, random_state=seed, trace_interval=trace_interval)
+                     cache_bytes=cache_bytes, random_state=seed, trace_interval=trace_interval,
+                     time_limit=time_limit)
 
 
 def gcd_default_workers(like=None) -> int:

@@ -4,8 +4,9 @@ Seed 001, chapter 4: Alg 13 (serial GCD) and Alg 14 (Asy-GCD). The problem is
 
     min_a  1/2 a'Qa - e'a   s.t.  0 <= a_i <= C_i,   Q_ij = y_i y_j K(x_i, x_j)   (eq. 4.9)
 
-Each worker is one Python thread running :func:`_work`, a numba function
-compiled with ``nogil=True``, so the workers run truly at the same time. A
+Each worker is one thread (from a pool reused across solves; worker 0 is the
+calling thread) running :func:`_work`, a numba function compiled with
+``nogil=True``, so the workers run truly at the same time. A
 worker owns one contiguous block of variables (the wrapper reorders the data
 so that block ``w`` is ``[starts[w], starts[w+1])``) and repeats, with no
 barrier and no lock:
@@ -34,9 +35,10 @@ idle workers give their core to busy ones when threads outnumber cores.
 
 from __future__ import annotations
 
+import functools
 import math
-import threading
 import time
+from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -207,6 +209,16 @@ def _work(w, X, sq_norms, y, C, qdiag, starts, kind, gamma, coef0, degree, greed
     return DONE
 
 
+@functools.cache
+def _pool() -> ThreadPoolExecutor:
+    """Threads reused across solves (starting threads costs milliseconds on a busy machine).
+
+    The bound is far above any worker count: a worker that sat queued behind a full pool
+    would never certify its block, and the others would wait for it forever.
+    """
+    return ThreadPoolExecutor(max_workers=4096, thread_name_prefix="gpuml-gcd")
+
+
 @dataclass
 class GCDResult:
     """What a GCD run returns (arrays in the input's namespace).
@@ -244,7 +256,7 @@ def max_violation(alpha, g, C) -> float:
 
 
 def solve(X, y, C, kernel, blocks, *, selection="greedy", tol=1e-3, max_updates=None,
-          cache_bytes=256 << 20, random_state=0, trace_interval=None):
+          cache_bytes=256 << 20, random_state=0, trace_interval=None, time_limit=None):
     """Run Asy-GCD on NumPy data; see :func:`gpuml.kernels.gcd_solve` for the parameters."""
     n = y.shape[0]
     labels = np.asarray(blocks, dtype=np.int64)
@@ -288,19 +300,20 @@ def solve(X, y, C, kernel, blocks, *, selection="greedy", tol=1e-3, max_updates=
 
     trace = []
     t0 = time.perf_counter()
-    if n_workers == 1 and trace_interval is None:
+    monitor = trace_interval is not None or time_limit is not None
+    futures = [_pool().submit(run, w) for w in range(0 if monitor else 1, n_workers)]
+    if not monitor and n_workers > 0:
         run(0)
-    elif n_workers > 0:
-        threads = [threading.Thread(target=run, args=(w,), daemon=True)
-                   for w in range(n_workers)]
-        for t in threads:
-            t.start()
-        while trace_interval is not None and threads[0].is_alive():
-            threads[0].join(trace_interval)
-            trace.append((time.perf_counter() - t0, int(counters[FINISHED]),
+    poll = trace_interval if trace_interval is not None else 0.01
+    while monitor and wait(futures, timeout=poll).not_done:
+        elapsed = time.perf_counter() - t0
+        if trace_interval is not None:
+            trace.append((elapsed, int(counters[FINISHED]),
                           objective_from_gradient(alpha.copy(), g.copy())))
-        for t in threads:
-            t.join()
+        if time_limit is not None and elapsed > time_limit:
+            counters[STOP] = 1
+    for f in futures:
+        f.result()
     n_updates = int(counters[FINISHED])
     objective = objective_from_gradient(alpha, g)
     if trace_interval is not None:
