@@ -1,0 +1,166 @@
+"""The SMO solver (gpuml.kernels.smo_solve / smo_solve_batch) against LIBSVM and its own KKT."""
+
+import numpy as np
+import pytest
+from sklearn.datasets import load_breast_cancer, load_digits
+from sklearn.preprocessing import StandardScaler
+from sklearn.svm import SVC
+
+from gpuml.kernels import Kernel, SMOProblem, make_kernel, smo_solve, smo_solve_batch
+
+
+@pytest.fixture(scope="module")
+def cancer():
+    X, y = load_breast_cancer(return_X_y=True)
+    return StandardScaler().fit_transform(X), np.where(y == 1, 1.0, -1.0)
+
+
+def dual_objective(K, y, alpha):
+    v = alpha * y
+    return 0.5 * v @ K @ v - alpha.sum()
+
+
+def svc_alpha(svc, n):
+    alpha = np.zeros(n)
+    alpha[svc.support_] = np.abs(svc.dual_coef_[0])
+    return alpha
+
+
+def kkt_gap(K, y, C, alpha):
+    """max_{I_up} -yG - min_{I_low} -yG for the minimisation dual."""
+    G = y * (K @ (alpha * y)) - 1.0
+    up = ((y > 0) & (alpha < C)) | ((y < 0) & (alpha > 0))
+    low = ((y > 0) & (alpha > 0)) | ((y < 0) & (alpha < C))
+    return np.max(-y[up] * G[up]) - np.min(-y[low] * G[low])
+
+
+@pytest.mark.parametrize("shrinking", [True, False])
+@pytest.mark.parametrize("cache_mb", [1024.0, 0.05])
+def test_matches_libsvm(cancer, shrinking, cache_mb):
+    X, y = cancer
+    kernel = make_kernel("rbf", "scale", X=X)
+    res = smo_solve(kernel, X, y, 1.0, cache_size=cache_mb, shrinking=shrinking)
+    svc = SVC(C=1.0, gamma="scale", shrinking=shrinking).fit(X, y)
+    K = kernel.matrix(X)
+    ref = dual_objective(K, y, svc_alpha(svc, len(y)))
+    assert res.converged
+    assert abs(res.objective - ref) <= 1e-3 * abs(ref)
+    # Rows computed on demand are cached in float32, as LIBSVM's.
+    assert res.objective == pytest.approx(dual_objective(K, y, res.alpha), rel=1e-6)
+    assert abs(np.count_nonzero(res.alpha) - len(svc.support_)) <= 0.01 * len(svc.support_)
+    # LIBSVM's decision function is -(our) sign convention for its label order; compare values.
+    ours = K @ (res.alpha * y) + res.intercept
+    theirs = svc.decision_function(X)
+    assert np.mean(np.sign(ours) == np.sign(theirs)) >= 0.995
+    assert kkt_gap(K, y, 1.0, res.alpha) < 1e-3
+    assert abs(res.alpha @ y) < 1e-9
+
+
+def test_small_cache_equals_full_matrix(cancer):
+    X, y = cancer
+    kernel = make_kernel("rbf", "scale", X=X)
+    full = smo_solve(kernel, X, y, 2.0, shrinking=False)
+    tiny = smo_solve(kernel, X, y, 2.0, cache_size=3 * X.shape[0] * 8 / 2**20, shrinking=False)
+    # Three cached rows in float32 against the whole matrix in float64: the same path
+    # up to float32 rounding of the kernel values.
+    assert abs(tiny.n_iter - full.n_iter) <= 0.02 * full.n_iter
+    assert tiny.objective == pytest.approx(full.objective, rel=1e-6)
+    np.testing.assert_allclose(tiny.alpha, full.alpha, atol=1e-4)
+
+
+def test_per_sample_C_matches_svc_sample_weight(cancer):
+    X, y = cancer
+    w = np.random.default_rng(0).uniform(0.2, 3.0, size=len(y))
+    kernel = make_kernel("rbf", "scale", X=X)
+    res = smo_solve(kernel, X, y, 0.7 * w)
+    svc = SVC(C=0.7).fit(X, y, sample_weight=w)
+    K = kernel.matrix(X)
+    ref = dual_objective(K, y, svc_alpha(svc, len(y)))
+    assert abs(res.objective - ref) <= 1e-3 * abs(ref)
+    assert np.all(res.alpha <= 0.7 * w + 1e-12)
+
+
+def test_warm_start_from_solution_takes_few_steps(cancer):
+    X, y = cancer
+    kernel = make_kernel("rbf", "scale", X=X)
+    cold = smo_solve(kernel, X, y, 1.0, tol=1e-5)
+    warm = smo_solve(kernel, X, y, 1.0, tol=1e-3, alpha0=cold.alpha)
+    assert warm.n_iter == 0
+    assert warm.objective == pytest.approx(cold.objective, rel=1e-12)
+    np.testing.assert_allclose(warm.gradient, cold.gradient, atol=1e-8)
+
+
+def test_warm_start_from_a_partial_solution(cancer):
+    X, y = cancer
+    kernel = make_kernel("rbf", "scale", X=X)
+    partial = smo_solve(kernel, X, y, 1.0, max_iter=50)
+    assert not partial.converged and partial.n_iter == 50
+    resumed = smo_solve(kernel, X, y, 1.0, alpha0=partial.alpha)
+    cold = smo_solve(kernel, X, y, 1.0)
+    assert resumed.converged
+    assert resumed.objective == pytest.approx(cold.objective, rel=1e-4)
+
+
+def test_rejects_bad_problems(cancer):
+    X, y = cancer
+    kernel = make_kernel("rbf", "scale", X=X)
+    with pytest.raises(ValueError, match="both classes"):
+        smo_solve(kernel, X, np.ones_like(y))
+    with pytest.raises(ValueError, match="-1 and \\+1"):
+        smo_solve(kernel, X, (y > 0).astype(float))
+    with pytest.raises(ValueError, match="C must be positive"):
+        smo_solve(kernel, X, y, 0.0)
+    with pytest.raises(ValueError, match="infeasible"):
+        smo_solve(kernel, X, y, 1.0, alpha0=np.full(len(y), 0.5) * (y > 0))
+    with pytest.raises(ValueError, match="infeasible"):
+        smo_solve(kernel, X, y, 1.0, alpha0=np.full(len(y), 2.0))
+
+
+def test_precomputed_equals_rbf(cancer):
+    X, y = cancer
+    kernel = make_kernel("rbf", "scale", X=X)
+    K = kernel.matrix(X)
+    a = smo_solve(kernel, X, y, 1.0)
+    b = smo_solve(Kernel("precomputed"), K, y, 1.0, cache_size=0.5)
+    np.testing.assert_allclose(a.alpha, b.alpha, atol=1e-8)
+    assert a.intercept == pytest.approx(b.intercept, abs=1e-8)
+
+
+@pytest.mark.parametrize("name", ["linear", "poly", "sigmoid"])
+def test_other_kernels_match_libsvm(cancer, name):
+    X, y = cancer
+    X = X[:200]
+    y = y[:200]
+    kernel = make_kernel(name, "scale", degree=3, coef0=0.5 if name != "linear" else 0.0, X=X)
+    res = smo_solve(kernel, X, y, 0.5)
+    svc = SVC(C=0.5, kernel=name, gamma="scale", coef0=kernel.coef0).fit(X, y)
+    K = kernel.matrix(X)
+    ref = dual_objective(K, y, svc_alpha(svc, len(y)))
+    assert abs(res.objective - ref) <= 1e-3 * abs(ref)
+
+
+def test_batch_shares_group_matrices_and_matches_single_solves():
+    X, y = load_digits(return_X_y=True)
+    X = StandardScaler().fit_transform(X)[:600]
+    y = y[:600]
+    kernel = make_kernel("rbf", "scale", X=X)
+    problems = []
+    for a, b in [(0, 1), (3, 8), (4, 9)]:
+        idx = np.flatnonzero((y == a) | (y == b))
+        problems.append(SMOProblem(0, idx, np.where(y[idx] == a, 1.0, -1.0), 1.0))
+    batch = smo_solve_batch(kernel, [X], problems, n_jobs=2)
+    for prob, res in zip(problems, batch):
+        single = smo_solve(kernel, X[prob.idx], prob.y, 1.0, cache_size=0.1)
+        # Same problem, kernel values equal up to rounding (one GEMM vs row batches).
+        assert res.objective == pytest.approx(single.objective, rel=1e-4)
+        K = kernel.matrix(X[prob.idx])
+        assert np.all(np.sign(K @ (res.alpha * prob.y) + res.intercept)
+                      == np.sign(K @ (single.alpha * prob.y) + single.intercept))
+
+
+def test_float32_input(cancer):
+    X, y = cancer
+    kernel = make_kernel("rbf", "scale", X=X)
+    a = smo_solve(kernel, X, y)
+    b = smo_solve(kernel, X.astype(np.float32), y, cache_size=0.2)
+    assert b.objective == pytest.approx(a.objective, rel=1e-4)
