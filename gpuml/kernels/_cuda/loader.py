@@ -34,25 +34,33 @@ def template_name(kernel: str, dtype) -> str:
 
 
 @functools.cache
-def load_module(name: str, device_id: int, name_expressions: tuple[str, ...] = ()):
-    """Compile ``<name>.cu`` for GPU ``device_id`` (once per process and device)."""
+def load_module(name: str, device_id: int, name_expressions: tuple[str, ...] = (),
+                cooperative: bool = False):
+    """Compile ``<name>.cu`` for GPU ``device_id`` (once per process and device).
+
+    ``cooperative=True`` launches the module's kernels with
+    ``cuLaunchCooperativeKernel`` (needed for ``grid.sync()``; the grid must
+    then fit on the device at once).
+    """
     import cupy
 
     path = SOURCE_DIR / f"{name}.cu"
     code = f'#line 1 "{path}"\n' + path.read_text()
     with cupy.cuda.Device(device_id):
         module = cupy.RawModule(code=code, options=("-std=c++17",),
-                                name_expressions=name_expressions)
+                                name_expressions=name_expressions,
+                                enable_cooperative_groups=cooperative)
         module.compile()
     return module
 
 
-def get_kernel(name: str, kernel: str, dtype, device_id: int, all_kernels: tuple[str, ...] = ()):
+def get_kernel(name: str, kernel: str, dtype, device_id: int, all_kernels: tuple[str, ...] = (),
+               cooperative: bool = False):
     """The compiled template instance ``kernel<dtype>`` from ``<name>.cu``.
 
     ``all_kernels`` lists every kernel of the file, so the module is compiled
     once with all of its instances for that dtype.
     """
     wanted = tuple(template_name(k, dtype) for k in (all_kernels or (kernel,)))
-    module = load_module(name, device_id, wanted)
+    module = load_module(name, device_id, wanted, cooperative)
     return module.get_function(template_name(kernel, dtype))

@@ -1,0 +1,322 @@
+// SMO for the kernel SVM dual with bias (seed 001, Alg 1, with LIBSVM's second-order
+// working-set selection), solving many problems at once on one GPU.
+//
+//   min 1/2 a'Qa - e'a,  y'a = 0,  0 <= a_k <= C_k,  Q_kl = y_k y_l K(x_k, x_l)
+//
+// Every problem reads its kernel values from a precomputed group matrix
+// (one per partition, n_g x n_g, row-major): K_kl = Kg[idx[k] * ld + idx[l]],
+// so the one-vs-one problems of a partition share one matrix.
+//
+// smo_block: one persistent thread block per problem; the whole SMO loop runs
+//            inside the block, reductions with warp shuffles and shared memory.
+// smo_grid:  one problem, every block of a cooperative grid; each step's
+//            reductions go block -> global scratch -> grid.sync() -> all blocks.
+//
+// Both share smo_core; the "team" type says which threads cooperate. The
+// state (alpha, G) lives in global memory; a step reads G_i, G_j, alpha_i,
+// alpha_j before a barrier and writes after it, so no thread sees half a step.
+
+#include <cooperative_groups.h>
+
+namespace cg = cooperative_groups;
+
+template <typename T> __device__ __forceinline__ T huge_value();
+template <> __device__ __forceinline__ float huge_value<float>() { return 3.0e38f; }
+template <> __device__ __forceinline__ double huge_value<double>() { return 1.0e308; }
+
+template <typename T> __device__ __forceinline__ T tau_value() { return T(1e-12); }
+
+// Larger value wins; on a tie the larger index (LIBSVM's ">=" picks the last).
+template <typename T>
+__device__ __forceinline__ void better(T& v, int& i, T ov, int oi) {
+    if (ov > v || (ov == v && oi > i)) {
+        v = ov;
+        i = oi;
+    }
+}
+
+template <typename T>
+__device__ void block_argmax(T& v, int& i, T* sv, int* si) {
+    for (int off = 16; off > 0; off >>= 1) {
+        T ov = __shfl_down_sync(0xffffffffu, v, off);
+        int oi = __shfl_down_sync(0xffffffffu, i, off);
+        better(v, i, ov, oi);
+    }
+    const int lane = threadIdx.x & 31;
+    const int warp = threadIdx.x >> 5;
+    if (lane == 0) {
+        sv[warp] = v;
+        si[warp] = i;
+    }
+    __syncthreads();
+    if (warp == 0) {
+        const int n_warps = (blockDim.x + 31) >> 5;
+        v = lane < n_warps ? sv[lane] : -huge_value<T>();
+        i = lane < n_warps ? si[lane] : -1;
+        for (int off = 16; off > 0; off >>= 1) {
+            T ov = __shfl_down_sync(0xffffffffu, v, off);
+            int oi = __shfl_down_sync(0xffffffffu, i, off);
+            better(v, i, ov, oi);
+        }
+        if (lane == 0) {
+            sv[0] = v;
+            si[0] = i;
+        }
+    }
+    __syncthreads();
+    v = sv[0];
+    i = si[0];
+    __syncthreads();
+}
+
+template <typename T>
+__device__ T block_sum(T v, T* sv) {
+    for (int off = 16; off > 0; off >>= 1) v += __shfl_down_sync(0xffffffffu, v, off);
+    const int lane = threadIdx.x & 31;
+    const int warp = threadIdx.x >> 5;
+    if (lane == 0) sv[warp] = v;
+    __syncthreads();
+    if (warp == 0) {
+        const int n_warps = (blockDim.x + 31) >> 5;
+        v = lane < n_warps ? sv[lane] : T(0);
+        for (int off = 16; off > 0; off >>= 1) v += __shfl_down_sync(0xffffffffu, v, off);
+        if (lane == 0) sv[0] = v;
+    }
+    __syncthreads();
+    v = sv[0];
+    __syncthreads();
+    return v;
+}
+
+// The threads of one block solve one problem.
+template <typename T>
+struct BlockTeam {
+    T* sv;
+    int* si;
+    __device__ int first() const { return threadIdx.x; }
+    __device__ int stride() const { return blockDim.x; }
+    __device__ bool leader() const { return threadIdx.x == 0; }
+    __device__ void sync() { __syncthreads(); }
+    __device__ void argmax(T& v, int& i) { block_argmax(v, i, sv, si); }
+    __device__ T sum(T v) { return block_sum(v, sv); }
+};
+
+// Every thread of a cooperative grid solves one problem. Partial results go
+// through a double-buffered global scratch, so a reduction never overwrites
+// values another block may still be reading from the previous one.
+template <typename T>
+struct GridTeam {
+    T* sv;
+    int* si;
+    T* gv;
+    int* gi;
+    int phase;
+    __device__ int first() const { return blockIdx.x * blockDim.x + threadIdx.x; }
+    __device__ int stride() const { return gridDim.x * blockDim.x; }
+    __device__ bool leader() const { return blockIdx.x == 0 && threadIdx.x == 0; }
+    __device__ void sync() { cg::this_grid().sync(); }
+    __device__ void argmax(T& v, int& i) {
+        block_argmax(v, i, sv, si);
+        T* bv = gv + (phase & 1) * gridDim.x;
+        int* bi = gi + (phase & 1) * gridDim.x;
+        ++phase;
+        if (threadIdx.x == 0) {
+            bv[blockIdx.x] = v;
+            bi[blockIdx.x] = i;
+        }
+        cg::this_grid().sync();
+        v = -huge_value<T>();
+        i = -1;
+        for (int b = threadIdx.x; b < gridDim.x; b += blockDim.x) better(v, i, bv[b], bi[b]);
+        block_argmax(v, i, sv, si);
+    }
+    __device__ T sum(T v) {
+        v = block_sum(v, sv);
+        T* bv = gv + (phase & 1) * gridDim.x;
+        ++phase;
+        if (threadIdx.x == 0) bv[blockIdx.x] = v;
+        cg::this_grid().sync();
+        v = T(0);
+        for (int b = threadIdx.x; b < gridDim.x; b += blockDim.x) v += bv[b];
+        return block_sum(v, sv);
+    }
+};
+
+template <typename T>
+__device__ __forceinline__ bool in_up(T y, T a, T c) { return y > 0 ? a < c : a > 0; }
+template <typename T>
+__device__ __forceinline__ bool in_low(T y, T a, T c) { return y > 0 ? a > 0 : a < c; }
+
+template <typename T, typename Team>
+__device__ void smo_core(Team& team, const T* Kg, long long ld, const int* idx, int n,
+                         const T* y, const T* C, T* alpha, T* G, T tol, long long max_iter,
+                         long long* n_iter_out, T* rho_out, T* obj_out, int* status_out) {
+    long long it = 0;
+    int status = 1;
+    while (max_iter < 0 || it < max_iter) {
+        T g_max = -huge_value<T>();
+        int i = -1;
+        for (int k = team.first(); k < n; k += team.stride()) {
+            if (in_up(y[k], alpha[k], C[k])) better(g_max, i, -y[k] * G[k], k);
+        }
+        team.argmax(g_max, i);
+        if (i < 0) {
+            status = 0;
+            break;
+        }
+        const T* Ki = Kg + (long long)idx[i] * ld;
+        const T qd_i = Ki[idx[i]];
+        T g_max2 = -huge_value<T>();
+        int unused = -1;
+        T best = -huge_value<T>();
+        int j = -1;
+        for (int k = team.first(); k < n; k += team.stride()) {
+            if (!in_low(y[k], alpha[k], C[k])) continue;
+            const T v = y[k] * G[k];
+            if (v > g_max2) g_max2 = v;
+            const T diff = g_max + v;
+            if (diff > 0) {
+                const long long col = idx[k];
+                T quad = qd_i + Kg[col * ld + col] - T(2) * Ki[col];
+                if (quad <= 0) quad = tau_value<T>();
+                better(best, j, diff * diff / quad, k);
+            }
+        }
+        team.argmax(g_max2, unused);
+        team.argmax(best, j);
+        if (g_max + g_max2 < tol || j < 0) {
+            status = 0;
+            break;
+        }
+        // Everyone computes the same step from values read before the barrier.
+        const T* Kj = Kg + (long long)idx[j] * ld;
+        const T yi = y[i], yj = y[j], Ci = C[i], Cj = C[j];
+        const T old_i = alpha[i], old_j = alpha[j];
+        T quad = qd_i + Kj[idx[j]] - T(2) * Ki[idx[j]];
+        if (quad <= 0) quad = tau_value<T>();
+        T ai = old_i, aj = old_j;
+        if (yi != yj) {
+            const T delta = (-G[i] - G[j]) / quad;
+            const T diff = ai - aj;
+            ai += delta;
+            aj += delta;
+            if (diff > 0) {
+                if (aj < 0) { aj = 0; ai = diff; }
+            } else if (ai < 0) {
+                ai = 0; aj = -diff;
+            }
+            if (diff > Ci - Cj) {
+                if (ai > Ci) { ai = Ci; aj = Ci - diff; }
+            } else if (aj > Cj) {
+                aj = Cj; ai = Cj + diff;
+            }
+        } else {
+            const T delta = (G[i] - G[j]) / quad;
+            const T total = ai + aj;
+            ai -= delta;
+            aj += delta;
+            if (total > Ci) {
+                if (ai > Ci) { ai = Ci; aj = total - Ci; }
+            } else if (aj < 0) {
+                aj = 0; ai = total;
+            }
+            if (total > Cj) {
+                if (aj > Cj) { aj = Cj; ai = total - Cj; }
+            } else if (ai < 0) {
+                ai = 0; aj = total;
+            }
+        }
+        team.sync();
+        if (team.leader()) {
+            alpha[i] = ai;
+            alpha[j] = aj;
+        }
+        const T di = (ai - old_i) * yi;
+        const T dj = (aj - old_j) * yj;
+        for (int k = team.first(); k < n; k += team.stride()) {
+            const long long col = idx[k];
+            G[k] += y[k] * (Ki[col] * di + Kj[col] * dj);
+        }
+        team.sync();
+        ++it;
+    }
+    // LIBSVM's rho: mean of yG over free variables, else the middle of its bounds.
+    T free_sum = 0, free_count = 0, objective = 0;
+    T ub = -huge_value<T>(), lb = -huge_value<T>();  // ub holds -min(...) as a max
+    int unused = -1;
+    for (int k = team.first(); k < n; k += team.stride()) {
+        const T yg = y[k] * G[k];
+        const T a = alpha[k];
+        objective += a * (G[k] - T(1));
+        const bool upper = a >= C[k];
+        const bool lower = a <= 0;
+        if (upper || lower) {
+            if ((upper && y[k] < 0) || (lower && y[k] > 0)) {
+                if (-yg > ub) ub = -yg;
+            } else if (yg > lb) {
+                lb = yg;
+            }
+        } else {
+            free_sum += yg;
+            free_count += 1;
+        }
+    }
+    free_sum = team.sum(free_sum);
+    free_count = team.sum(free_count);
+    objective = team.sum(objective);
+    team.argmax(ub, unused);
+    team.argmax(lb, unused);
+    if (team.leader()) {
+        *rho_out = free_count > 0 ? free_sum / free_count : (lb - ub) / T(2);
+        *obj_out = objective / T(2);
+        *n_iter_out = it;
+        *status_out = status;
+    }
+}
+
+// Problem p: rows idx[off[p] : off[p] + size[p]] of the group matrix at K + k_off[p]
+// with leading dimension ld[p]; y, C, alpha, G are concatenated the same way.
+template <typename T>
+__global__ void smo_block(const T* K, const long long* k_off, const long long* ld,
+                          const int* idx, const long long* off, const int* size, const T* y,
+                          const T* C, T* alpha, T* G, T tol, long long max_iter,
+                          long long* n_iter, T* rho, T* obj, int* status) {
+    __shared__ T sv[32];
+    __shared__ int si[32];
+    const int p = blockIdx.x;
+    const long long o = off[p];
+    BlockTeam<T> team{sv, si};
+    smo_core<T>(team, K + k_off[p], ld[p], idx + o, size[p], y + o, C + o, alpha + o, G + o,
+                tol, max_iter, n_iter + p, rho + p, obj + p, status + p);
+}
+
+// One problem over the whole cooperative grid; scratch_v/scratch_i hold 2 * gridDim values.
+template <typename T>
+__global__ void smo_grid(const T* K, long long ld, const int* idx, int n, const T* y,
+                         const T* C, T* alpha, T* G, T tol, long long max_iter,
+                         T* scratch_v, int* scratch_i, long long* n_iter, T* rho, T* obj,
+                         int* status) {
+    __shared__ T sv[32];
+    __shared__ int si[32];
+    GridTeam<T> team{sv, si, scratch_v, scratch_i, 0};
+    smo_core<T>(team, K, ld, idx, n, y, C, alpha, G, tol, max_iter, n_iter, rho, obj, status);
+}
+
+#ifdef GPUML_NVCC_CHECK
+template __global__ void smo_block<float>(const float*, const long long*, const long long*,
+                                          const int*, const long long*, const int*,
+                                          const float*, const float*, float*, float*, float,
+                                          long long, long long*, float*, float*, int*);
+template __global__ void smo_block<double>(const double*, const long long*, const long long*,
+                                           const int*, const long long*, const int*,
+                                           const double*, const double*, double*, double*,
+                                           double, long long, long long*, double*, double*,
+                                           int*);
+template __global__ void smo_grid<float>(const float*, long long, const int*, int, const float*,
+                                         const float*, float*, float*, float, long long, float*,
+                                         int*, long long*, float*, float*, int*);
+template __global__ void smo_grid<double>(const double*, long long, const int*, int,
+                                          const double*, const double*, double*, double*,
+                                          double, long long, double*, int*, long long*,
+                                          double*, double*, int*);
+#endif

@@ -1,0 +1,290 @@
+"""CASVMClassifier: exactness at P=1 against SVC, partitioned behaviour, sklearn citizenship."""
+
+import pickle
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+from sklearn.base import clone
+from sklearn.calibration import CalibratedClassifierCV
+from sklearn.datasets import load_breast_cancer, load_digits, make_blobs
+from sklearn.exceptions import NotFittedError
+from sklearn.model_selection import GridSearchCV, train_test_split
+from sklearn.pipeline import make_pipeline
+from sklearn.preprocessing import StandardScaler
+from sklearn.svm import SVC
+from sklearn.utils.estimator_checks import parametrize_with_checks
+
+from gpuml.estimators.casvm import CASVMClassifier
+from gpuml.kernels import make_kernel
+
+
+def cpu(**kw):
+    return CASVMClassifier(device="cpu", **kw)
+
+
+@pytest.fixture(scope="module")
+def cancer():
+    X, y = load_breast_cancer(return_X_y=True)
+    Xtr, Xte, ytr, yte = train_test_split(X, y, test_size=0.25, random_state=0)
+    sc = StandardScaler().fit(Xtr)
+    return sc.transform(Xtr), sc.transform(Xte), ytr, yte
+
+
+@pytest.fixture(scope="module")
+def digits():
+    X, y = load_digits(return_X_y=True)
+    Xtr, Xte, ytr, yte = train_test_split(X, y, test_size=0.25, random_state=0)
+    sc = StandardScaler().fit(Xtr)
+    return sc.transform(Xtr), sc.transform(Xte), ytr, yte
+
+
+def svc_objectives(svc, X, y):
+    """LIBSVM's dual objective of every one-vs-one problem of a fitted SVC."""
+    kernel = make_kernel(svc.kernel, svc.gamma, svc.degree, svc.coef0, X)
+    classes = svc.classes_
+    starts = np.concatenate([[0], np.cumsum(svc.n_support_)])
+    out = []
+    for a in range(len(classes)):
+        for b in range(a + 1, len(classes)):
+            sa = slice(starts[a], starts[a + 1])
+            sb = slice(starts[b], starts[b + 1])
+            coef = np.concatenate([svc.dual_coef_[b - 1, sa], svc.dual_coef_[a, sb]])
+            idx = np.concatenate([svc.support_[sa], svc.support_[sb]])
+            v = coef @ kernel.dot(X[idx], X[idx], coef)
+            out.append(0.5 * v - np.abs(coef).sum())
+    return np.array(out)
+
+
+@pytest.mark.parametrize("data", ["cancer", "digits"])
+def test_one_partition_matches_svc(data, request):
+    Xtr, Xte, ytr, yte = request.getfixturevalue(data)
+    ours = cpu(n_partitions=1).fit(Xtr, ytr)
+    svc = SVC(C=1.0, gamma="scale", tol=1e-3).fit(Xtr, ytr)
+    ref = svc_objectives(svc, Xtr, ytr)
+    np.testing.assert_allclose(ours.objective_[0], ref, rtol=1e-3)
+    assert abs(len(ours.support_) - len(svc.support_)) <= 0.01 * len(svc.support_)
+    np.testing.assert_array_equal(np.sort(ours.support_), np.sort(svc.support_))
+    assert np.mean(ours.predict(Xte) == svc.predict(Xte)) >= 0.995
+    np.testing.assert_allclose(ours.decision_function(Xte), svc.decision_function(Xte),
+                               atol=1e-2)
+    np.testing.assert_array_equal(ours.n_support_, svc.n_support_)
+
+
+def test_weights_scale_C_like_libsvm(digits):
+    Xtr, Xte, ytr, yte = digits
+    sw = np.random.default_rng(0).uniform(0.5, 2.0, size=len(ytr))
+    cw = {c: 1.0 + 0.2 * c for c in range(10)}
+    ours = cpu(n_partitions=1, C=2.0, class_weight=cw).fit(Xtr, ytr, sample_weight=sw)
+    svc = SVC(C=2.0, class_weight=cw).fit(Xtr, ytr, sample_weight=sw)
+    np.testing.assert_allclose(ours.objective_[0], svc_objectives(svc, Xtr, ytr), rtol=1e-3)
+    assert np.mean(ours.predict(Xte) == svc.predict(Xte)) >= 0.995
+    balanced = cpu(n_partitions=1, class_weight="balanced").fit(Xtr, ytr)
+    svc_bal = SVC(class_weight="balanced").fit(Xtr, ytr)
+    np.testing.assert_allclose(balanced.objective_[0], svc_objectives(svc_bal, Xtr, ytr),
+                               rtol=1e-3)
+
+
+def test_zero_sample_weight_drops_samples(cancer):
+    Xtr, Xte, ytr, _ = cancer
+    sw = np.ones(len(ytr))
+    sw[::3] = 0
+    a = cpu(n_partitions=1, gamma=0.03).fit(Xtr, ytr, sample_weight=sw)
+    keep = sw > 0
+    b = cpu(n_partitions=1, gamma=0.03).fit(Xtr[keep], ytr[keep])
+    np.testing.assert_allclose(a.objective_, b.objective_, rtol=1e-6)
+    assert not np.any(np.isin(a.support_, np.flatnonzero(~keep)))
+
+
+@pytest.mark.parametrize("method", ["random", "fcfs", "kmeans", "kbalance", "bkm"])
+def test_every_partitioner_trains_and_routes(method, digits):
+    Xtr, Xte, ytr, yte = digits
+    clf = cpu(n_partitions=4, partition=method, random_state=0, n_jobs=2).fit(Xtr, ytr)
+    assert clf.centers_.shape == (4, Xtr.shape[1])
+    assert clf.partition_sizes_.sum() == len(ytr)
+    assert clf.intercept_.shape == (4, 45) and clf.n_iter_.shape == (4, 45)
+    assert clf.support_ptr_[-1] == len(clf.support_) == clf.dual_coef_.shape[1]
+    assert clf.score(Xte, yte) > 0.85
+    if method != "kmeans":
+        assert clf.partition_sizes_.max() - clf.partition_sizes_.min() <= 1
+
+
+def test_parts_train_independently(digits):
+    """Part p's model is exactly an SVM fitted on part p's rows alone (Alg 5)."""
+    Xtr, Xte, ytr, _ = digits
+    clf = cpu(n_partitions=3, random_state=1).fit(Xtr, ytr)
+    from gpuml.estimators._partitioned import route, split
+
+    parts = split(Xtr, 3, "random", 1)
+    owner = route(Xte, clf.centers_)
+    p = int(owner[0])
+    alone = cpu(n_partitions=1, gamma=clf._gamma).fit(Xtr[parts.parts[p]], ytr[parts.parts[p]])
+    mine = owner == p
+    np.testing.assert_array_equal(clf.predict(Xte[mine]), alone.predict(Xte[mine]))
+
+
+def test_single_class_part_predicts_that_class():
+    X, y = make_blobs(n_samples=[60, 60, 60], centers=[[-10, 0], [10, 0], [10, 1.5]],
+                      cluster_std=0.4, random_state=0)
+    clf = cpu(n_partitions=2, partition="kmeans", random_state=0).fit(X, y)
+    lone = [p for p in range(2) if np.sum(clf.pair_status_[p] == 2) == 0]
+    assert lone, "expected a part holding a single class"
+    left = X[:, 0] < 0
+    assert np.all(clf.predict(X[left]) == 0)
+    assert clf.score(X, y) > 0.9
+    dec = clf.decision_function(X[left])
+    assert np.all(np.argmax(dec, axis=1) == 0)
+
+
+def test_class_absent_from_a_part_binary_and_multiclass():
+    X, y = make_blobs(n_samples=[80, 80, 80, 80], centers=[[-6, 0], [-6, 1], [6, 0], [6, 1]],
+                      cluster_std=0.5, random_state=0)
+    clf = cpu(n_partitions=2, partition="kmeans", random_state=0).fit(X, y)
+    assert np.any(clf.pair_status_ == 0)
+    assert clf.score(X, y) >= SVC().fit(X, y).score(X, y) - 0.02
+    yb = np.where(y < 3, "a", "b")
+    clf_b = cpu(n_partitions=2, partition="kmeans", random_state=0).fit(X, yb)
+    assert set(clf_b.predict(X)) <= {"a", "b"}
+    assert clf_b.decision_function(X).shape == (len(yb),)
+
+
+def test_string_labels(cancer):
+    Xtr, Xte, ytr, yte = cancer
+    names = np.array(["malignant", "benign"])
+    clf = cpu(n_partitions=2, random_state=0).fit(Xtr, names[ytr])
+    num = cpu(n_partitions=2, random_state=0).fit(Xtr, ytr)
+    np.testing.assert_array_equal(clf.classes_, ["benign", "malignant"])
+    np.testing.assert_array_equal(clf.predict(Xte) == "malignant", num.predict(Xte) == 0)
+
+
+def test_precomputed_kernel_single_partition(cancer):
+    Xtr, Xte, ytr, yte = cancer
+    rbf = cpu(n_partitions=1, gamma=0.02).fit(Xtr, ytr)
+    k = make_kernel("rbf", 0.02, X=Xtr)
+    pre = cpu(n_partitions=1, kernel="precomputed").fit(k.matrix(Xtr), ytr)
+    np.testing.assert_allclose(pre.decision_function(k.matrix(Xte, Xtr)),
+                               rbf.decision_function(Xte), atol=1e-8)
+    with pytest.raises(ValueError, match="n_partitions=1"):
+        cpu(kernel="precomputed", n_partitions=2).fit(k.matrix(Xtr), ytr)
+    with pytest.raises(ValueError, match="square"):
+        cpu(kernel="precomputed", n_partitions=1).fit(Xtr, ytr)
+    with pytest.raises(ValueError, match="expecting 426 features"):
+        pre.predict(k.matrix(Xte, Xtr[:-1]))
+
+
+def test_sparse_equals_dense(cancer):
+    Xtr, Xte, ytr, _ = cancer
+    dense = cpu(n_partitions=2, random_state=0).fit(Xtr, ytr)
+    sparse = cpu(n_partitions=2, random_state=0).fit(sp.csr_matrix(Xtr), ytr)
+    np.testing.assert_allclose(sparse.decision_function(sp.csr_matrix(Xte)),
+                               dense.decision_function(Xte), atol=1e-6)
+
+
+@pytest.mark.parametrize(
+    "params, X_y, error, match",
+    [
+        ({"C": 0.0}, None, ValueError, "'C' parameter"),
+        ({"C": -1.0}, None, ValueError, "'C' parameter"),
+        ({"gamma": 0.0}, None, ValueError, "'gamma' parameter"),
+        ({"gamma": -0.5}, None, ValueError, "'gamma' parameter"),
+        ({"kernel": "cosine"}, None, ValueError, "'kernel' parameter"),
+        ({"partition": "spectral"}, None, ValueError, "'partition' parameter"),
+        ({"n_partitions": 100}, "small", ValueError, "larger than the number of samples"),
+        ({}, "one_class", ValueError, "greater than one"),
+        ({}, "nan", ValueError, "NaN"),
+        ({}, "inf", ValueError, "infinity"),
+    ],
+)
+def test_bad_input(params, X_y, error, match):
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(40, 3))
+    y = np.arange(40) % 2
+    if X_y == "small":
+        X, y = X[:20], y[:20]
+    elif X_y == "one_class":
+        y = np.zeros(40)
+    elif X_y == "nan":
+        X[3, 1] = np.nan
+    elif X_y == "inf":
+        X[3, 1] = np.inf
+    kw = {"n_partitions": 2, **params}
+    with pytest.raises(error, match=match):
+        cpu(**kw).fit(X, y)
+
+
+def test_not_fitted_and_inputs_untouched(cancer):
+    Xtr, Xte, ytr, _ = cancer
+    with pytest.raises(NotFittedError):
+        cpu().predict(Xte)
+    X0, y0 = Xtr.copy(), ytr.copy()
+    cpu(n_partitions=2).fit(Xtr, ytr)
+    np.testing.assert_array_equal(Xtr, X0)
+    np.testing.assert_array_equal(ytr, y0)
+
+
+def test_max_iter_warns():
+    from sklearn.exceptions import ConvergenceWarning
+
+    X, y = load_breast_cancer(return_X_y=True)
+    with pytest.warns(ConvergenceWarning):
+        clf = cpu(n_partitions=1, max_iter=5).fit(StandardScaler().fit_transform(X), y)
+    assert clf.fit_status_ == 1 and clf.n_iter_.max() == 5
+
+
+def test_pipeline_gridsearch_calibration_clone_pickle(cancer):
+    Xtr, Xte, ytr, yte = cancer
+    pipe = make_pipeline(StandardScaler(), cpu(n_partitions=2, random_state=0))
+    grid = GridSearchCV(pipe, {"casvmclassifier__C": [0.5, 2.0],
+                               "casvmclassifier__gamma": ["scale", 0.01]}, cv=3, n_jobs=2)
+    grid.fit(Xtr, ytr)
+    assert grid.score(Xte, yte) > 0.9
+    cal = CalibratedClassifierCV(cpu(n_partitions=2, random_state=0), cv=3).fit(Xtr, ytr)
+    proba = cal.predict_proba(Xte)
+    assert proba.shape == (len(yte), 2) and np.allclose(proba.sum(1), 1)
+    clf = cpu(n_partitions=3, random_state=0).fit(Xtr, ytr)
+    assert clone(clf).get_params() == clf.get_params()
+    back = pickle.loads(pickle.dumps(clf))
+    np.testing.assert_array_equal(back.decision_function(Xte), clf.decision_function(Xte))
+
+
+def test_device_cuda_without_gpu_is_a_clear_error(cancer):
+    from gpuml._backend import cuda_available
+
+    if cuda_available():
+        pytest.skip("a GPU answers here")
+    Xtr, _, ytr, _ = cancer
+    with pytest.raises(RuntimeError, match="device='cuda'"):
+        CASVMClassifier(device="cuda").fit(Xtr, ytr)
+
+
+def test_default_partitions_value():
+    from gpuml.estimators.casvm import DEFAULT_N_PARTITIONS
+
+    assert CASVMClassifier().n_partitions == DEFAULT_N_PARTITIONS
+
+
+def _expected_failures(estimator):
+    # As for sklearn.svm.SVC: the dual is solved to tol, and a weight w is
+    # equivalent to w copies only at the exact optimum; with P > 1 the copies
+    # also change the random split.
+    why = "sample_weight is not equivalent to removing/repeating samples (as SVC)."
+    return {"check_sample_weight_equivalence_on_dense_data": why,
+            "check_sample_weight_equivalence_on_sparse_data": why}
+
+
+@parametrize_with_checks([CASVMClassifier(n_partitions=1, device="cpu"),
+                          CASVMClassifier(n_partitions=2, device="cpu", random_state=0)],
+                         expected_failed_checks=_expected_failures)
+def test_sklearn_compatible(estimator, check):
+    check(estimator)
+
+
+def test_pickle_drops_device_copies(cancer):
+    """A GPU-fitted model keeps device copies only as a cache, so it unpickles anywhere."""
+    Xtr, Xte, ytr, _ = cancer
+    clf = cpu(n_partitions=2, random_state=0).fit(Xtr, ytr)
+    clf._device_cache = {"cuda:0": object()}
+    back = pickle.loads(pickle.dumps(clf))
+    assert "_device_cache" not in back.__dict__
+    assert isinstance(back.support_vectors_, np.ndarray)
+    np.testing.assert_array_equal(back.predict(Xte), clf.predict(Xte))
