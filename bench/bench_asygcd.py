@@ -96,7 +96,8 @@ def _plot(name, curves, f_star, path):
     fig, ax = plt.subplots(figsize=(5, 3.6))
     for label, (trace, offset) in curves.items():
         t = np.array([s for s, _, _ in trace]) + offset
-        gap = np.maximum(np.array([f for _, _, f in trace]) - f_star, 1e-12) / abs(f_star)
+        # Below ~1e-7 the gap is rounding in f and f_star, not progress.
+        gap = np.maximum((np.array([f for _, _, f in trace]) - f_star) / abs(f_star), 1e-7)
         ax.semilogy(t, gap, label=label)
     ax.axhline(GAP, color="grey", lw=0.8, ls=":")
     ax.set_xlabel("seconds (k-means partition included)")

@@ -51,19 +51,27 @@ def _dual_objective(clf, X, y_signed, rows):
     return 0.5 * a @ Q @ a - a.sum()
 
 
+@pytest.fixture(scope="module")
+def digits_binary():
+    X, y = load_digits(return_X_y=True)
+    X = StandardScaler().fit_transform(X)
+    y = np.where(y < 5, "low", "high")
+    serial = AsyGCDSVC(n_workers=1, tol=1e-7, device="cpu").fit(X, y)
+    return X, y, serial
+
+
 @pytest.mark.parametrize("n_workers", [1, 2, 4])
 @pytest.mark.parametrize("block_partition", ["kmeans", "random"])
-def test_binary_objective_and_accuracy(n_workers, block_partition):
+def test_binary_objective_and_accuracy(digits_binary, n_workers, block_partition):
+    X, y, serial = digits_binary
     clf = AsyGCDSVC(n_workers=n_workers, block_partition=block_partition, tol=1e-4,
-                    device="cpu", random_state=0).fit(X_BC, Y_BC)
-    serial = AsyGCDSVC(n_workers=1, tol=1e-7, device="cpu").fit(X_BC, Y_BC)
+                    device="cpu", random_state=0).fit(X, y)
     assert abs(clf.objective_[0] - serial.objective_[0]) <= 1e-4 * abs(serial.objective_[0])
-    rows = np.arange(len(Y_BC))
-    f = _dual_objective(clf, X_BC, np.where(Y_BC == 1, 1.0, -1.0), rows)
+    y_signed = np.where(y == clf.classes_[1], 1.0, -1.0)
+    f = _dual_objective(clf, X, y_signed, np.arange(len(y)))
     assert abs(f - clf.objective_[0]) <= 1e-6 * abs(f)
     assert clf.max_violation_[0] < 1e-4 and clf.n_updates_[0] > 0
-    svc = SVC().fit(X_BC, Y_BC)
-    assert abs(clf.score(X_BC, Y_BC) - svc.score(X_BC, Y_BC)) <= 0.01
+    assert abs(clf.score(X, y) - SVC().fit(X, y).score(X, y)) <= 0.01
 
 
 def test_decision_function_is_the_kernel_expansion():

@@ -22,6 +22,8 @@ from ._partitioned import KERNEL_CONSTRAINTS
 DEFAULT_CACHE_SIZE = 1024.0
 #: k-means for the variable blocks runs on at most this many samples (§4.4).
 KMEANS_SUBSAMPLE = 20_000
+#: Fewest variables per worker: smaller blocks buy more contention on g than parallelism.
+MIN_BLOCK_SIZE = 256
 
 
 class AsyGCDSVC(ClassifierMixin, BaseEstimator):
@@ -67,8 +69,10 @@ class AsyGCDSVC(ClassifierMixin, BaseEstimator):
     coef0 : float, default=0.0
     n_workers : int or None, default=None
         Asynchronous workers (variable blocks). None: the usable CPU cores, or
-        the number of streaming multiprocessors of the GPU. Capped at the
-        number of samples of each binary problem.
+        the number of streaming multiprocessors of the GPU. A binary problem of
+        m samples uses ``max(1, min(n_workers, m // 256))`` of them: blocks of
+        fewer than 256 variables cost more in contention on the shared
+        gradient than they gain in parallelism.
     selection : {"greedy", "random"}, default="greedy"
         ``"greedy"``: the largest projected gradient of the block (Asy-GCD).
         ``"random"``: a uniformly random variable of the block, the
@@ -254,7 +258,8 @@ class AsyGCDSVC(ClassifierMixin, BaseEstimator):
             signs = np.where(y_idx[rows] == b, 1.0, -1.0)
             rows_d = backend.asarray(rows)
             Xp = X[rows_d][:, rows_d] if self.kernel == "precomputed" else X[rows_d]
-            blocks = self._blocks(Xp, min(self.n_workers_, len(rows)), rng)
+            workers = max(1, min(self.n_workers_, len(rows) // MIN_BLOCK_SIZE))
+            blocks = self._blocks(Xp, workers, rng)
             res = gcd_solve(Xp, backend.asarray(signs), backend.asarray(sample_C[rows]),
                             self._kernel, blocks, selection=self.selection, tol=self.tol,
                             max_updates=self.max_updates,

@@ -190,18 +190,22 @@ def _work(w, X, sq_norms, y, C, qdiag, starts, kind, gamma, coef0, degree, greed
                         return IDLE
                     continue
             i = lo + np.int64(_xorshift(rng) % np.uint64(size))
+        if min(max(alpha[i] - g[i] / qdiag[i], 0.0), C[i]) == alpha[i]:
+            continue
+        quiet_scans = 0
+        clock += 1
+        q = _column(X, sq_norms, y, i, kind, gamma, coef0, degree, cache, slot_of, slot_var,
+                    slot_time, clock)
+        # The step (eq. 4.10) from g_i as it is now, not as it was before the O(nd) column
+        # computation: other workers moved g meanwhile, and a stale step overshoots.
         a_i = alpha[i]
         new = min(max(a_i - g[i] / qdiag[i], 0.0), C[i])
         delta = new - a_i
         if delta == 0.0:
             continue
-        quiet_scans = 0
         if atomic_add_seq(counters, STARTED, 1) >= max_updates:
             atomic_store(counters, STOP, 1)
             break
-        clock += 1
-        q = _column(X, sq_norms, y, i, kind, gamma, coef0, degree, cache, slot_of, slot_var,
-                    slot_time, clock)
         for j in range(n):
             atomic_add(g, j, delta * q[j])
         alpha[i] = new
