@@ -264,8 +264,7 @@ class FusedLAMB(LAMB):
 
 
 def _validate(group: dict) -> None:
-    lr = group["lr"]
-    C.check_nonneg("lr", lr)
+    C.check_nonneg("lr", group["lr"])
     if not isinstance(group["betas"], (tuple, list)) or len(group["betas"]) != 2:
         raise ValueError(f"betas must be a pair, got {group['betas']!r}")
     C.check_beta("beta1", group["betas"][0])
@@ -284,9 +283,6 @@ def _validate(group: dict) -> None:
     C.check_exclusion("exclude_from_weight_decay", group["exclude_from_weight_decay"])
     if group["fused"] and group["foreach"]:
         raise ValueError("fused=True and foreach=True are mutually exclusive")
-    if isinstance(lr, Tensor) and not group["capturable"] and not group["fused"] \
-            and lr.device.type != "cpu":
-        raise ValueError("a device tensor lr needs capturable=True or fused=True")
 
 
 def lamb_coefficients(t, beta1: float, beta2: float, beta3: float, bias_correction: bool,
