@@ -130,6 +130,10 @@ def gram_batch(kernel: Kernel, parts: list, *, n_jobs=None) -> list:
 
 
 def _cho_solve_host(A, B, part, overwrite):
+    # LAPACK wants Fortran order; the transpose of a C-ordered symmetric matrix is the same
+    # matrix in Fortran order, so potrf works in place instead of on an m x m copy.
+    if A.flags.c_contiguous:
+        A = A.T
     try:
         factor = scipy.linalg.cho_factor(A, lower=True, overwrite_a=overwrite, check_finite=False)
     except np.linalg.LinAlgError:
