@@ -213,3 +213,26 @@ def test_bad_arguments():
                   selection="cyclic")
     with pytest.raises(ValueError, match="tol"):
         gcd_solve(X_BC, Y_BC, np.ones(len(Y_BC)), kernel, np.zeros(len(Y_BC), int), tol=0.0)
+
+
+def test_workers_run_outside_the_gil():
+    import time
+
+    kernel = make_kernel("rbf", "scale", 3, 0.0, X_DIG)
+    done = threading.Event()
+    solve = threading.Thread(target=lambda: (
+        gcd_solve(X_DIG, Y_DIG, np.full(len(Y_DIG), 2.0), kernel,
+                  np.zeros(len(Y_DIG), dtype=np.int64), tol=1e-4, cache_bytes=0),
+        done.set()))
+    start = last = time.perf_counter()
+    longest_stall = 0.0
+    solve.start()
+    while not done.is_set():
+        now = time.perf_counter()
+        longest_stall = max(longest_stall, now - last)
+        last = now
+    solve.join()
+    # Had the solver held the GIL, this pure-Python loop would have stalled for the whole solve.
+    elapsed = time.perf_counter() - start
+    assert elapsed > 0.2
+    assert longest_stall < 0.5 * elapsed
