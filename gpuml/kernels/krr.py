@@ -73,8 +73,11 @@ def _map(fn, items, n_jobs):
     if n_jobs in (None, 1) or len(items) <= 1:
         return [fn(item) for item in items]
     from joblib import Parallel, delayed
+    from threadpoolctl import threadpool_limits
 
-    return Parallel(n_jobs=n_jobs, prefer="threads")(delayed(fn)(item) for item in items)
+    # Parts already run side by side; BLAS threads inside each would oversubscribe the cores.
+    with threadpool_limits(limits=1, user_api="blas"):
+        return Parallel(n_jobs=n_jobs, prefer="threads")(delayed(fn)(item) for item in items)
 
 
 def _size_groups(sizes) -> list[np.ndarray]:
@@ -286,6 +289,8 @@ def eigh_batch(As: list, *, overwrite_a=False, n_jobs=None) -> list:
         return out
 
     def decompose(A):
+        if A.flags.c_contiguous:  # the Fortran-ordered view of a symmetric matrix: no copy
+            A = A.T
         return scipy.linalg.eigh(A, overwrite_a=overwrite_a, check_finite=False, driver="evd")
 
     return _map(decompose, As, n_jobs)
