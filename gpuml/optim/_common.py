@@ -144,6 +144,25 @@ def step_value(step: Tensor) -> float:
     return float(step.item()) if step.device.type == "cpu" else float(step)
 
 
+_constants: dict[tuple, Tensor] = {}
+
+
+def device_constant(values: Sequence, dtype: torch.dtype, device: torch.device) -> Tensor:
+    """A small constant vector on ``device``, uploaded once and cached.
+
+    A fresh ``torch.tensor(..., device="cuda")`` copies from pageable memory, which
+    synchronises; cached, the multi-tensor path makes no host synchronisation after the
+    first step.
+    """
+    key = (tuple(values), dtype, torch.device(device))
+    hit = _constants.get(key)
+    if hit is None:
+        if len(_constants) > 64:
+            _constants.clear()
+        hit = _constants[key] = torch.tensor(list(values), dtype=dtype, device=device)
+    return hit
+
+
 def skip_step(found_inf: Tensor | None) -> bool:
     """The loop and foreach paths read ``found_inf`` on the host (one synchronisation)."""
     return found_inf is not None and bool(found_inf.item())

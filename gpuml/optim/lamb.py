@@ -425,7 +425,7 @@ def _multi_tensor_lamb(params, grads, exp_avgs, exp_avg_sqs, master_params, stat
     dec = [i for i, d in enumerate(decay) if d]
     if dec and weight_decay != 0:
         torch._foreach_add_([updates[i] for i in dec], [ws[i] for i in dec], alpha=weight_decay)
-    adapt_mask = torch.tensor(adapt, device=device) if any(adapt) else None
+    adapt_mask = C.device_constant(adapt, torch.bool, device) if any(adapt) else None
     if adapt_mask is not None:
         w_norms = torch.stack(torch._foreach_norm(ws))
         u_norms = torch.stack(torch._foreach_norm(updates))

@@ -348,9 +348,10 @@ def _multi_tensor_lars(params, grads, momentum_buffers, master_params, state_ste
         for i, t in zip(dec, torch._foreach_add([gs[i] for i in dec], [ws[i] for i in dec],
                                                 alpha=weight_decay)):
             ds[i] = t
-    wd_vec = torch.tensor([weight_decay if i in set(dec) else 0.0 for i in range(len(params))],
-                          device=device)
-    adapt_mask = torch.tensor(adapt, device=device)
+    decayed = set(dec)
+    wd_vec = C.device_constant([weight_decay if i in decayed else 0.0 for i in range(len(params))],
+                               torch.float32, device)
+    adapt_mask = C.device_constant(adapt, torch.bool, device)
     kw = dict(trust_coefficient=trust_coefficient, eps=eps, lr=lr, clip=clip,
               trust_bounds=trust_bounds)
     neg_lr = -lr.to(device) if isinstance(lr, Tensor) else -lr

@@ -64,17 +64,20 @@ def test_fused_master_weights_on_cuda(dtype):
         torch.testing.assert_close(a.float(), b.float(), rtol=1e-2, atol=1e-2)
 
 
-@pytest.mark.parametrize("cls", [FusedLAMB, FusedLARS])
-def test_no_host_sync_in_fused_step(cls):
+@pytest.mark.parametrize("cls,kw", [(FusedLAMB, {}), (FusedLARS, {}),
+                                    (LAMB, {"foreach": True}), (LARS, {"foreach": True})])
+def test_no_host_sync_in_step(cls, kw):
+    """After the first steps (tables and masks cached) step() never synchronises. The foreach
+    path reads found_inf on the host, so it is checked without a scaler."""
     ps = make()
-    opt = run(cls, ps, steps=2)  # first steps build and cache the tables
-    scaler_scale = torch.tensor(4.0, device="cuda")
-    found_inf = torch.zeros((), device="cuda")
+    opt = run(cls, ps, steps=2, **kw)
+    scaling = {} if kw else {"grad_scale": torch.tensor(4.0, device="cuda"),
+                             "found_inf": torch.zeros((), device="cuda")}
     torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode("error")
     try:
         for _ in range(3):
-            opt.step(grad_scale=scaler_scale, found_inf=found_inf)
+            opt.step(**scaling)
     finally:
         torch.cuda.set_sync_debug_mode("default")
 
