@@ -46,7 +46,7 @@ from ._partitioned import PARTITION_CONSTRAINTS, route, split
 #: ``n_partitions="auto"`` makes parts of at most this many samples. Fit time
 #: is ``P (n/P)^3`` and the error grows with P (bench/bench_bkrr.py, california_housing,
 #: n = 18,432, one sigma/lam: parts of 2,304 gave test MSE 0.369 against exact KRR's
-#: 0.312 at 26x less fit time; parts of 1,152 gave 0.472 at 75x). 2048 keeps one
+#: 0.312 at 39x less fit time; parts of 1,152 gave 0.472 at 124x). 2048 keeps one
 #: part's float64 kernel block at 32 MiB and its solve well under a second per core.
 AUTO_PART_SIZE = 2048
 
