@@ -41,6 +41,11 @@ SIGMAS = (1.0, 2.0, 4.0)
 LAMS = (1e-7, 1e-5, 1e-3)
 
 
+def _name(base, quick):
+    """Quick runs get their own result files, so they never overwrite the full ones."""
+    return base + "_quick" if quick else base
+
+
 def _command(part, quick):
     """How a table was made: one part of this benchmark, BLAS on one thread (shared machine)."""
     return (f"OPENBLAS_NUM_THREADS=1 python -c 'from bench import bench_bkrr as b; "
@@ -118,7 +123,8 @@ def accuracy(quick):
     notes = (f"california_housing, standardised with the training split's statistics; grid "
              f"sigma in {SIGMAS} x lam in {LAMS}; fit_s is the mean fit time per grid point "
              "(partitioning included). random_state=0 for every partitioner.")
-    record("bkrr_accuracy", rows, title="BKRR family: best test MSE over the same grid",
+    record(_name("bkrr_accuracy", quick), rows,
+           title="BKRR family: best test MSE over the same grid",
            notes=notes, command=_command("accuracy", quick))
     return rows
 
@@ -174,7 +180,8 @@ def fit_time(quick):
              "log-log (3 = the (n/P)^3 law of the solve, so the total P (n/P)^3 = n^3/P^2; "
              "kernel building, m^2 d, and partitioning, n P d per k-means step, pull it below 3 "
              "once parts are small). At fixed n/P the total should grow like P.")
-    record("bkrr_fit_time", rows, title="BKRR2 fit time vs P and vs n (fixed n/P)", notes=notes,
+    record(_name("bkrr_fit_time", quick), rows,
+           title="BKRR2 fit time vs P and vs n (fixed n/P)", notes=notes,
            command=_command("fit_time", quick))
     return rows
 
@@ -203,7 +210,8 @@ def exact_point(quick):
         {"method": "BKRR2 (after)", "n": n, "P": 16, "sigma": sigma, "lam": lam,
          "fit_s": after, "test_mse": "", "speedup": t_exact / after},
     ]
-    record("bkrr_exact_point", rows, title="Exact KRR vs BKRR2 (P=16) at sigma=2, lam=1e-5",
+    record(_name("bkrr_exact_point", quick), rows,
+           title="Exact KRR vs BKRR2 (P=16) at sigma=2, lam=1e-5",
            notes="BKRR2 best of 5 fits right before and right after the single exact fit.",
            command=_command("exact_point", quick))
     return rows
@@ -246,7 +254,8 @@ def cv_search(quick):
              f"{len(sigmas)} x {len(lams)} grid, KFold(5, shuffle, random_state=0). Same choice "
              f"as GridSearchCV: {same}; max |difference| of mean_test_score over the grid: "
              f"{diff:.2e}. Times include the refit on all the data.")
-    record("bkrr_cv", rows, title="BKRRRegressorCV vs GridSearchCV (10 x 10 grid)", notes=notes,
+    record(_name("bkrr_cv", quick), rows,
+           title="BKRRRegressorCV vs GridSearchCV (10 x 10 grid)", notes=notes,
            command=_command("cv_search", quick))
     return rows
 
@@ -289,7 +298,8 @@ def gpu_bench(quick):
         t_cpu = timeit(lambda cpu=cpu: cpu.fit(Xtr, ytr), repeat=1)
         rows.append({"what": "BKRR2 fit", "P": P, "m": n // P, "gpu_s": t_gpu, "cpu_s": t_cpu,
                      "speedup": t_cpu / t_gpu, "gpu_GFLOPs": ""})
-    record("bkrr_gpu", rows, gpu=True, title="BKRR on the GPU vs the device CPU",
+    record(_name("bkrr_gpu", quick), rows,
+           gpu=True, title="BKRR on the GPU vs the device CPU",
            notes="Random parts for the batched solve; california_housing for the fits.")
     return rows
 
