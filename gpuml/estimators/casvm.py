@@ -253,7 +253,11 @@ class CASVMClassifier(ClassifierMixin, BaseEstimator):
         Xs = []
         for p, rows in enumerate(parts.parts):
             rows = rows[sample_C[rows] > 0]
-            Xs.append(X[to_output(rows, X)] if self.kernel != "precomputed" else X)
+            # Grouped by class, as LIBSVM does: every one-vs-one problem is then
+            # two index runs whose kernel blocks the solver can share.
+            rows = rows[np.argsort(y_idx[rows], kind="stable")]
+            sel = to_output(rows, X)
+            Xs.append(X[sel] if self.kernel != "precomputed" else X[sel][:, sel])
             labels = y_idx[rows]
             present = np.zeros(n_classes, dtype=bool)
             present[labels] = True

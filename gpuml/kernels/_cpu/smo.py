@@ -530,7 +530,7 @@ class SMOProblem:
 
 def solve_batch(kernel, Xs, problems, *, tol=1e-3, max_iter=-1, cache_bytes=1 << 30,
                 shrinking=True, n_jobs=None) -> list[SMOResult]:
-    """Solve every problem; groups whose kernel matrix fits in ``cache_bytes`` compute it once.
+    """Solve every problem, sharing kernel values between the problems of a group.
 
     Groups, then problems, run in joblib threads (the numba loop releases the GIL).
     """
@@ -542,25 +542,90 @@ def solve_batch(kernel, Xs, problems, *, tol=1e-3, max_iter=-1, cache_bytes=1 <<
             return [fn(item) for item in items]
         return Parallel(n_jobs=n_jobs, prefer="threads")(delayed(fn)(it) for it in items)
 
+    if not problems:
+        return []
     used = sorted({p.group for p in problems})
+    per_group = np.bincount([p.group for p in problems], minlength=max(used) + 1)
 
     def group_matrix(g):
+        # Several problems in a group (one-vs-one) share blocks instead (_run_blocks):
+        # fewer kernel values than the whole matrix, and no scattered gathers.
         X = Xs[g]
-        if kernel.name == "precomputed":
+        if kernel.name == "precomputed" or per_group[g] > 1:
             return None
         if X.shape[0] ** 2 * np.dtype(X.dtype).itemsize > cache_bytes:
             return None
         return kernel.matrix(X, max_bytes=max(cache_bytes, 1))
 
     mats = dict(zip(used, run(group_matrix, used)))
+    if len(problems) == 1:
+        return [_solve_problem(kernel, Xs, problems[0], mats, {}, tol, max_iter, cache_bytes,
+                               shrinking)]
+    # Many small problems (one-vs-one pairs, parts): the threads are the
+    # parallelism; BLAS threads inside each would only oversubscribe the cores.
+    with threadpool_limits(1, user_api="blas"):
+        diagonal = _run_blocks(kernel, Xs, problems, mats, cache_bytes)
+        return run(lambda p: _solve_problem(kernel, Xs, p, mats, diagonal, tol, max_iter,
+                                            cache_bytes, shrinking), problems)
 
-    def one(p):
-        K = mats[p.group]
-        idx = np.asarray(p.idx)
-        if K is not None and not np.array_equal(idx, np.arange(K.shape[0])):
-            K = _submatrix(K, idx.astype(np.int64))
-        return solve(kernel, Xs[p.group], idx, p.y, p.C, tol=tol,
-                     max_iter=max_iter, cache_bytes=cache_bytes, shrinking=shrinking,
-                     alpha0=p.alpha0, K=K)
 
-    return run(one, problems)
+def _runs(idx):
+    """Maximal runs of consecutive indices of ``idx`` as ``(start, stop)`` pairs."""
+    if idx.size == 0:
+        return []
+    cut = np.flatnonzero(np.diff(idx) != 1) + 1
+    first = np.concatenate([[0], cut])
+    last = np.concatenate([cut, [idx.size]])
+    return [(int(idx[a]), int(idx[b - 1]) + 1) for a, b in zip(first, last)]
+
+
+def _run_blocks(kernel, Xs, problems, mats, cache_bytes):
+    """Kernel blocks of the index runs shared by several problems of a group.
+
+    One-vs-one problems over rows sorted by class are two runs each: the
+    diagonal block of every class is computed once here (if they fit in
+    ``cache_bytes`` together) and only the cross block per pair later, about
+    a third of the kernel values of computing every pair's matrix whole.
+    """
+    if kernel.name == "precomputed":
+        return {}
+    wanted = {}
+    for p in problems:
+        if mats[p.group] is None:
+            for run_ in _runs(np.asarray(p.idx)):
+                wanted[(p.group,) + run_] = wanted.get((p.group,) + run_, 0) + 1
+    shared = [key for key, uses in wanted.items() if uses > 1]
+    itemsize = max((np.dtype(X.dtype).itemsize for X in Xs), default=8)
+    if sum((b - a) ** 2 for _, a, b in shared) * itemsize > cache_bytes:
+        return {}
+    return {key: kernel.matrix(Xs[key[0]][key[1]:key[2]]) for key in shared}
+
+
+def _assemble(kernel, X, idx, diagonal, group):
+    """The kernel matrix of rows ``idx`` from cached diagonal blocks and fresh cross blocks."""
+    runs = _runs(idx)
+    bounds = np.concatenate([[0], np.cumsum([b - a for a, b in runs])])
+    K = np.empty((idx.size, idx.size), dtype=X.dtype)
+    for u, (a, b) in enumerate(runs):
+        ou, eu = bounds[u], bounds[u + 1]
+        block = diagonal.get((group, a, b))
+        K[ou:eu, ou:eu] = kernel.matrix(X[a:b]) if block is None else block
+        for v in range(u + 1, len(runs)):
+            c, d = runs[v]
+            cross = kernel.matrix(X[a:b], X[c:d])
+            K[ou:eu, bounds[v]:bounds[v + 1]] = cross
+            K[bounds[v]:bounds[v + 1], ou:eu] = cross.T
+    return K
+
+
+def _solve_problem(kernel, Xs, p, mats, diagonal, tol, max_iter, cache_bytes, shrinking):
+    """One problem of a batch, on its group's kernel matrix or its cached blocks."""
+    K = mats[p.group]
+    idx = np.asarray(p.idx)
+    if K is not None and not np.array_equal(idx, np.arange(K.shape[0])):
+        K = _submatrix(K, idx.astype(np.int64))
+    elif (K is None and diagonal and idx.size ** 2 * np.dtype(Xs[p.group].dtype).itemsize
+          <= cache_bytes):
+        K = _assemble(kernel, Xs[p.group], idx, diagonal, p.group)
+    return solve(kernel, Xs[p.group], idx, p.y, p.C, tol=tol, max_iter=max_iter,
+                 cache_bytes=cache_bytes, shrinking=shrinking, alpha0=p.alpha0, K=K)
