@@ -488,10 +488,6 @@ class BKRRRegressorCV(_BKRRBase):
         **{k: v for k, v in _COMMON_CONSTRAINTS.items() if k not in ("degree", "coef0")},
     }
 
-    kernel = "rbf"
-    degree = 3
-    coef0 = 1.0
-
     def __init__(self, sigmas=(0.25, 0.5, 1.0, 2.0, 4.0), lams=(1e-6, 1e-5, 1e-4, 1e-3, 1e-2),
                  cv=None, n_partitions="auto", partition="kbalance", combine="nearest",
                  dtype="float64", device="auto", n_jobs=None, random_state=None, refit=True):
@@ -506,6 +502,9 @@ class BKRRRegressorCV(_BKRRBase):
         self.n_jobs = n_jobs
         self.random_state = random_state
         self.refit = refit
+
+    def _kernel(self, gamma: float) -> Kernel:
+        return Kernel("rbf", gamma)
 
     def _grid(self):
         sigmas = np.asarray(self.sigmas, dtype=np.float64).ravel()
