@@ -122,35 +122,10 @@ def kernel_rows():
 
 def optimizer_rows():
     try:
-        import torch
-    except ImportError:
-        return []
-    from sklearn.datasets import load_digits
-
-    from gpuml.optim import LAMB
-
-    X, y = load_digits(return_X_y=True)
-    X = torch.tensor(X / 16.0, dtype=torch.float32)
-    y = torch.tensor(y)
-    rows = []
-    for name, make in [("gpuml.optim.LAMB", lambda p: LAMB(p, lr=0.02, weight_decay=0.01)),
-                       ("torch.optim.AdamW", lambda p: torch.optim.AdamW(p, lr=0.002))]:
-        torch.manual_seed(0)
-        model = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.ReLU(),
-                                    torch.nn.Linear(128, 10))
-        opt = make(model.parameters())
-        t0 = time.perf_counter()
-        for _ in range(20):  # 20 epochs, batch 512: a large batch for 1,797 samples
-            for idx in torch.randperm(len(X)).split(512):
-                opt.zero_grad()
-                torch.nn.functional.cross_entropy(model(X[idx]), y[idx]).backward()
-                opt.step()
-        seconds = time.perf_counter() - t0
-        with torch.no_grad():
-            accuracy = (model(X).argmax(1) == y).float().mean().item()
-        rows.append({"optimizer": name, "data": "digits, MLP, batch 512, 20 epochs",
-                     "train_accuracy": round(accuracy, 4), "seconds": round(seconds, 2)})
-    return rows
+        from gpuml.optim.demo import rows
+    except ImportError:  # PyTorch is an optional extra
+        return [{"optimizer": "skipped: PyTorch is not installed"}]
+    return rows()
 
 
 def main() -> None:
