@@ -161,8 +161,8 @@ def _certify(w, g, alpha, C, lo, hi, tol, counters, quiet):
 
 
 @njit(nogil=True, cache=True)
-def _work(w, X, sq_norms, y, C, qdiag, starts, kind, gamma, coef0, degree, greedy, tol,
-          max_updates, alpha, g, counters, quiet, cache, slot_of, slot_var, slot_time, rng):
+def _work(w, X, sq_norms, y, C, qdiag, starts, kind, gamma, coef0, degree, greedy, shared,
+          tol, max_updates, alpha, g, counters, quiet, cache, slot_of, slot_var, slot_time, rng):
     """Worker w's loop (Alg 14) until the run stops (DONE) or it idles (IDLE)."""
     lo = starts[w]
     hi = starts[w + 1]
@@ -206,8 +206,12 @@ def _work(w, X, sq_norms, y, C, qdiag, starts, kind, gamma, coef0, degree, greed
         if atomic_add_seq(counters, STARTED, 1) >= max_updates:
             atomic_store(counters, STOP, 1)
             break
-        for j in range(n):
-            atomic_add(g, j, delta * q[j])
+        if shared:
+            for j in range(n):
+                atomic_add(g, j, delta * q[j])
+        else:  # one worker is serial GCD (Alg 13): nobody else writes g, plain adds suffice
+            for j in range(n):
+                g[j] += delta * q[j]
         alpha[i] = new
         atomic_add_seq(counters, FINISHED, 1)
     return DONE
@@ -290,7 +294,8 @@ def solve(X, y, C, kernel, blocks, *, selection="greedy", tol=1e-3, max_updates=
     per_worker = max(int(cache_bytes) // max(n_workers, 1) // max(8 * n, 1), 1)
     seeds = np.random.default_rng(random_state).integers(1, 2**63, size=max(n_workers, 1))
     args = (Xw, sq_norms, yw, Cw, qdiag, starts, kind, float(kernel.gamma),
-            float(kernel.coef0), int(kernel.degree), selection == "greedy", float(tol), limit,
+            float(kernel.coef0), int(kernel.degree), selection == "greedy", n_workers > 1,
+            float(tol), limit,
             alpha, g, counters, quiet)
 
     def run(w):
