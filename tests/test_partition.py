@@ -34,24 +34,6 @@ def means(SA, MB, P):
     return CT
 
 
-def alg3_fcfs(SA, P, RS):
-    """Algorithm 3, First Come First Served partitioning (RS: the randomly picked samples)."""
-    m = len(SA)
-    CT = [SA[RS[i]] for i in range(P)]
-    CS = [0] * P
-    MB = [0] * m
-    balanced = m / P
-    for i in range(m):
-        mindis, minind = np.inf, 0
-        for j in range(P):
-            dist = euclid(SA[i], CT[j])
-            if dist < mindis and CS[j] < balanced:
-                mindis, minind = dist, j
-        CS[minind] += 1
-        MB[i] = minind
-    return np.array(MB), means(SA, MB, P)
-
-
 def alg9_kbalance(SA, CT, P):
     """Algorithm 9, K-balance clustering, given the k-means centres CT."""
     n = len(SA)
@@ -67,6 +49,12 @@ def alg9_kbalance(SA, CT, P):
         CS[minind] += 1
         MB[i] = minind
     return np.array(MB), means(SA, MB, P)
+
+
+def alg3_fcfs(SA, P, RS):
+    """Algorithm 3, First Come First Served: its loop is line for line Algorithm 9's,
+    with the randomly picked samples RS as centres instead of k-means'."""
+    return alg9_kbalance(SA, [SA[RS[i]] for i in range(P)], P)
 
 
 def alg4_bkm(SA, CT, MB, P):
