@@ -46,7 +46,7 @@ from numba import njit
 
 from ._atomics import atomic_add, atomic_add_seq, atomic_load, atomic_store
 
-#: Kernel codes understood by :func:`kernel_value` (names as :mod:`gpuml.kernels.pairwise`).
+#: Kernel codes understood by :func:`fill_column` (names as :mod:`gpuml.kernels.pairwise`).
 KERNEL_CODES = {"linear": 0, "poly": 1, "rbf": 2, "sigmoid": 3, "precomputed": 4}
 
 #: Floor on Q_ii, as LIBSVM's TAU: a non-positive diagonal (sigmoid kernel, zero rows of a
@@ -62,34 +62,41 @@ IDLE_SLEEP = 50e-6
 
 
 @njit(nogil=True, cache=True, fastmath=True, inline="always")
-def _dot(X, i, j):
+def _dot(a, b):
+    # Row views, not X[i, k]: without index wrap-around checks the loop vectorises (2x).
     s = 0.0
-    for k in range(X.shape[1]):
-        s += X[i, k] * X[j, k]
+    for k in range(a.shape[0]):
+        s += a[k] * b[k]
     return s
 
 
-@njit(nogil=True, cache=True, fastmath=True)
-def kernel_value(X, sq_norms, i, j, kind, gamma, coef0, degree):
-    """``K(x_i, x_j)`` for rows of X (or ``X[i, j]`` for a precomputed kernel)."""
-    if kind == 4:
-        return X[i, j]
-    dot = _dot(X, i, j)
+@njit(nogil=True, cache=True, fastmath=True, inline="always")
+def _from_dot(dot, sq_i, sq_j, kind, gamma, coef0, degree):
+    """Kernel value from the inner product (and squared norms, for rbf)."""
     if kind == 0:
         return dot
     if kind == 1:
         return (gamma * dot + coef0) ** degree
     if kind == 2:
-        return math.exp(-gamma * max(sq_norms[i] + sq_norms[j] - 2.0 * dot, 0.0))
+        return math.exp(-gamma * max(sq_i + sq_j - 2.0 * dot, 0.0))
     return math.tanh(gamma * dot + coef0)
 
 
 @njit(nogil=True, cache=True, fastmath=True)
 def fill_column(X, sq_norms, y, i, kind, gamma, coef0, degree, out):
-    """``out[j] = Q_ji = y_j y_i K(x_j, x_i)`` for every j: one column of Q in O(n d)."""
+    """``out[j] = Q_ji = y_j y_i K(x_j, x_i)`` for every j: one column of Q in O(n d).
+
+    ``kind == 4``: X is the precomputed kernel matrix (symmetric, so row i is column i).
+    """
     n = y.shape[0]
+    if kind == 4:
+        for j in range(n):
+            out[j] = y[j] * y[i] * X[i, j]
+        return
+    xi = X[i]
     for j in range(n):
-        out[j] = y[j] * y[i] * kernel_value(X, sq_norms, j, i, kind, gamma, coef0, degree)
+        k = _from_dot(_dot(X[j], xi), sq_norms[j], sq_norms[i], kind, gamma, coef0, degree)
+        out[j] = y[j] * y[i] * k
 
 
 @njit(nogil=True, cache=True, inline="always")
