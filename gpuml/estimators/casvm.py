@@ -19,7 +19,7 @@ from ..kernels import SMOProblem, make_kernel, smo_solve_batch
 from ._partitioned import KERNEL_CONSTRAINTS, PARTITION_CONSTRAINTS, route, split
 
 #: Default number of parts, chosen from bench/bench_casvm.py (see docs/casvm.md).
-DEFAULT_N_PARTITIONS = 16
+DEFAULT_N_PARTITIONS = 8
 #: Default kernel cache per part in MB (see docs/casvm.md).
 DEFAULT_CACHE_SIZE = 1024.0
 
@@ -58,10 +58,12 @@ class CASVMClassifier(ClassifierMixin, BaseEstimator):
         Kernel coefficient, resolved on the whole training set as SVC does.
     degree : int, default=3
     coef0 : float, default=0.0
-    n_partitions : int, default=16
+    n_partitions : int, default=8
         Number of parts P. The default is the benchmarked trade-off of
-        docs/casvm.md: on adult, P=16 trains many times faster than SVC for
-        about one point of accuracy. ``1`` gives the exact SVM.
+        docs/casvm.md: on adult, P=8 fitted 28x faster than SVC for 1.0 point
+        of accuracy (P=16: 49x, 1.1 points; P=64: 119x, 2.7 points). Problems
+        with many classes lose more (letter, 26 classes: 5.7 points at P=4),
+        so use a small P there. ``1`` gives the exact SVM.
     partition : {"random", "fcfs", "kmeans", "kbalance", "bkm"}, default="random"
     tol : float, default=1e-3
         Stopping tolerance on the KKT gap (LIBSVM's ``eps``).
