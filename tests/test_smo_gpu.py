@@ -19,10 +19,15 @@ def cancer():
     return StandardScaler().fit_transform(X), np.where(y == 1, 1.0, -1.0)
 
 
+@pytest.mark.parametrize("grid", [True, False])
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])
-def test_grid_kernel_matches_cpu(cancer, dtype):
+def test_single_problem_matches_cpu(cancer, dtype, grid, monkeypatch):
     import cupy as cp
 
+    from gpuml.kernels._cuda import smo as gpu_smo
+
+    # The cooperative grid kernel or one block, on the same problem.
+    monkeypatch.setattr(gpu_smo, "GRID_MIN_SIZE", 0 if grid else 1 << 30)
     X, y = cancer
     X = X.astype(dtype)
     kernel = make_kernel("rbf", "scale", X=X)

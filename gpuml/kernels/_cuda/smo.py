@@ -7,7 +7,7 @@ step:
 
 * many problems (the P parts of a CA-SVM, times their one-vs-one pairs):
   ``smo_block``, one persistent thread block per problem, all at once;
-* few problems (P = 1 binary, P small): ``smo_grid`` per problem, a
+* few large problems (P = 1 binary, P small): ``smo_grid`` per problem, a
   cooperative grid of one block per SM whose blocks share every reduction
   through ``grid.sync()``, so the whole GPU works on one SMO.
 
@@ -25,6 +25,9 @@ from . import loader
 
 _KERNELS = ("smo_block", "smo_grid")
 _THREADS = 256
+#: A problem needs at least this many variables before the whole grid works on it alone;
+#: smaller ones are solved by one block each, all at once.
+GRID_MIN_SIZE = 4096
 #: Fraction of free device memory the kernel matrices may take.
 _MEMORY_FRACTION = 0.8
 
@@ -87,7 +90,7 @@ def solve_batch(kernel, Xs, problems, *, tol=1e-3, max_iter=-1, cache_bytes=0,
         status = cp.zeros(len(problems), dtype=cp.int32)
         scalar = np.float32 if dtype == np.float32 else np.float64
         n_sm = cp.cuda.Device(device_id).attributes["MultiProcessorCount"]
-        if len(problems) >= n_sm // 2:
+        if len(problems) >= n_sm // 2 or counts.max() < GRID_MIN_SIZE:
             fn = loader.get_kernel("smo", "smo_block", dtype, device_id, _KERNELS)
             k_off = cp.asarray([k_offsets[p.group] for p in problems], dtype=cp.int64)
             ld = cp.asarray([sizes[p.group] for p in problems], dtype=cp.int64)
