@@ -298,7 +298,8 @@ class CASVMClassifier(ClassifierMixin, BaseEstimator):
         self.support_ptr_ = np.concatenate([[0], np.cumsum([len(s) for s in support])])
         self.dual_coef_ = np.hstack(coefs)
         self.n_support_ = np.bincount(y_idx[self.support_], minlength=n_classes).astype(np.int32)
-        self.support_vectors_ = (to_numpy(X[self.support_]) if self.kernel != "precomputed"
+        self.support_vectors_ = (to_numpy(X[to_output(self.support_, X)])
+                                 if self.kernel != "precomputed"
                                  else np.empty((0, 0)))
         self.intercept_ = intercept
         self.pair_status_ = status
@@ -336,18 +337,17 @@ class CASVMClassifier(ClassifierMixin, BaseEstimator):
             out = xp.empty((X.shape[0], self.dual_coef_.shape[0]), dtype=np.float64)
             sv_all = self._support_on(backend)
             for p in np.unique(owner):
-                rows = np.flatnonzero(owner == p)
+                sel = backend.asarray(np.flatnonzero(owner == p))
                 lo, hi = self.support_ptr_[p], self.support_ptr_[p + 1]
                 coef = backend.asarray(self.dual_coef_[:, lo:hi].T)
                 vals = backend.asarray(self.intercept_[p])[None, :]
                 if hi > lo:
                     if self.kernel == "precomputed":
-                        block = Xd[rows][:, backend.asarray(self.support_[lo:hi])]
+                        block = Xd[sel][:, backend.asarray(self.support_[lo:hi])]
                         vals = vals + block @ coef
                     else:
-                        vals = vals + self._kernel.dot(Xd[backend.asarray(rows)] if backend.is_gpu
-                                                       else Xd[rows], sv_all[lo:hi], coef)
-                out[backend.asarray(rows)] = vals
+                        vals = vals + self._kernel.dot(Xd[sel], sv_all[lo:hi], coef)
+                out[sel] = vals
         return out, owner
 
     def _votes(self, X):
