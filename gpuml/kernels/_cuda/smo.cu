@@ -12,7 +12,11 @@
 // smo_grid:  one problem, every block of a cooperative grid; each step's
 //            reductions go block -> global scratch -> grid.sync() -> all blocks.
 //
-// Both share smo_core; the "team" type says which threads cooperate. The
+// smo_grid_rows: as smo_grid, for a problem whose kernel matrix does not fit in
+//            memory: the grid computes rows i and j from the features each step.
+//
+// All share smo_core; the "team" type says which threads cooperate, the
+// "rows" type where kernel values come from. The
 // state (alpha, G) lives in global memory; a step reads G_i, G_j, alpha_i,
 // alpha_j before a barrier and writes after it, so no thread sees half a step.
 
@@ -147,8 +151,67 @@ __device__ __forceinline__ bool in_up(T y, T a, T c) { return y > 0 ? a < c : a 
 template <typename T>
 __device__ __forceinline__ bool in_low(T y, T a, T c) { return y > 0 ? a > 0 : a < c; }
 
-template <typename T, typename Team>
-__device__ void smo_core(Team& team, const T* Kg, long long ld, const int* idx, int n,
+// Kernel rows from a precomputed group matrix: row i is Kg[idx[i]], column k is idx[k].
+template <typename T>
+struct MatrixRows {
+    const T* Kg;
+    long long ld;
+    const int* idx;
+    template <typename Team>
+    __device__ const T* row(Team&, int i, int) { return Kg + (long long)idx[i] * ld; }
+    __device__ T at(const T* r, int k) const { return r[idx[k]]; }
+    __device__ T diag(int k) const {
+        const long long c = idx[k];
+        return Kg[c * ld + c];
+    }
+};
+
+// Kernel rows computed when needed (the matrix does not fit): the team writes row i
+// into one of two scratch rows from the features, stored transposed (XT[t * n + k])
+// so that neighbouring threads read neighbouring samples.
+// kind: 0 linear, 1 poly, 2 rbf, 3 sigmoid (gpuml.kernels.pairwise's formulas).
+template <typename T>
+struct OnTheFlyRows {
+    const T* XT;
+    const T* norms;
+    const T* qd;
+    T* scratch;
+    int n;
+    int d;
+    int kind;
+    T gamma;
+    T coef0;
+    int degree;
+    __device__ T value(int i, int k) const {
+        T dot = 0;
+        for (int t = 0; t < d; ++t) dot += XT[(long long)t * n + i] * XT[(long long)t * n + k];
+        if (kind == 0) return dot;
+        if (kind == 1) {
+            const T base = gamma * dot + coef0;
+            T out = 1;
+            for (int t = 0; t < degree; ++t) out *= base;
+            return out;
+        }
+        if (kind == 2) {
+            T d2 = norms[i] + norms[k] - T(2) * dot;
+            if (d2 < 0) d2 = 0;
+            return exp(-gamma * d2);
+        }
+        return tanh(gamma * dot + coef0);
+    }
+    template <typename Team>
+    __device__ const T* row(Team& team, int i, int slot) {
+        T* out = scratch + (long long)slot * n;
+        for (int k = team.first(); k < n; k += team.stride()) out[k] = value(i, k);
+        team.sync();
+        return out;
+    }
+    __device__ T at(const T* r, int k) const { return r[k]; }
+    __device__ T diag(int k) const { return qd[k]; }
+};
+
+template <typename T, typename Team, typename Rows>
+__device__ void smo_core(Team& team, Rows& rows, int n,
                          const T* y, const T* C, T* alpha, T* G, T tol, long long max_iter,
                          long long* n_iter_out, T* rho_out, T* obj_out, int* status_out) {
     long long it = 0;
@@ -164,8 +227,8 @@ __device__ void smo_core(Team& team, const T* Kg, long long ld, const int* idx, 
             status = 0;
             break;
         }
-        const T* Ki = Kg + (long long)idx[i] * ld;
-        const T qd_i = Ki[idx[i]];
+        const T* Ki = rows.row(team, i, 0);
+        const T qd_i = rows.diag(i);
         T g_max2 = -huge_value<T>();
         int unused = -1;
         T best = -huge_value<T>();
@@ -176,8 +239,7 @@ __device__ void smo_core(Team& team, const T* Kg, long long ld, const int* idx, 
             if (v > g_max2) g_max2 = v;
             const T diff = g_max + v;
             if (diff > 0) {
-                const long long col = idx[k];
-                T quad = qd_i + Kg[col * ld + col] - T(2) * Ki[col];
+                T quad = qd_i + rows.diag(k) - T(2) * rows.at(Ki, k);
                 if (quad <= 0) quad = tau_value<T>();
                 better(best, j, diff * diff / quad, k);
             }
@@ -189,10 +251,10 @@ __device__ void smo_core(Team& team, const T* Kg, long long ld, const int* idx, 
             break;
         }
         // Everyone computes the same step from values read before the barrier.
-        const T* Kj = Kg + (long long)idx[j] * ld;
+        const T* Kj = rows.row(team, j, 1);
         const T yi = y[i], yj = y[j], Ci = C[i], Cj = C[j];
         const T old_i = alpha[i], old_j = alpha[j];
-        T quad = qd_i + Kj[idx[j]] - T(2) * Ki[idx[j]];
+        T quad = qd_i + rows.diag(j) - T(2) * rows.at(Ki, j);
         if (quad <= 0) quad = tau_value<T>();
         T ai = old_i, aj = old_j;
         if (yi != yj) {
@@ -234,8 +296,7 @@ __device__ void smo_core(Team& team, const T* Kg, long long ld, const int* idx, 
         const T di = (ai - old_i) * yi;
         const T dj = (aj - old_j) * yj;
         for (int k = team.first(); k < n; k += team.stride()) {
-            const long long col = idx[k];
-            G[k] += y[k] * (Ki[col] * di + Kj[col] * dj);
+            G[k] += y[k] * (rows.at(Ki, k) * di + rows.at(Kj, k) * dj);
         }
         team.sync();
         ++it;
@@ -286,8 +347,9 @@ __global__ void smo_block(const T* K, const long long* k_off, const long long* l
     const int p = blockIdx.x;
     const long long o = off[p];
     BlockTeam<T> team{sv, si};
-    smo_core<T>(team, K + k_off[p], ld[p], idx + o, size[p], y + o, C + o, alpha + o, G + o,
-                tol, max_iter, n_iter + p, rho + p, obj + p, status + p);
+    MatrixRows<T> rows{K + k_off[p], ld[p], idx + o};
+    smo_core<T>(team, rows, size[p], y + o, C + o, alpha + o, G + o, tol, max_iter, n_iter + p,
+                rho + p, obj + p, status + p);
 }
 
 // One problem over the whole cooperative grid; scratch_v/scratch_i hold 2 * gridDim values.
@@ -299,7 +361,21 @@ __global__ void smo_grid(const T* K, long long ld, const int* idx, int n, const 
     __shared__ T sv[32];
     __shared__ int si[32];
     GridTeam<T> team{sv, si, scratch_v, scratch_i, 0};
-    smo_core<T>(team, K, ld, idx, n, y, C, alpha, G, tol, max_iter, n_iter, rho, obj, status);
+    MatrixRows<T> rows{K, ld, idx};
+    smo_core<T>(team, rows, n, y, C, alpha, G, tol, max_iter, n_iter, rho, obj, status);
+}
+
+// XT: (d, n) features, transposed; norms, qd: squared norms and K(x_k, x_k); row_scratch: 2 n.
+template <typename T>
+__global__ void smo_grid_rows(const T* XT, const T* norms, const T* qd, int n, int d, int kind,
+                              T gamma, T coef0, int degree, const T* y, const T* C, T* alpha,
+                              T* G, T tol, long long max_iter, T* scratch_v, int* scratch_i,
+                              T* row_scratch, long long* n_iter, T* rho, T* obj, int* status) {
+    __shared__ T sv[32];
+    __shared__ int si[32];
+    GridTeam<T> team{sv, si, scratch_v, scratch_i, 0};
+    OnTheFlyRows<T> rows{XT, norms, qd, row_scratch, n, d, kind, gamma, coef0, degree};
+    smo_core<T>(team, rows, n, y, C, alpha, G, tol, max_iter, n_iter, rho, obj, status);
 }
 
 #ifdef GPUML_NVCC_CHECK
@@ -319,4 +395,14 @@ template __global__ void smo_grid<double>(const double*, long long, const int*, 
                                           const double*, const double*, double*, double*,
                                           double, long long, double*, int*, long long*,
                                           double*, double*, int*);
+template __global__ void smo_grid_rows<float>(const float*, const float*, const float*, int,
+                                              int, int, float, float, int, const float*,
+                                              const float*, float*, float*, float, long long,
+                                              float*, int*, float*, long long*, float*, float*,
+                                              int*);
+template __global__ void smo_grid_rows<double>(const double*, const double*, const double*,
+                                               int, int, int, double, double, int,
+                                               const double*, const double*, double*, double*,
+                                               double, long long, double*, int*, double*,
+                                               long long*, double*, double*, int*);
 #endif

@@ -11,9 +11,10 @@ step:
   cooperative grid of one block per SM whose blocks share every reduction
   through ``grid.sync()``, so the whole GPU works on one SMO.
 
-Limits: the group kernel matrices must fit in device memory (a clear
-``MemoryError`` otherwise; use more partitions, float32 input or the CPU);
-``shrinking`` and ``cache_size`` do not apply on the GPU.
+When the kernel matrices do not fit in device memory, each problem is
+solved by ``smo_grid_rows`` instead: the grid computes the two kernel rows
+of every step from the (transposed) features, no cache. ``shrinking`` and
+``cache_size`` do not apply on the GPU.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ import numpy as np
 from .._cpu.smo import SMOResult, check_problem
 from . import loader
 
-_KERNELS = ("smo_block", "smo_grid")
+_KERNELS = ("smo_block", "smo_grid", "smo_grid_rows")
 _THREADS = 256
 #: A problem needs at least this many variables before the whole grid works on it alone;
 #: smaller ones are solved by one block each, all at once.
@@ -37,18 +38,20 @@ def _device_of(X):
     return int(getattr(dev, "id", dev))
 
 
+def _matrices_fit(Xs, groups, cp) -> bool:
+    """Whether the kernel matrices of the used groups fit in the free device memory."""
+    itemsize = np.dtype(Xs[groups[0]].dtype).itemsize
+    need = sum(Xs[g].shape[0] ** 2 for g in groups) * itemsize
+    free, _ = cp.cuda.runtime.memGetInfo()
+    return need <= _MEMORY_FRACTION * free
+
+
 def _group_matrices(kernel, Xs, groups, cp):
     """The kernel matrices of the used groups, one flat device buffer with offsets."""
     dtype = Xs[groups[0]].dtype
     itemsize = np.dtype(dtype).itemsize
     sizes = {g: Xs[g].shape[0] for g in groups}
     need = sum(n * n for n in sizes.values()) * itemsize
-    free, _ = cp.cuda.runtime.memGetInfo()
-    if need > _MEMORY_FRACTION * free:
-        raise MemoryError(
-            f"the GPU SMO keeps every partition's kernel matrix on the device: "
-            f"{need / 2**30:.1f} GiB needed, {free / 2**30:.1f} GiB free; use more partitions, "
-            "float32 input, or device='cpu' (which caches rows on demand)")
     flat = cp.empty(need // itemsize, dtype=dtype)
     offsets = {}
     pos = 0
@@ -75,6 +78,12 @@ def solve_batch(kernel, Xs, problems, *, tol=1e-3, max_iter=-1, cache_bytes=0,
     checked = [check_problem(p.y, p.C, p.alpha0) for p in problems]
     with cp.cuda.Device(device_id):
         groups = sorted({p.group for p in problems})
+        if not _matrices_fit(Xs, groups, cp):
+            if kernel.name == "precomputed":
+                raise MemoryError("the precomputed kernel matrices do not fit in device memory "
+                                  "twice; use device='cpu'")
+            return [_solve_on_the_fly(kernel, Xs[p.group], p, c, tol, max_iter, device_id, cp)
+                    for p, c in zip(problems, checked)]
         K, k_offsets, sizes = _group_matrices(kernel, Xs, groups, cp)
         dtype = K.dtype
         counts = np.array([len(p.idx) for p in problems], dtype=np.int64)
@@ -130,3 +139,38 @@ def _initial_gradient(K, k_offsets, sizes, problems, idx, offs, counts, y, alpha
         Ksub = Kg[rows][:, rows]
         G[lo:hi] += y[lo:hi] * (Ksub @ (alpha[lo:hi] * y[lo:hi]))
     return G
+
+
+_KIND = {"linear": 0, "poly": 1, "rbf": 2, "sigmoid": 3}
+
+
+def _solve_on_the_fly(kernel, X, problem, checked, tol, max_iter, device_id, cp):
+    """One problem whose kernel matrix does not fit: the grid computes rows i, j each step."""
+    from ..pairwise import squared_norms
+
+    Xp = X[cp.asarray(np.asarray(problem.idx))]
+    if hasattr(Xp, "toarray"):
+        Xp = Xp.toarray()
+    dtype = Xp.dtype
+    n, d = Xp.shape
+    y, C, alpha = (cp.asarray(a, dtype=dtype) for a in checked)
+    G = -cp.ones(n, dtype=dtype)
+    nz = cp.flatnonzero(alpha > 0)
+    if nz.size:
+        G += y * kernel.dot(Xp, Xp[nz], alpha[nz] * y[nz])
+    scalar = np.float32 if dtype == np.float32 else np.float64
+    blocks = int(cp.cuda.Device(device_id).attributes["MultiProcessorCount"])
+    fn = loader.get_kernel("smo", "smo_grid_rows", dtype, device_id, _KERNELS, cooperative=True)
+    out_iter = cp.zeros(1, dtype=cp.int64)
+    rho, obj = cp.zeros(1, dtype=dtype), cp.zeros(1, dtype=dtype)
+    status = cp.zeros(1, dtype=cp.int32)
+    fn((blocks,), (_THREADS,),
+       (cp.ascontiguousarray(Xp.T), squared_norms(Xp), cp.asarray(kernel.diag(Xp), dtype=dtype),
+        np.int32(n), np.int32(d), np.int32(_KIND[kernel.name]), scalar(kernel.gamma),
+        scalar(kernel.coef0), np.int32(kernel.degree), y, C, alpha, G, scalar(tol),
+        np.int64(max_iter), cp.empty(2 * blocks, dtype=dtype),
+        cp.empty(2 * blocks, dtype=cp.int32), cp.empty(2 * n, dtype=dtype), out_iter, rho, obj,
+        status))
+    return SMOResult(alpha=alpha, intercept=-float(rho.get()[0]), n_iter=int(out_iter.get()[0]),
+                     objective=float(obj.get()[0]), gradient=G,
+                     converged=bool(status.get()[0] == 0))
