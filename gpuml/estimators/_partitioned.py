@@ -6,7 +6,9 @@ CA-SVM (seed 001, Alg 5) and BKRR2 (Alg 10) have the same shape:
 2. fit one independent local model per part (no communication);
 3. send every new sample to the model of its nearest centre.
 
-The estimators keep the algorithm; this module keeps the plumbing.
+Steps 1 and 3 live here; step 2 is each estimator's own, through a batched
+solver in :mod:`gpuml.kernels` that runs the P local problems at once (joblib
+threads on the CPU, one launch on a GPU).
 """
 
 from __future__ import annotations
@@ -15,7 +17,6 @@ from dataclasses import dataclass
 from numbers import Integral, Real
 
 import numpy as np
-from joblib import Parallel, delayed
 from sklearn.utils._param_validation import Interval, StrOptions
 
 from .._backend import namespace_of, to_numpy
@@ -74,15 +75,3 @@ def route(X, centers):
     if centers.shape[0] == 1:
         return np.zeros(X.shape[0], dtype=np.int64)
     return to_numpy(assign_nearest(X, centers))
-
-
-def map_parts(fn, items, n_jobs=None) -> list:
-    """``[fn(item) for item in items]``, in parallel threads when ``n_jobs`` allows.
-
-    Threads, not processes: the local solvers are numba ``nogil`` loops and
-    BLAS calls, which run in parallel without copying the data.
-    """
-    items = list(items)
-    if n_jobs in (None, 1) or len(items) == 1:
-        return [fn(item) for item in items]
-    return Parallel(n_jobs=n_jobs, prefer="threads")(delayed(fn)(item) for item in items)
