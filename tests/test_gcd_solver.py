@@ -236,3 +236,20 @@ def test_workers_run_outside_the_gil():
     elapsed = time.perf_counter() - start
     assert elapsed > 0.2
     assert longest_stall < 0.5 * elapsed
+
+
+@pytest.mark.skipif(not hasattr(__import__("os"), "fork"), reason="needs fork")
+def test_multi_worker_solve_works_in_a_forked_child():
+    import multiprocessing
+
+    kernel = make_kernel("rbf", "scale", 3, 0.0, X_BC)
+    C = np.ones(len(Y_BC))
+    parent = gcd_solve(X_BC, Y_BC, C, kernel, _split(len(Y_BC), 2), tol=1e-4)  # pool exists
+    ctx = multiprocessing.get_context("fork")
+    with ctx.Pool(1) as pool:
+        child = pool.apply_async(_child_objective, (kernel, C)).get(timeout=120)
+    assert abs(child - parent.objective) <= 1e-4 * abs(parent.objective)
+
+
+def _child_objective(kernel, C):
+    return gcd_solve(X_BC, Y_BC, C, kernel, _split(len(Y_BC), 2), tol=1e-4).objective

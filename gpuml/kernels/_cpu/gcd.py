@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import functools
 import math
+import os
 import time
 from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
@@ -224,14 +225,17 @@ def _work(w, X, sq_norms, y, C, qdiag, starts, kind, gamma, coef0, degree, greed
     return DONE
 
 
-@functools.cache
 def _pool() -> ThreadPoolExecutor:
-    """Threads reused across solves (starting threads costs milliseconds on a busy machine).
+    """Threads reused across solves (starting threads costs milliseconds on a busy machine)."""
+    return _pool_of_process(os.getpid())
 
-    The bound is far above any worker count: a worker that sat queued behind a full pool
-    would never certify its block, and the others would wait for it forever.
-    """
-    return ThreadPoolExecutor(max_workers=4096, thread_name_prefix="gpuml-gcd")
+
+@functools.cache
+def _pool_of_process(pid: int) -> ThreadPoolExecutor:
+    # Keyed by process: a forked child inherits the pool object but not its threads.
+    # The bound is far above any worker count: a worker that sat queued behind a full pool
+    # would never certify its block, and the others would wait for it forever.
+    return ThreadPoolExecutor(max_workers=4096, thread_name_prefix=f"gpuml-gcd-{pid}")
 
 
 @dataclass
