@@ -9,14 +9,13 @@ import numpy as np
 from sklearn.base import BaseEstimator, ClassifierMixin, _fit_context
 from sklearn.exceptions import ConvergenceWarning
 from sklearn.utils._param_validation import Interval, StrOptions
-from sklearn.utils.class_weight import compute_class_weight
-from sklearn.utils.multiclass import check_classification_targets
-from sklearn.utils.validation import _check_sample_weight, check_is_fitted
+from sklearn.utils.validation import check_is_fitted
 
 from .._backend import resolve, to_numpy, to_output
-from .._validation import validate_X, validate_X_y
-from ..kernels import SMOProblem, make_kernel, smo_solve_batch
+from .._validation import validate_X
+from ..kernels import SMOProblem, smo_solve_batch
 from ._partitioned import KERNEL_CONSTRAINTS, PARTITION_CONSTRAINTS, route, split
+from ._svm import KernelSVMMixin, class_pairs, ovo_votes, ovr_decision
 
 #: Default number of parts, chosen from bench/bench_casvm.py (see docs/casvm.md).
 DEFAULT_N_PARTITIONS = 8
@@ -24,7 +23,7 @@ DEFAULT_N_PARTITIONS = 8
 DEFAULT_CACHE_SIZE = 1024.0
 
 
-class CASVMClassifier(ClassifierMixin, BaseEstimator):
+class CASVMClassifier(KernelSVMMixin, ClassifierMixin, BaseEstimator):
     """Communication-avoiding kernel SVM: P independent SMO solvers, nearest-centre routing.
 
     ``fit`` splits the training set into ``n_partitions`` parts with the
@@ -190,13 +189,6 @@ class CASVMClassifier(ClassifierMixin, BaseEstimator):
         tags.input_tags.sparse = True
         return tags
 
-    def __getstate__(self):
-        # Device copies of the support vectors are a cache, not part of the model:
-        # dropping them lets a GPU-fitted model load where there is no GPU.
-        state = self.__dict__.copy()
-        state.pop("_device_cache", None)
-        return state
-
     @_fit_context(prefer_skip_nested_validation=True)
     def fit(self, X, y, sample_weight=None):
         """Partition the data and train one kernel SVM per part (Alg 5, training).
@@ -214,24 +206,10 @@ class CASVMClassifier(ClassifierMixin, BaseEstimator):
         self
         """
         backend = resolve(self.device, X, y)
-        X, y = validate_X_y(self, X, y)
-        y_host = to_numpy(y)
-        check_classification_targets(y_host)
-        if self.kernel == "precomputed":
-            if X.shape[0] != X.shape[1]:
-                raise ValueError(f"Precomputed matrix must be a square matrix. Input is a "
-                                 f"{X.shape[0]}x{X.shape[1]} matrix.")
-            if self.n_partitions != 1:
-                raise ValueError("kernel='precomputed' needs n_partitions=1: partitioning and "
-                                 "nearest-centre routing need the samples' features")
-        self.classes_, y_idx = np.unique(y_host, return_inverse=True)
-        if len(self.classes_) < 2:
-            raise ValueError(f"The number of classes has to be greater than one; got "
-                             f"{len(self.classes_)} class")
-        sw = _check_sample_weight(sample_weight, X, dtype=np.float64, ensure_non_negative=True)
-        cw = compute_class_weight(self.class_weight, classes=self.classes_, y=y_host)
-        sample_C = self.C * cw[y_idx] * sw
-        self._kernel = make_kernel(self.kernel, self.gamma, self.degree, self.coef0, X)
+        X, y_idx, sample_C = self._validate_targets(X, y, sample_weight)
+        if self.kernel == "precomputed" and self.n_partitions != 1:
+            raise ValueError("kernel='precomputed' needs n_partitions=1: partitioning and "
+                             "nearest-centre routing need the samples' features")
         self._gamma = self._kernel.gamma
 
         with backend.use():
@@ -245,7 +223,7 @@ class CASVMClassifier(ClassifierMixin, BaseEstimator):
     def _fit_parts(self, X, parts, y_idx, sample_C):
         """One one-vs-one set of SMO problems per part, solved as one batch."""
         n_classes = len(self.classes_)
-        pairs = [(a, b) for a in range(n_classes) for b in range(a + 1, n_classes)]
+        pairs = class_pairs(n_classes)
         n_parts, n_pairs = len(parts.parts), len(pairs)
         intercept = np.zeros((n_parts, n_pairs))
         n_iter = np.zeros((n_parts, n_pairs), dtype=np.int64)
@@ -314,16 +292,6 @@ class CASVMClassifier(ClassifierMixin, BaseEstimator):
             print(f"[CASVM] {n_parts} parts, {len(problems)} SMO problems, "
                   f"{int(n_iter.sum())} iterations, {len(self.support_)} support vectors")
 
-    def _support_on(self, backend):
-        """Support vectors on the predicting device (a cache kept out of pickles)."""
-        if not backend.is_gpu:
-            return self.support_vectors_
-        cache = self.__dict__.setdefault("_device_cache", {})
-        if backend.device not in cache:
-            with backend.use():
-                cache[backend.device] = backend.asarray(self.support_vectors_)
-        return cache[backend.device]
-
     def _ovo_values(self, X):
         """Pairwise decision values of every row, each from the model of its part (Alg 5)."""
         check_is_fitted(self)
@@ -335,7 +303,7 @@ class CASVMClassifier(ClassifierMixin, BaseEstimator):
             owner = route(Xd, backend.asarray(self.centers_)) if self.kernel != "precomputed" \
                 else np.zeros(X.shape[0], dtype=np.int64)
             out = xp.empty((X.shape[0], self.dual_coef_.shape[0]), dtype=np.float64)
-            sv_all = self._support_on(backend)
+            sv_all = self._on_device(backend, "support_vectors_")
             for p in np.unique(owner):
                 sel = backend.asarray(np.flatnonzero(owner == p))
                 lo, hi = self.support_ptr_[p], self.support_ptr_[p + 1]
@@ -354,19 +322,7 @@ class CASVMClassifier(ClassifierMixin, BaseEstimator):
         """One-vs-one votes per class and the summed pairwise values (SVC's ovr recipe)."""
         values, owner = self._ovo_values(X)
         values = to_numpy(values)
-        voting = self.pair_status_[owner] > 0
-        n_classes = len(self.classes_)
-        votes = np.zeros((values.shape[0], n_classes))
-        confidence = np.zeros_like(votes)
-        q = 0
-        for a in range(n_classes):
-            for b in range(a + 1, n_classes):
-                first = values[:, q] > 0
-                votes[:, a] += first & voting[:, q]
-                votes[:, b] += ~first & voting[:, q]
-                confidence[:, a] += values[:, q]
-                confidence[:, b] -= values[:, q]
-                q += 1
+        votes, confidence = ovo_votes(values, len(self.classes_), self.pair_status_[owner] > 0)
         return votes, confidence, values
 
     def decision_function(self, X):
@@ -388,7 +344,7 @@ class CASVMClassifier(ClassifierMixin, BaseEstimator):
             return to_output(-values[:, 0], X)
         if self.decision_function_shape == "ovo":
             return to_output(values, X)
-        return to_output(votes + confidence / (3 * (np.abs(confidence) + 1)), X)
+        return to_output(ovr_decision(votes, confidence), X)
 
     def predict(self, X):
         """One-vs-one voting inside the part each sample is routed to (ties: lower class).
