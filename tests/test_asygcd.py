@@ -182,3 +182,18 @@ def test_bad_data():
         AsyGCDSVC().predict(X_BC)
     with pytest.raises(ValueError, match="square"):
         AsyGCDSVC(kernel="precomputed", device="cpu").fit(X_BC, Y_BC)
+
+
+def test_unbalanced_kmeans_blocks_warn():
+    rng = np.random.default_rng(0)
+    # 600 points in one tight cloud and 4 far outliers: k-means gives the outliers their own
+    # centres and leaves one block with nearly every variable.
+    X = np.vstack([rng.normal(size=(600, 3)), 50 + rng.normal(size=(4, 3)) * 20])
+    y = np.arange(len(X)) % 2
+    with pytest.warns(UserWarning, match="unequal variable blocks"):
+        AsyGCDSVC(n_workers=2, device="cpu", random_state=0).fit(X, y)
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        AsyGCDSVC(n_workers=2, block_partition="random", device="cpu", random_state=0).fit(X, y)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from numbers import Integral, Real
 
 import numpy as np
@@ -86,8 +87,12 @@ class AsyGCDSVC(ClassifierMixin, BaseEstimator):
         equal contiguous part (at least one column). On a GPU, the whole
         matrix Q is precomputed when it fits in this size.
     block_partition : {"kmeans", "random"}, default="kmeans"
-        How variables are split among workers. With ``kernel="precomputed"``
-        there are no features to cluster and the split is always random.
+        How variables are split among workers. k-means (§4.4) keeps related
+        variables in one block but can make very unequal blocks (on one-hot
+        data such as adult, one block took 99% of the variables); then one
+        worker does nearly all the work, and fit warns. ``"random"`` splits
+        evenly. With ``kernel="precomputed"`` there are no features to cluster
+        and the split is always random.
     class_weight : dict, "balanced" or None, default=None
         Multiplies C per class; with ``sample_weight`` the bound of sample i is
         ``C * class_weight[y_i] * sample_weight[i]``.
@@ -253,6 +258,7 @@ class AsyGCDSVC(ClassifierMixin, BaseEstimator):
         n_classes = len(self.classes_)
         pairs = [(a, b) for a in range(n_classes) for b in range(a + 1, n_classes)]
         results = []
+        most_unbalanced = 0.0
         for a, b in pairs:
             rows = np.flatnonzero((y_idx == a) | (y_idx == b))
             signs = np.where(y_idx[rows] == b, 1.0, -1.0)
@@ -260,6 +266,9 @@ class AsyGCDSVC(ClassifierMixin, BaseEstimator):
             Xp = X[rows_d][:, rows_d] if self.kernel == "precomputed" else X[rows_d]
             workers = max(1, min(self.n_workers_, len(rows) // MIN_BLOCK_SIZE))
             blocks = self._blocks(Xp, workers, rng)
+            if workers > 1:
+                largest = np.bincount(blocks).max() / len(rows)
+                most_unbalanced = max(most_unbalanced, largest / min(0.9, 2.0 / workers))
             res = gcd_solve(Xp, backend.asarray(signs), backend.asarray(sample_C[rows]),
                             self._kernel, blocks, selection=self.selection, tol=self.tol,
                             max_updates=self.max_updates,
@@ -271,6 +280,11 @@ class AsyGCDSVC(ClassifierMixin, BaseEstimator):
                 print(f"[AsyGCDSVC] classes ({self.classes_[a]}, {self.classes_[b]}): "
                       f"{len(rows)} variables, {res.n_workers} workers, {res.n_updates} updates,"
                       f" objective {res.objective:.6g}, max violation {res.max_violation:.2e}")
+        if most_unbalanced > 1.0:
+            warnings.warn("k-means gave very unequal variable blocks (one worker holds most "
+                          "variables), so the workers cannot share the work; "
+                          "block_partition='random' gives equal blocks", UserWarning,
+                          stacklevel=3)
         coef_full = np.zeros((len(pairs), len(y_idx)))
         for p, (rows, coef, _) in enumerate(results):
             coef_full[p, rows] = coef
