@@ -112,7 +112,7 @@ def _plot(name, curves, f_star, path):
         ax.semilogy(t, gap, label=label, color=colours[workers],
                     ls="-" if partition == "random" else "--")
     ax.axhline(GAP, color="grey", lw=0.8, ls=":")
-    ax.set_xlabel("seconds (k-means partition included)")
+    ax.set_xlabel("seconds (partition time included)")
     ax.set_ylabel("relative objective gap")
     ax.set_title(f"Asy-GCD on {name} ({machine_name()})")
     ax.legend(fontsize=7, ncol=2)
