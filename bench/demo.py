@@ -63,7 +63,7 @@ def estimator_rows():
     Xtr, Xte, ytr, yte = train_test_split_std(X, y, train_size=8000, test_size=2208,
                                               random_state=0)
     cal = (Xtr, ytr, Xte, yte)
-    sigma, lam = 1.0, 1e-5
+    sigma, lam = 2.0, 1e-5
     rows.append(_compare("regress", "california 8k", "BKRRRegressor(P=16, kbalance)",
                          BKRRRegressor(sigma=sigma, lam=lam, n_partitions=16, random_state=0),
                          "KernelRidge", KernelRidge(alpha=lam * 8000, kernel="rbf",

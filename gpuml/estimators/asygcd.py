@@ -9,15 +9,14 @@ import numpy as np
 from sklearn.base import BaseEstimator, ClassifierMixin, _fit_context
 from sklearn.utils import check_random_state
 from sklearn.utils._param_validation import Interval, StrOptions
-from sklearn.utils.class_weight import compute_class_weight
-from sklearn.utils.multiclass import check_classification_targets
-from sklearn.utils.validation import _check_sample_weight, check_is_fitted
+from sklearn.utils.validation import check_is_fitted
 
 from .._backend import resolve, to_numpy, to_output
-from .._validation import validate_X, validate_X_y
-from ..kernels import gcd_default_workers, gcd_solve, make_kernel
+from .._validation import validate_X
+from ..kernels import gcd_default_workers, gcd_solve
 from ..partition import assign_nearest, kmeans
 from ._partitioned import KERNEL_CONSTRAINTS
+from ._svm import KernelSVMMixin, class_pairs, ovo_votes, ovr_decision
 
 #: Default kernel-column cache in MB, shared by all workers (each gets an equal part).
 DEFAULT_CACHE_SIZE = 1024.0
@@ -27,7 +26,7 @@ KMEANS_SUBSAMPLE = 20_000
 MIN_BLOCK_SIZE = 256
 
 
-class AsyGCDSVC(ClassifierMixin, BaseEstimator):
+class AsyGCDSVC(KernelSVMMixin, ClassifierMixin, BaseEstimator):
     r"""Bias-free kernel SVM solved by asynchronous parallel greedy coordinate descent.
 
     Solves the dual of the SVM without intercept (seed 001, eq. 4.9)
@@ -187,12 +186,6 @@ class AsyGCDSVC(ClassifierMixin, BaseEstimator):
         tags.classifier_tags.poor_score = self.kernel != "rbf"
         return tags
 
-    def __getstate__(self):
-        # Device copies of the support vectors are a cache, not part of the model.
-        state = self.__dict__.copy()
-        state.pop("_device_cache", None)
-        return state
-
     @_fit_context(prefer_skip_nested_validation=True)
     def fit(self, X, y, sample_weight=None):
         """Solve one bias-free SVM dual per pair of classes with Asy-GCD (Alg 14).
@@ -210,20 +203,7 @@ class AsyGCDSVC(ClassifierMixin, BaseEstimator):
         self
         """
         backend = resolve(self.device, X, y)
-        X, y = validate_X_y(self, X, y)
-        y_host = to_numpy(y)
-        check_classification_targets(y_host)
-        if self.kernel == "precomputed" and X.shape[0] != X.shape[1]:
-            raise ValueError(f"Precomputed matrix must be a square matrix. Input is a "
-                             f"{X.shape[0]}x{X.shape[1]} matrix.")
-        self.classes_, y_idx = np.unique(y_host, return_inverse=True)
-        if len(self.classes_) < 2:
-            raise ValueError(f"AsyGCDSVC needs samples of at least two classes in y; got "
-                             f"{len(self.classes_)} class")
-        sw = _check_sample_weight(sample_weight, X, dtype=np.float64, ensure_non_negative=True)
-        cw = compute_class_weight(self.class_weight, classes=self.classes_, y=y_host)
-        sample_C = self.C * cw[y_idx] * sw
-        self._kernel = make_kernel(self.kernel, self.gamma, self.degree, self.coef0, X)
+        X, y_idx, sample_C = self._validate_targets(X, y, sample_weight)
         rng = check_random_state(self.random_state)
 
         with backend.use():
@@ -256,7 +236,7 @@ class AsyGCDSVC(ClassifierMixin, BaseEstimator):
 
     def _fit_pairs(self, X, backend, y_idx, sample_C, rng):
         n_classes = len(self.classes_)
-        pairs = [(a, b) for a in range(n_classes) for b in range(a + 1, n_classes)]
+        pairs = class_pairs(n_classes)
         results = []
         most_unbalanced = 0.0
         for a, b in pairs:
@@ -302,25 +282,14 @@ class AsyGCDSVC(ClassifierMixin, BaseEstimator):
         X = validate_X(self, X, reset=False)
         with backend.use():
             Xd = backend.asarray(X)
-            coef = self._on(backend, "dual_coef_")
+            coef = self._on_device(backend, "dual_coef_")
             if self.kernel == "precomputed":
                 values = Xd[:, backend.asarray(self.support_)] @ coef.T
             elif len(self.support_) == 0:
                 values = backend.xp.zeros((X.shape[0], coef.shape[0]))
             else:
-                values = self._kernel.dot(Xd, self._on(backend, "support_vectors_"), coef.T)
+                values = self._kernel.dot(Xd, self._on_device(backend, "support_vectors_"), coef.T)
             return to_numpy(values).astype(np.float64, copy=False)
-
-    def _on(self, backend, name):
-        """A fitted host array on the predicting device (device copies cached, not pickled)."""
-        value = getattr(self, name)
-        if not backend.is_gpu:
-            return value
-        cache = self.__dict__.setdefault("_device_cache", {})
-        key = (backend.device, name)
-        if key not in cache:
-            cache[key] = backend.asarray(value)
-        return cache[key]
 
     def decision_function(self, X):
         """Signed distance-like values: (n,) for two classes, (n, n_classes) otherwise.
@@ -342,18 +311,9 @@ class AsyGCDSVC(ClassifierMixin, BaseEstimator):
         n_classes = len(self.classes_)
         if n_classes == 2:
             return to_output(values[:, 0], X)
-        votes = np.zeros((values.shape[0], n_classes))
-        confidence = np.zeros_like(votes)
-        p = 0
-        for a in range(n_classes):
-            for b in range(a + 1, n_classes):
-                wins_b = values[:, p] > 0
-                votes[:, b] += wins_b
-                votes[:, a] += ~wins_b
-                confidence[:, b] += values[:, p]
-                confidence[:, a] -= values[:, p]
-                p += 1
-        return to_output(votes + confidence / (3 * (np.abs(confidence) + 1)), X)
+        # a positive pairwise value is a vote for the pair's second class
+        votes, confidence = ovo_votes(-values, n_classes)
+        return to_output(ovr_decision(votes, confidence), X)
 
     def predict(self, X):
         """Class labels: the sign for two classes, one-vs-one voting otherwise.
