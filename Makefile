@@ -31,7 +31,13 @@ lint: $(STAMP)
 test: lint $(DATA_STAMP)
 	$(PY) -m pytest -q -ra
 
+# Fashion-MNIST (for the optimizer convergence benchmark) is a Debian package; without it
+# that benchmark skips itself.
+FASHION := /usr/share/datasets/fashion-mnist
+
 bench: $(DATA_STAMP)
+	test -d $(FASHION) || (apt-get update -q && apt-get install -y -q dataset-fashion-mnist) \
+		|| echo "dataset-fashion-mnist not installed: bench_optim_convergence will skip"
 	$(PY) -m bench.run $(BENCH)
 
 # For the lent GPU machine: no installs, runs from the source tree with the image's packages.

@@ -17,6 +17,9 @@ from pathlib import Path
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
+#: The command line that is running, set by ``bench.run``; the default for :func:`record`.
+COMMAND: str | None = None
+
 
 def machine_name(gpu: bool = False) -> str:
     """A short, stable name for the machine the numbers come from."""
@@ -76,7 +79,7 @@ def record(name: str, rows: Sequence[dict], *, gpu: bool = False, title: str = "
     machine = machine_name(gpu)
     out = RESULTS / machine
     out.mkdir(parents=True, exist_ok=True)
-    command = command or "python -m bench.run " + name
+    command = command or COMMAND or "python -m bench.run " + name
     meta = {
         "name": name,
         "machine": machine,

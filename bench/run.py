@@ -30,7 +30,11 @@ def main(argv=None) -> int:
     unknown = sorted(set(names) - set(available()))
     if unknown:
         parser.error(f"unknown benchmark(s) {unknown}; available: {available()}")
+    from bench import _harness
+
+    flags = (" --quick" if args.quick else "") + (" --gpu" if args.gpu else "")
     for name in names:
+        _harness.COMMAND = f"python -m bench.run {name}{flags}"
         module = importlib.import_module(f"bench.bench_{name}")
         t0 = time.perf_counter()
         print(f"=== bench_{name} ===", flush=True)

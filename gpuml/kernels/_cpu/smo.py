@@ -545,13 +545,13 @@ def solve_batch(kernel, Xs, problems, *, tol=1e-3, max_iter=-1, cache_bytes=1 <<
     if not problems:
         return []
     used = sorted({p.group for p in problems})
-    per_group = np.bincount([p.group for p in problems], minlength=max(used) + 1)
 
     def group_matrix(g):
-        # Several problems in a group (one-vs-one) share blocks instead (_run_blocks):
-        # fewer kernel values than the whole matrix, and no scattered gathers.
+        # The whole matrix when it fits: one GEMM, and the one-vs-one problems of a
+        # group need exactly its values between them (diagonal plus cross blocks).
+        # When it does not fit, shared diagonal blocks are the next best (_run_blocks).
         X = Xs[g]
-        if kernel.name == "precomputed" or per_group[g] > 1:
+        if kernel.name == "precomputed":
             return None
         if X.shape[0] ** 2 * np.dtype(X.dtype).itemsize > cache_bytes:
             return None
