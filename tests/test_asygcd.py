@@ -61,7 +61,7 @@ def digits_binary():
 
 
 @pytest.mark.parametrize("n_workers", [1, 2, 4])
-@pytest.mark.parametrize("block_partition", ["kmeans", "random"])
+@pytest.mark.parametrize("block_partition", ["kmeans", "kbalance", "random"])
 def test_binary_objective_and_accuracy(digits_binary, n_workers, block_partition):
     X, y, serial = digits_binary
     clf = AsyGCDSVC(n_workers=n_workers, block_partition=block_partition, tol=1e-4,
@@ -196,4 +196,6 @@ def test_unbalanced_kmeans_blocks_warn():
 
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        AsyGCDSVC(n_workers=2, block_partition="random", device="cpu", random_state=0).fit(X, y)
+        for balanced in ("random", "kbalance"):
+            AsyGCDSVC(n_workers=2, block_partition=balanced, device="cpu",
+                      random_state=0).fit(X, y)

@@ -14,7 +14,7 @@ from sklearn.utils.validation import check_is_fitted
 from .._backend import resolve, to_numpy, to_output
 from .._validation import validate_X
 from ..kernels import gcd_default_workers, gcd_solve
-from ..partition import assign_nearest, kmeans
+from ..partition import assign_nearest, kmeans, partition
 from ._partitioned import KERNEL_CONSTRAINTS
 from ._svm import KernelSVMMixin, class_pairs, ovo_votes, ovr_decision
 
@@ -85,13 +85,15 @@ class AsyGCDSVC(KernelSVMMixin, ClassifierMixin, BaseEstimator):
         Kernel-column cache in MB over all workers, each worker owning an
         equal contiguous part (at least one column). On a GPU, the whole
         matrix Q is precomputed when it fits in this size.
-    block_partition : {"kmeans", "random"}, default="kmeans"
+    block_partition : {"kmeans", "kbalance", "random"}, default="kmeans"
         How variables are split among workers. k-means (§4.4) keeps related
         variables in one block but can make very unequal blocks (on one-hot
         data such as adult, one block took 99% of the variables); then one
-        worker does nearly all the work, and fit warns. ``"random"`` splits
-        evenly. With ``kernel="precomputed"`` there are no features to cluster
-        and the split is always random.
+        worker does nearly all the work, and fit warns. ``"kbalance"`` keeps
+        the k-means locality with equal blocks (K-balance, Alg 9: k-means
+        centres, then each variable to the nearest block with room).
+        ``"random"`` splits evenly. With ``kernel="precomputed"`` there are no
+        features to cluster and the split is always random.
     class_weight : dict, "balanced" or None, default=None
         Multiplies C per class; with ``sample_weight`` the bound of sample i is
         ``C * class_weight[y_i] * sample_weight[i]``.
@@ -150,7 +152,7 @@ class AsyGCDSVC(KernelSVMMixin, ClassifierMixin, BaseEstimator):
         "tol": [Interval(Real, 0.0, None, closed="neither")],
         "max_updates": [Interval(Integral, 1, None, closed="left"), None],
         "cache_size": [Interval(Real, 0.0, None, closed="neither")],
-        "block_partition": [StrOptions({"kmeans", "random"})],
+        "block_partition": [StrOptions({"kmeans", "kbalance", "random"})],
         "class_weight": [StrOptions({"balanced"}), dict, None],
         "device": [str],
         "random_state": ["random_state"],
@@ -220,14 +222,13 @@ class AsyGCDSVC(KernelSVMMixin, ClassifierMixin, BaseEstimator):
         return self
 
     def _blocks(self, X, n_workers, rng):
-        """The worker of every variable: k-means blocks (§4.4) or an even random split."""
+        """The worker of every variable: k-means blocks (§4.4), K-balance or an even split."""
         n = X.shape[0]
         if n_workers == 1:
             return np.zeros(n, dtype=np.int64)
-        if self.block_partition == "random" or self.kernel == "precomputed":
-            labels = np.empty(n, dtype=np.int64)
-            labels[rng.permutation(n)] = np.arange(n) % n_workers
-            return labels
+        if self.block_partition != "kmeans" or self.kernel == "precomputed":
+            method = "random" if self.kernel == "precomputed" else self.block_partition
+            return to_numpy(partition(X, n_workers, method, random_state=rng)[0])
         sub = np.sort(rng.choice(n, KMEANS_SUBSAMPLE, replace=False)) if n > KMEANS_SUBSAMPLE \
             else None
         Xs = X if sub is None else X[sub]
