@@ -287,3 +287,75 @@ def fix_state_dtypes(optimizer: torch.optim.Optimizer, state_dict: dict, keys: S
             if isinstance(v, Tensor):
                 optimizer.state[p][k] = v.detach().to(device=p.device, dtype=torch.float32,
                                                       copy=True)
+
+
+class LayerwiseOptimizer(torch.optim.Optimizer):
+    """What LAMB and LARS share around their update rules.
+
+    Group validation on every added group, the ``torch.amp.GradScaler``
+    fused-optimizer protocol, the choice of path per group, per-tensor state
+    creation (step counter, fp32 master copy) and the adaptation/decay flags.
+    Subclasses define ``_FP32_STATE``, ``_validate_group`` and ``_new_state``.
+    """
+
+    _step_supports_amp_scaling = True
+    _FP32_STATE: tuple[str, ...] = ()
+
+    def _validate_group(self, group: dict) -> None:
+        raise NotImplementedError
+
+    def _new_state(self, group: dict, state: dict, p: Tensor) -> None:
+        """Create the update rule's buffers for ``p`` (its first step)."""
+        raise NotImplementedError
+
+    def add_param_group(self, param_group: dict) -> None:
+        super().add_param_group(param_group)
+        self._validate_group(self.param_groups[-1])
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        super().load_state_dict(state_dict)
+        fix_state_dtypes(self, state_dict, self._FP32_STATE)
+
+    def _step_plan(self, grad_scale: Tensor | None, found_inf: Tensor | None):
+        """The scaler tensors and the ``(group, impl)`` pairs that have gradients to apply.
+
+        ``torch.amp.GradScaler`` sets ``grad_scale`` / ``found_inf`` as attributes
+        of optimizers that support scaling; explicit arguments win.
+        """
+        if grad_scale is None:
+            grad_scale = getattr(self, "grad_scale", None)
+        if found_inf is None:
+            found_inf = getattr(self, "found_inf", None)
+        plan = []
+        for group in self.param_groups:
+            check_group_tensors(group["params"])
+            with_grad = [p for p in group["params"] if p.grad is not None]
+            if not with_grad:
+                continue
+            impl = resolve_impl(with_grad, group["foreach"], group["fused"])
+            if impl == "fused":
+                check_fused_devices(with_grad)
+            plan.append((group, impl))
+        return grad_scale, found_inf, plan
+
+    def _tensor_state(self, group: dict, p: Tensor, impl: str):
+        """``p``'s state (created on first use, step placed for ``impl``) and its flags.
+
+        Returns ``(state, adapt, decay)``: whether ``p`` gets the trust ratio and
+        weight decay under the group's exclusion rules.
+        """
+        on_device = impl == "fused" or group["capturable"]
+        state = self.state[p]
+        if not state:
+            state["step"] = step_tensor(p.device, on_device)
+            self._new_state(group, state, p)
+            if group["master_weights"] and p.dtype in _LOW_PRECISION:
+                state["master_param"] = p.detach().float().clone()
+        want = p.device if on_device else torch.device("cpu")
+        if state["step"].device != want:
+            state["step"] = state["step"].to(want, torch.float32)
+        decay = not excluded(group["exclude_from_weight_decay"], p)
+        weight_decay = group["weight_decay"] if decay else 0.0
+        adapt = (not excluded(group["exclude_from_adaptation"], p)
+                 and (group["always_adapt"] or weight_decay != 0))
+        return state, adapt, decay

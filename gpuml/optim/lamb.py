@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import torch
 from torch import Tensor
-from torch.optim import Optimizer
 
 from gpuml.optim import _common as C
 
@@ -26,7 +25,7 @@ _VARIANTS = ("lamb", "nlamb", "nnlamb")
 _FP32_STATE = ("exp_avg", "exp_avg_sq", "master_param")
 
 
-class LAMB(Optimizer):
+class LAMB(C.LayerwiseOptimizer):
     r"""LAMB optimizer (You et al.; seed 001 Algorithm 16, with Alg 17-18 as variants).
 
     For every tensor :math:`x^{(i)}` (a "layer") with gradient :math:`g` at step
@@ -141,7 +140,7 @@ class LAMB(Optimizer):
     >>> opt.step()
     """
 
-    _step_supports_amp_scaling = True
+    _FP32_STATE = _FP32_STATE
 
     def __init__(self, params, lr: float | Tensor = 1e-3, betas=(0.9, 0.999), eps: float = 1e-6,
                  weight_decay: float = 0.01, *, bias_correction: bool = True,
@@ -163,42 +162,28 @@ class LAMB(Optimizer):
         _validate(defaults)
         super().__init__(params, defaults)
 
-    def add_param_group(self, param_group: dict) -> None:
-        super().add_param_group(param_group)
-        _validate(self.param_groups[-1])
+    def _validate_group(self, group: dict) -> None:
+        _validate(group)
 
-    def load_state_dict(self, state_dict: dict) -> None:
-        super().load_state_dict(state_dict)
-        C.fix_state_dtypes(self, state_dict, _FP32_STATE)
+    def _new_state(self, group, state, p):
+        state["exp_avg"] = torch.zeros_like(p, dtype=torch.float32,
+                                            memory_format=torch.preserve_format)
+        state["exp_avg_sq"] = torch.zeros_like(state["exp_avg"])
 
     def _init_group(self, group, impl):
         params, grads, ms, vs, masters, steps, adapt, decay = [], [], [], [], [], [], [], []
-        on_device = impl == "fused" or group["capturable"]
         for p in group["params"]:
             if p.grad is None:
                 continue
-            state = self.state[p]
-            if not state:
-                state["step"] = C.step_tensor(p.device, on_device)
-                state["exp_avg"] = torch.zeros_like(p, dtype=torch.float32,
-                                                    memory_format=torch.preserve_format)
-                state["exp_avg_sq"] = torch.zeros_like(state["exp_avg"])
-                if group["master_weights"] and p.dtype in C._LOW_PRECISION:
-                    state["master_param"] = p.detach().float().clone()
-            want = p.device if on_device else torch.device("cpu")
-            if state["step"].device != want:
-                state["step"] = state["step"].to(want, torch.float32)
+            state, adapt_p, decay_p = self._tensor_state(group, p, impl)
             params.append(p)
             grads.append(p.grad)
             ms.append(state["exp_avg"])
             vs.append(state["exp_avg_sq"])
             masters.append(state.get("master_param"))
             steps.append(state["step"])
-            dec = not C.excluded(group["exclude_from_weight_decay"], p)
-            decay.append(dec)
-            wd_i = group["weight_decay"] if dec else 0.0
-            adapt.append(not C.excluded(group["exclude_from_adaptation"], p)
-                         and (group["always_adapt"] or wd_i != 0))
+            adapt.append(adapt_p)
+            decay.append(decay_p)
         return params, grads, ms, vs, masters, steps, adapt, decay
 
     @torch.no_grad()
@@ -215,21 +200,8 @@ class LAMB(Optimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
-        # torch.amp.GradScaler sets these attributes for optimizers that support scaling
-        if grad_scale is None:
-            grad_scale = getattr(self, "grad_scale", None)
-        if found_inf is None:
-            found_inf = getattr(self, "found_inf", None)
-        work = []
-        for group in self.param_groups:
-            C.check_group_tensors(group["params"])
-            with_grad = [p for p in group["params"] if p.grad is not None]
-            if not with_grad:
-                continue
-            impl = C.resolve_impl(with_grad, group["foreach"], group["fused"])
-            if impl == "fused":
-                C.check_fused_devices(with_grad)
-            work.append((group, impl, self._init_group(group, impl)))
+        grad_scale, found_inf, plan = self._step_plan(grad_scale, found_inf)
+        work = [(group, impl, self._init_group(group, impl)) for group, impl in plan]
         if not work:
             return loss
         norm = None

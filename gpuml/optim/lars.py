@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import torch
 from torch import Tensor
-from torch.optim import Optimizer
 
 from gpuml.optim import _common as C
 
@@ -19,7 +18,7 @@ _MODES = ("classic", "normalized")
 _FP32_STATE = ("momentum_buffer", "master_param")
 
 
-class LARS(Optimizer):
+class LARS(C.LayerwiseOptimizer):
     r"""LARS optimizer (You, Gitman & Ginsburg; seed 001 eq. 5.1, §5.3 and Algorithm 15).
 
     ``mode="classic"`` is the five-step sequence of chapter 5 with torch's SGD
@@ -123,7 +122,7 @@ class LARS(Optimizer):
     >>> opt.step()
     """
 
-    _step_supports_amp_scaling = True
+    _FP32_STATE = _FP32_STATE
 
     def __init__(self, params, lr: float | Tensor = 1.0, momentum: float = 0.9,
                  dampening: float = 0.0, weight_decay: float = 0.0, nesterov: bool = False, *,
@@ -144,42 +143,27 @@ class LARS(Optimizer):
         _validate(defaults)
         super().__init__(params, defaults)
 
-    def add_param_group(self, param_group: dict) -> None:
-        super().add_param_group(param_group)
-        _validate(self.param_groups[-1])
+    def _validate_group(self, group: dict) -> None:
+        _validate(group)
 
-    def load_state_dict(self, state_dict: dict) -> None:
-        super().load_state_dict(state_dict)
-        C.fix_state_dtypes(self, state_dict, _FP32_STATE)
+    def _new_state(self, group, state, p):
+        if group["momentum"] != 0 or group["mode"] == "normalized":
+            state["momentum_buffer"] = torch.zeros_like(p, dtype=torch.float32,
+                                                        memory_format=torch.preserve_format)
 
     def _init_group(self, group, impl):
         params, grads, bufs, masters, steps, adapt, decay = [], [], [], [], [], [], []
-        on_device = impl == "fused" or group["capturable"]
-        need_buf = group["momentum"] != 0 or group["mode"] == "normalized"
         for p in group["params"]:
             if p.grad is None:
                 continue
-            state = self.state[p]
-            if not state:
-                state["step"] = C.step_tensor(p.device, on_device)
-                if need_buf:
-                    state["momentum_buffer"] = torch.zeros_like(
-                        p, dtype=torch.float32, memory_format=torch.preserve_format)
-                if group["master_weights"] and p.dtype in C._LOW_PRECISION:
-                    state["master_param"] = p.detach().float().clone()
-            want = p.device if on_device else torch.device("cpu")
-            if state["step"].device != want:
-                state["step"] = state["step"].to(want, torch.float32)
+            state, adapt_p, decay_p = self._tensor_state(group, p, impl)
             params.append(p)
             grads.append(p.grad)
             bufs.append(state.get("momentum_buffer"))
             masters.append(state.get("master_param"))
             steps.append(state["step"])
-            dec = not C.excluded(group["exclude_from_weight_decay"], p)
-            decay.append(dec)
-            wd_i = group["weight_decay"] if dec else 0.0
-            adapt.append(not C.excluded(group["exclude_from_adaptation"], p)
-                         and (group["always_adapt"] or wd_i != 0))
+            adapt.append(adapt_p)
+            decay.append(decay_p)
         return params, grads, bufs, masters, steps, adapt, decay
 
     @torch.no_grad()
@@ -196,19 +180,8 @@ class LARS(Optimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
-        # torch.amp.GradScaler sets these attributes for optimizers that support scaling
-        if grad_scale is None:
-            grad_scale = getattr(self, "grad_scale", None)
-        if found_inf is None:
-            found_inf = getattr(self, "found_inf", None)
-        for group in self.param_groups:
-            C.check_group_tensors(group["params"])
-            with_grad = [p for p in group["params"] if p.grad is not None]
-            if not with_grad:
-                continue
-            impl = C.resolve_impl(with_grad, group["foreach"], group["fused"])
-            if impl == "fused":
-                C.check_fused_devices(with_grad)
+        grad_scale, found_inf, plan = self._step_plan(grad_scale, found_inf)
+        for group, impl in plan:
             params, grads, bufs, masters, steps, adapt, decay = self._init_group(group, impl)
             lars(params, grads, bufs, masters, steps, adapt=adapt, decay=decay,
                  grad_scale=grad_scale, found_inf=found_inf, foreach=impl == "foreach",
