@@ -289,6 +289,13 @@ def fix_state_dtypes(optimizer: torch.optim.Optimizer, state_dict: dict, keys: S
                                                       copy=True)
 
 
+def pinned_to_fused(name: str, kwargs: dict) -> dict:
+    """``kwargs`` of a ``Fused*`` class: the fused path, and an error if asked for another."""
+    if kwargs.get("fused") is False or kwargs.get("foreach"):
+        raise ValueError(f"Fused{name} always uses the fused path; use {name} for the others")
+    return {**kwargs, "fused": True, "foreach": None}
+
+
 class LayerwiseOptimizer(torch.optim.Optimizer):
     """What LAMB and LARS share around their update rules.
 

@@ -228,11 +228,7 @@ class FusedLAMB(LAMB):
     """:class:`LAMB` pinned to the fused Triton path (CUDA tensors)."""
 
     def __init__(self, params, *args, **kwargs):
-        if kwargs.get("fused") is False or kwargs.get("foreach"):
-            raise ValueError("FusedLAMB always uses the fused path; use LAMB for the others")
-        kwargs["fused"] = True
-        kwargs["foreach"] = None
-        super().__init__(params, *args, **kwargs)
+        super().__init__(params, *args, **C.pinned_to_fused("LAMB", kwargs))
 
 
 def _validate(group: dict) -> None:

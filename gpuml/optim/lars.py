@@ -198,11 +198,7 @@ class FusedLARS(LARS):
     """:class:`LARS` pinned to the fused Triton path (CUDA tensors)."""
 
     def __init__(self, params, *args, **kwargs):
-        if kwargs.get("fused") is False or kwargs.get("foreach"):
-            raise ValueError("FusedLARS always uses the fused path; use LARS for the others")
-        kwargs["fused"] = True
-        kwargs["foreach"] = None
-        super().__init__(params, *args, **kwargs)
+        super().__init__(params, *args, **C.pinned_to_fused("LARS", kwargs))
 
 
 def _validate(group: dict) -> None:
