@@ -201,7 +201,7 @@ def _bkm(X, n_parts, rng, max_iter=100, tol=1e-4, **_):
     if movers:
         movers = np.concatenate(movers)
         counts = np.minimum(sizes, caps).astype(np.int64)
-        rows = xp.asarray(movers) if xp is not np else movers
+        rows = xp.asarray(movers)
         labels = labels.copy()
         labels[rows] = _fill(X, km_centers, counts, caps, rows=rows)
     return labels, _means(X, labels, n_parts)

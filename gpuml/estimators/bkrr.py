@@ -23,11 +23,8 @@ from sklearn.utils.validation import check_is_fitted
 from .._backend import (
     CPU,
     Backend,
-    _cupy,
-    cuda_available,
     float_dtype,
     is_cupy_array,
-    parse_device,
     resolve,
     to_numpy,
     to_output,
@@ -71,7 +68,7 @@ def _n_partitions(n_partitions, n_samples: int) -> int:
 
 def _take(xp, A, idx):
     """Rows ``idx`` (host indices) of ``A`` on A's device."""
-    return A[xp.asarray(idx)] if xp is not np else A[idx]
+    return A[xp.asarray(idx)]
 
 
 class _BKRRBase(RegressorMixin, BaseEstimator):
@@ -195,7 +192,7 @@ class _BKRRBase(RegressorMixin, BaseEstimator):
                 continue
             lo, hi = bounds[j], bounds[j + 1]
             Xj = _take(xp, X, rows)
-            out[xp.asarray(rows) if xp is not np else rows] = kernel.dot(
+            out[xp.asarray(rows)] = kernel.dot(
                 Xj, self.X_fit_[lo:hi], self.dual_coef_[lo:hi])
         return out
 
@@ -215,17 +212,18 @@ class _BKRRBase(RegressorMixin, BaseEstimator):
         return {k: (to_numpy(v) if is_cupy_array(v) else v) for k, v in state.items()}
 
     def __setstate__(self, state):
+        # Back onto the fitting GPU when it is there; on the CPU otherwise.
         device = state.get("device_")
         if device not in (None, "cpu"):
-            _, ordinal = parse_device(device)
-            if cuda_available() and (ordinal or 0) < _cupy().cuda.runtime.getDeviceCount():
-                cp = _cupy()
-                with cp.cuda.Device(ordinal or 0):
-                    state = {k: (cp.asarray(v) if isinstance(v, np.ndarray)
-                                 and k in ("X_fit_", "dual_coef_", "centers_") else v)
-                             for k, v in state.items()}
-            else:
-                state = dict(state, device_="cpu")
+            try:
+                backend = resolve(device)
+            except RuntimeError:
+                backend = CPU
+            state = dict(state, device_=backend.device)
+            if backend.is_gpu:
+                with backend.use():
+                    state.update({k: backend.asarray(state[k])
+                                  for k in ("X_fit_", "dual_coef_", "centers_") if k in state})
         super().__setstate__(state)
 
 
@@ -567,7 +565,7 @@ class BKRRRegressorCV(_BKRRBase):
                 inv = 1.0 / (w + lam * Q.shape[0])
                 contribution = W @ (inv[:, None] * Qty if Qty.ndim == 2 else inv * Qty)
                 if self.combine == "nearest":
-                    pred[xp.asarray(r) if xp is not np else r] = contribution
+                    pred[xp.asarray(r)] = contribution
                 else:
                     pred += contribution / P
             scores[k] = r2_score(y_host, to_numpy(pred))
