@@ -43,7 +43,7 @@ bench: $(DATA_STAMP)
 # For the lent GPU machine: no installs, runs from the source tree with the image's packages.
 gpu-check:
 	PYTHONPATH=. python3 -m pytest -q -ra -m gpu tests
-	PYTHONPATH=. python3 -m bench.run --quick --gpu
+	PYTHONPATH=. python3 -m bench.run kernels partition casvm bkrr asygcd optim --quick --gpu
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache
