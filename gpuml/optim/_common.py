@@ -323,6 +323,28 @@ class LayerwiseOptimizer(torch.optim.Optimizer):
         super().load_state_dict(state_dict)
         fix_state_dtypes(self, state_dict, self._FP32_STATE)
 
+    def _update(self, plan, grad_scale: Tensor | None, found_inf: Tensor | None) -> None:
+        """Apply the update rule to every ``(group, impl)`` of ``plan``."""
+        raise NotImplementedError
+
+    @torch.no_grad()
+    def step(self, closure=None, grad_scale: Tensor | None = None,
+             found_inf: Tensor | None = None):
+        """One optimizer step.
+
+        ``grad_scale`` (the loss scale, or None if the gradients are unscaled) and
+        ``found_inf`` (nonzero: skip the step) are the fused-optimizer protocol of
+        ``torch.amp.GradScaler``, which sets them as attributes of the optimizer
+        during ``scaler.step(optimizer)``; they can also be passed directly.
+        """
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        grad_scale, found_inf, plan = self._step_plan(grad_scale, found_inf)
+        self._update(plan, grad_scale, found_inf)
+        return loss
+
     def _step_plan(self, grad_scale: Tensor | None, found_inf: Tensor | None):
         """The scaler tensors and the ``(group, impl)`` pairs that have gradients to apply.
 

@@ -186,24 +186,10 @@ class LAMB(C.LayerwiseOptimizer):
             decay.append(decay_p)
         return params, grads, ms, vs, masters, steps, adapt, decay
 
-    @torch.no_grad()
-    def step(self, closure=None, grad_scale: Tensor | None = None,
-             found_inf: Tensor | None = None):
-        """One optimizer step.
-
-        ``grad_scale`` (the loss scale, or None if the gradients are unscaled) and
-        ``found_inf`` (nonzero: skip the step) are the fused-optimizer protocol of
-        ``torch.amp.GradScaler``, which sets them as attributes of the optimizer
-        during ``scaler.step(optimizer)``; they can also be passed directly.
-        """
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
-        grad_scale, found_inf, plan = self._step_plan(grad_scale, found_inf)
+    def _update(self, plan, grad_scale, found_inf) -> None:
         work = [(group, impl, self._init_group(group, impl)) for group, impl in plan]
         if not work:
-            return loss
+            return
         norm = None
         if any(g["max_grad_norm"] is not None for g, _, _ in work):
             all_grads = [g for _, _, t in work for g in t[1]]
@@ -221,7 +207,6 @@ class LAMB(C.LayerwiseOptimizer):
                  trust_bounds=tuple(group["trust_bounds"]),
                  eps_inside_sqrt=group["eps_inside_sqrt"], variant=group["variant"],
                  capturable=group["capturable"])
-        return loss
 
 
 class FusedLAMB(LAMB):

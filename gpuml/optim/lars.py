@@ -166,21 +166,7 @@ class LARS(C.LayerwiseOptimizer):
             decay.append(decay_p)
         return params, grads, bufs, masters, steps, adapt, decay
 
-    @torch.no_grad()
-    def step(self, closure=None, grad_scale: Tensor | None = None,
-             found_inf: Tensor | None = None):
-        """One optimizer step.
-
-        ``grad_scale`` (the loss scale, or None if the gradients are unscaled) and
-        ``found_inf`` (nonzero: skip the step) are the fused-optimizer protocol of
-        ``torch.amp.GradScaler``, which sets them as attributes of the optimizer
-        during ``scaler.step(optimizer)``; they can also be passed directly.
-        """
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
-        grad_scale, found_inf, plan = self._step_plan(grad_scale, found_inf)
+    def _update(self, plan, grad_scale, found_inf) -> None:
         for group, impl in plan:
             params, grads, bufs, masters, steps, adapt, decay = self._init_group(group, impl)
             lars(params, grads, bufs, masters, steps, adapt=adapt, decay=decay,
@@ -191,7 +177,6 @@ class LARS(C.LayerwiseOptimizer):
                  trust_coefficient=group["trust_coefficient"], eps=group["eps"],
                  clip=group["clip"], trust_bounds=tuple(group["trust_bounds"]),
                  mode=group["mode"], capturable=group["capturable"])
-        return loss
 
 
 class FusedLARS(LARS):
