@@ -34,40 +34,28 @@ from __future__ import annotations
 import numpy as np
 from sklearn.utils import check_random_state
 
-from ._backend import namespace_of, sparse_module, to_numpy
+from ._backend import namespace_of, to_numpy
 from ._validation import as_float_matrix, check_n_partitions
-from .kernels import fill_nearest_open, shifted_sq_distances, sq_distances, squared_norms
-
-#: Bound on each temporary (n_block x P) distance block: small enough to stay in cache.
-BLOCK_BYTES = 8 << 20
-
-
-def _row_blocks(n_rows: int, n_cols: int, itemsize: int = 8):
-    rows = max(1, BLOCK_BYTES // max(1, n_cols * itemsize))
-    for start in range(0, n_rows, rows):
-        yield start, min(start + rows, n_rows)
-
-
-def _nearest(X, centers):
-    """Index of the nearest centre for every row of X (blocked GEMM, argmin per row)."""
-    xp = namespace_of(centers)
-    c_norms = squared_norms(centers)
-    labels = xp.empty(X.shape[0], dtype=np.int64)
-    for start, stop in _row_blocks(X.shape[0], centers.shape[0]):
-        labels[start:stop] = shifted_sq_distances(X[start:stop], centers, c_norms).argmin(axis=1)
-    return labels
+from .kernels import (
+    fill_nearest_open,
+    nearest_centres,
+    part_sums,
+    row_blocks,
+    shifted_sq_distances,
+    sq_distances,
+    squared_norms,
+)
 
 
 def _means(X, labels, n_parts, fallback=None):
-    """Mean of each part (one sparse one-hot product); an empty part keeps ``fallback[j]``."""
-    xp = namespace_of(labels)
-    n = X.shape[0]
-    onehot = sparse_module(xp).coo_matrix(
-        (xp.ones(n, dtype=X.dtype), (labels, xp.arange(n))), shape=(n_parts, n)).tocsr()
-    sums = onehot @ X
-    sums = xp.asarray(sums.toarray() if hasattr(sums, "toarray") else sums)
-    counts = xp.bincount(labels, minlength=n_parts)
-    means = sums / xp.maximum(counts, 1)[:, None].astype(X.dtype)
+    """Mean of each part; an empty part keeps ``fallback[j]``."""
+    return _divide(*part_sums(X, labels, n_parts), fallback)
+
+
+def _divide(sums, counts, fallback=None):
+    """``sums / counts`` per part; a part with no members keeps ``fallback[j]``."""
+    xp = namespace_of(sums)
+    means = sums / xp.maximum(counts, 1)[:, None].astype(sums.dtype)
     empty = counts == 0
     if fallback is not None and bool(empty.any()):
         means[empty] = fallback[empty]
@@ -89,7 +77,7 @@ def _fill(X, centers, counts, caps, rows=None):
     rows = xp.arange(X.shape[0]) if rows is None else rows
     labels = xp.empty(rows.shape[0], dtype=np.int64)
     c_norms = squared_norms(centers)
-    for start, stop in _row_blocks(rows.shape[0], centers.shape[0]):
+    for start, stop in row_blocks(rows.shape[0], centers.shape[0]):
         D = shifted_sq_distances(X[rows[start:stop]], centers, c_norms)
         labels[start:stop] = fill_nearest_open(D, counts, caps)
     return labels
@@ -164,12 +152,14 @@ def _kmeans(X, n_parts, rng, max_iter=100, tol=1e-4, **_):
     else:
         variance = float(X.var(axis=0).mean())
     threshold = tol * variance
-    labels = _nearest(X, centers)
+    # Each pass assigns every sample to its nearest centre and sums the parts,
+    # so the next centres cost no second sweep over X.
+    labels, sums, counts = nearest_centres(X, centers, with_sums=True)
     for _ in range(max_iter):
-        new_centers = _means(X, labels, n_parts, fallback=centers)
+        new_centers = _divide(sums, counts, fallback=centers)
         shift = float(((new_centers - centers) ** 2).sum())
         centers = new_centers
-        labels = _nearest(X, centers)
+        labels, sums, counts = nearest_centres(X, centers, with_sums=True)
         if shift <= threshold:
             break
     return labels, xp.ascontiguousarray(centers)
@@ -271,4 +261,4 @@ def assign_nearest(X, centers):
     centers = as_float_matrix(centers, "centers")
     if X.shape[1] != centers.shape[1]:
         raise ValueError(f"X has {X.shape[1]} features but centers have {centers.shape[1]}")
-    return _nearest(X, centers)
+    return nearest_centres(X, centers)

@@ -7,7 +7,8 @@ from sklearn.cluster import KMeans
 from sklearn.datasets import load_breast_cancer, load_digits
 from sklearn.utils import check_random_state
 
-from gpuml.kernels import fill_nearest_open
+from gpuml.kernels import fill_nearest_open, nearest_centres
+from gpuml.kernels import nearest as nearest_module
 from gpuml.partition import PARTITIONERS, assign_nearest, kmeans, partition
 
 _BC = load_breast_cancer().data[:540]
@@ -160,6 +161,7 @@ def test_kmeans_is_unbalanced_but_kbalance_is_not():
 
 @pytest.mark.parametrize("method", sorted(PARTITIONERS))
 def test_deterministic_sparse_equal_and_input_untouched(method):
+    # dense rows take the fused nearest-centre loop, CSR the GEMM path: the same result
     X = DIGITS.copy()
     a = partition(X, 8, method, random_state=11)
     b = partition(X, 8, method, random_state=11)
@@ -168,6 +170,23 @@ def test_deterministic_sparse_equal_and_input_untouched(method):
     np.testing.assert_array_equal(a[0], b[0])
     np.testing.assert_array_equal(a[0], c[0])
     np.testing.assert_allclose(a[1], c[1], rtol=1e-10)
+
+
+@pytest.mark.parametrize("P", [3, 10, 64])
+def test_fused_nearest_matches_the_gemm_path_and_a_plain_loop(P, monkeypatch):
+    # P = 64 on 30 features (1,920 entries) runs the fused loop, as do 3 and 10; with the
+    # bound at 0 the same call takes the blocked-GEMM path (the CuPy and CSR one).
+    centers = SMALL[np.random.default_rng(P).choice(len(SMALL), P, replace=False)] + 0.1
+    fused = nearest_centres(SMALL, centers, with_sums=True)
+    monkeypatch.setattr(nearest_module, "FUSED_MAX_ENTRIES", 0)
+    gemm = nearest_centres(SMALL, centers, with_sums=True)
+    plain = np.array([np.argmin([euclid(x, c) for c in centers]) for x in SMALL])
+    for labels, sums, counts in (fused, gemm):
+        np.testing.assert_array_equal(labels, plain)
+        np.testing.assert_array_equal(counts, np.bincount(plain, minlength=P))
+        np.testing.assert_allclose(sums, [SMALL[plain == j].sum(0) for j in range(P)],
+                                   rtol=1e-12, atol=1e-12)
+    assert nearest_centres(SMALL.astype(np.float32), centers.astype(np.float32)).dtype == np.int64
 
 
 def test_assign_nearest_routes_to_the_closest_centre():

@@ -21,6 +21,7 @@ from .krr import (
     gram_batch,
     krr_solve_parts,
 )
+from .nearest import nearest_centres, part_sums, row_blocks
 from .pairwise import (
     KERNELS,
     Kernel,
@@ -49,6 +50,9 @@ __all__ = [
     "krr_solve_parts",
     "Kernel",
     "fill_nearest_open",
+    "nearest_centres",
+    "part_sums",
+    "row_blocks",
     "kernel_matrix",
     "make_kernel",
     "resolve_gamma",

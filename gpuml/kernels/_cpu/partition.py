@@ -23,3 +23,31 @@ def fill_nearest_open(D, counts, caps, labels):
                 best = j
         counts[best] += 1
         labels[i] = best
+
+
+@njit(nogil=True, cache=True, fastmath=True)
+def nearest_centre_sums(X, centers, half_norms, labels, sums, counts):
+    """One Lloyd pass fused: nearest centre of every row, and per-centre sums and counts.
+
+    The nearest centre minimises ``||c||^2 / 2 - x.c`` (the squared distance
+    halved, less the row's own norm); ties go to the lowest index, as
+    ``argmin``. ``sums`` and ``counts`` are accumulated into (zero them
+    first). One sweep over X, nothing of size n x P is written: for small
+    ``P * d`` this beats a GEMM followed by an argmin and a separate sum.
+    """
+    n, d = X.shape
+    p = centers.shape[0]
+    for i in range(n):
+        best = 0
+        best_s = np.inf
+        for j in range(p):
+            s = half_norms[j]
+            for k in range(d):
+                s -= X[i, k] * centers[j, k]
+            if s < best_s:
+                best_s = s
+                best = j
+        labels[i] = best
+        counts[best] += 1
+        for k in range(d):
+            sums[best, k] += X[i, k]
