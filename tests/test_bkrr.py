@@ -290,6 +290,50 @@ def test_batched_solvers_cpu():
         np.testing.assert_allclose((Q * w) @ Q.T, K, atol=1e-12)
 
 
+def _dense_tridiagonal(form):
+    T = np.diag(form.d)
+    if form.e is not None and form.size > 1:
+        T += np.diag(form.e, 1) + np.diag(form.e, -1)
+    return T
+
+
+@pytest.mark.parametrize("eigen", [False, True])
+@pytest.mark.parametrize("dtype, tol", [(np.float64, 1e-10), (np.float32, 2e-3)])
+def test_tridiagonal_form_against_dense_algebra(eigen, dtype, tol):
+    """A = Q T Q^T, and every shifted solve and inverse diagonal, against numpy.linalg."""
+    rng = np.random.default_rng(3)
+    blocks = []
+    for m in (1, 2, 3, 7, 40):
+        X = rng.normal(size=(m, 4))
+        blocks.append(Kernel("rbf", gamma=0.2).matrix(X) + 1e-3 * np.eye(m))
+    forms = krr.tridiagonal_batch([A.astype(dtype) for A in blocks], eigen=eigen, n_jobs=2)
+    for A, form in zip(blocks, forms):
+        m = len(A)
+        assert (form.e is None) == eigen and form.d.dtype == dtype
+        Q = form.expand(np.eye(m, dtype=dtype))
+        np.testing.assert_allclose(Q.T @ Q, np.eye(m), atol=tol)
+        np.testing.assert_allclose(Q @ _dense_tridiagonal(form) @ Q.T, A, atol=tol)
+        B = rng.normal(size=(m, 3)).astype(dtype)
+        np.testing.assert_allclose(form.project(B), Q.T @ B, atol=tol)
+        for shift in (1e-2, 0.5):
+            exact = np.linalg.solve(A + shift * np.eye(m), B)
+            x = form.expand(form.solve(shift, form.project(B)))
+            np.testing.assert_allclose(x, exact, atol=tol * np.abs(exact).max())
+            x0 = form.expand(form.solve(shift, form.project(B[:, 0])))
+            assert x0.shape == (m,)
+            np.testing.assert_allclose(x0, x[:, 0], atol=tol * np.abs(exact).max())
+            inv = np.linalg.inv(A + shift * np.eye(m))
+            np.testing.assert_allclose(form.inverse_diagonal(shift), np.diag(inv),
+                                       atol=tol * np.abs(inv).max())
+
+
+def test_tridiagonal_form_needs_one_representation():
+    with pytest.raises(ValueError, match="give Q"):
+        krr.Tridiagonal(np.ones(3), np.ones(2), Q=np.eye(3))
+    with pytest.raises(ValueError, match="give Q"):
+        krr.Tridiagonal(np.ones(3))
+
+
 def test_batched_cholesky_names_the_failing_part():
     good = np.eye(3)
     bad = -np.eye(3)
