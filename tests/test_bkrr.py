@@ -315,16 +315,18 @@ def test_tridiagonal_form_against_dense_algebra(eigen, dtype, tol):
         np.testing.assert_allclose(Q @ _dense_tridiagonal(form) @ Q.T, A, atol=tol)
         B = rng.normal(size=(m, 3)).astype(dtype)
         np.testing.assert_allclose(form.project(B), Q.T @ B, atol=tol)
-        for shift in (1e-2, 0.5):
+        shifts = np.array([1e-2, 0.5, 3.0])
+        X = form.solve(shifts, form.project(B))
+        X0 = form.solve(shifts, form.project(B[:, 0]))
+        assert X.shape == (3, m, 3) and X0.shape == (3, m)
+        diagonals = form.inverse_diagonal(shifts)
+        for k, shift in enumerate(shifts):
             exact = np.linalg.solve(A + shift * np.eye(m), B)
-            x = form.expand(form.solve(shift, form.project(B)))
-            np.testing.assert_allclose(x, exact, atol=tol * np.abs(exact).max())
-            x0 = form.expand(form.solve(shift, form.project(B[:, 0])))
-            assert x0.shape == (m,)
-            np.testing.assert_allclose(x0, x[:, 0], atol=tol * np.abs(exact).max())
+            scale = tol * np.abs(exact).max()
+            np.testing.assert_allclose(form.expand(X[k]), exact, atol=scale)
+            np.testing.assert_allclose(form.expand(X0[k]), exact[:, 0], atol=scale)
             inv = np.linalg.inv(A + shift * np.eye(m))
-            np.testing.assert_allclose(form.inverse_diagonal(shift), np.diag(inv),
-                                       atol=tol * np.abs(inv).max())
+            np.testing.assert_allclose(diagonals[k], np.diag(inv), atol=tol * np.abs(inv).max())
 
 
 def test_tridiagonal_form_needs_one_representation():

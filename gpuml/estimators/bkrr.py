@@ -552,17 +552,17 @@ class BKRRRegressorCV(_BKRRBase):
         """
         forms = tridiagonal_batch(self._blocks(xp, dists, sigma), eigen=True, overwrite_a=True,
                                   n_jobs=self.n_jobs)
-        projected = [form.project(t) for form, t in zip(forms, targets)]
         preds = []
-        for lam in lams:
-            loo = []
-            for form, c, t in zip(forms, projected, targets):
-                shift = lam * form.size
-                alpha = form.expand(form.solve(shift, c))
-                g = form.inverse_diagonal(shift)
-                loo.append(t - (alpha / g[:, None] if alpha.ndim == 2 else alpha / g))
-            preds.append(xp.concatenate(loo))
-        return _r2_scores(to_numpy(xp.concatenate(targets)), to_numpy(xp.stack(preds)))
+        for form, t in zip(forms, targets):
+            m, L = form.size, lams.size
+            Z = form.solve(lams * m, form.project(t)).reshape(L, m, -1)
+            # alpha for every λ: one product with Q for all λ (and targets) at once
+            alpha = form.expand(Z.transpose(1, 0, 2).reshape(m, -1))
+            alpha = alpha.reshape(m, L, -1).transpose(1, 0, 2).reshape((L,) + t.shape)
+            g = form.inverse_diagonal(lams * m)
+            preds.append(t[None] - (alpha / g[:, :, None] if t.ndim == 2 else alpha / g))
+        return _r2_scores(to_numpy(xp.concatenate(targets)),
+                          to_numpy(xp.concatenate(preds, axis=1)))
 
     def _split_scores(self, xp, dists, targets, val_dists, rows, yval, sigma, lams):
         """R² on the validation fold of the routed (or averaged) models, for every λ.
@@ -582,14 +582,14 @@ class BKRRRegressorCV(_BKRRBase):
             models.append((rows[j], form, R[:, :t.shape[1]], R[:, t.shape[1]:]))
         P = len(rows)
         preds = xp.zeros((lams.size,) + yval.shape, dtype=yval.dtype)
-        for k, lam in enumerate(lams):
-            for r, form, Qty, Wt in models:
-                contribution = Wt.T @ form.solve(lam * form.size, Qty)
-                contribution = contribution.reshape((r.size,) + yval.shape[1:])
-                if self.combine == "nearest":
-                    preds[k, xp.asarray(r)] = contribution
-                else:
-                    preds[k] += contribution / P
+        for r, form, Qty, Wt in models:
+            # every λ at once: (L, m, k) solutions, then (L, m_val, k) predictions
+            contribution = Wt.T @ form.solve(lams * form.size, Qty)
+            contribution = contribution.reshape((lams.size, r.size) + yval.shape[1:])
+            if self.combine == "nearest":
+                preds[:, xp.asarray(r)] = contribution
+            else:
+                preds += contribution / P
         return _r2_scores(to_numpy(yval), to_numpy(preds))
 
     def fit(self, X, y):

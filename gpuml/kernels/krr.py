@@ -314,7 +314,8 @@ class Tridiagonal:
       is what the GPU path and the leave-one-out diagonal use.
 
     Then ``(A + s I)^{-1} B = Q (T + s I)^{-1} Q^T B``, and with ``Q^T B``
-    kept, every shift ``s`` costs one O(m) tridiagonal solve per column.
+    kept, every shift ``s`` costs one O(m) tridiagonal solve per column
+    (:meth:`solve` takes all the shifts at once).
 
     Parameters
     ----------
@@ -367,27 +368,45 @@ class Tridiagonal:
             return self.Q @ B
         return self._apply_reflectors(B, "N")
 
-    def solve(self, shift: float, B):
-        """``(T + shift I)^{-1} B``: O(m) per column (LU with partial pivoting, ``gtsv``)."""
-        if self.e is None or self.size == 1:
-            inv = 1.0 / (self.d + shift)
-            return B * (inv if B.ndim == 1 else inv[:, None])
-        (gtsv,) = scipy.linalg.get_lapack_funcs(("gtsv",), (self.d,))
-        *_, X, info = gtsv(self.e, self.d + shift, self.e, B.reshape(self.size, -1))
-        if info > 0:
-            raise np.linalg.LinAlgError(f"T + {shift!r} I is exactly singular")
-        return X.reshape(B.shape)
+    def solve(self, shifts, B):
+        """``(T + s I)^{-1} B`` for every shift ``s``: shape ``(len(shifts),) + B.shape``.
 
-    def inverse_diagonal(self, shift: float):
-        """``diag((A + shift I)^{-1})``: O(m) with explicit eigenvectors, O(m^2) otherwise."""
+        Householder form: the shifted systems are stacked into one block-diagonal
+        tridiagonal system (zero couplings between blocks) and solved by one LAPACK
+        ``gtsv`` call (LU with partial pivoting), O(m) per shift and column.
+        """
+        xp = namespace_of(self.d)
+        shifts = xp.asarray(shifts, dtype=self.d.dtype).reshape(-1)
+        m, L = self.size, shifts.shape[0]
+        if self.e is None or m == 1:
+            inv = 1.0 / (self.d[None, :] + shifts[:, None])
+            return inv * B[None] if B.ndim == 1 else inv[:, :, None] * B[None]
+        (gtsv,) = scipy.linalg.get_lapack_funcs(("gtsv",), (self.d,))
+        coupling = np.zeros((L, m), dtype=self.d.dtype)
+        coupling[:, :-1] = self.e
+        rhs = np.tile(B.reshape(m, -1), (L, 1))
+        *_, X, info = gtsv(coupling.ravel()[:-1], (self.d[None, :] + shifts[:, None]).ravel(),
+                           coupling.ravel()[:-1], rhs, overwrite_b=1)
+        if info > 0:
+            raise np.linalg.LinAlgError("T + s I is exactly singular for one of the shifts")
+        return X.reshape((L,) + B.shape)
+
+    def inverse_diagonal(self, shifts):
+        """``diag((A + s I)^{-1})`` for every shift, shape (len(shifts), m).
+
+        O(m) per shift with explicit eigenvectors; O(m^2) per shift from T.
+        """
+        xp = namespace_of(self.d)
+        shifts = xp.asarray(shifts, dtype=self.d.dtype).reshape(-1)
         if self.e is None:
             if self._squares is None:
                 self._squares = self.Q * self.Q
-            return self._squares @ (1.0 / (self.d + shift))
+            return (self._squares @ (1.0 / (self.d[:, None] + shifts[None, :]))).T
         if self._squares is None:
             self._squares = self.project(np.eye(self.size, dtype=self.d.dtype))  # Q^T
-        # diag(Q S Q^T)_i = sum_k (Q^T)_ki (S Q^T)_ki with S = (T + shift I)^{-1}
-        return (self._squares * self.solve(shift, self._squares)).sum(axis=0)
+        # diag(Q S Q^T)_i = sum_k (Q^T)_ki (S Q^T)_ki with S = (T + s I)^{-1}
+        return np.stack([(self._squares * self.solve([s], self._squares)[0]).sum(axis=0)
+                         for s in shifts.tolist()])
 
 
 def _tridiagonalize_host(A, overwrite_a):
@@ -422,7 +441,7 @@ def tridiagonal_batch(As: list, *, eigen=False, overwrite_a=False, n_jobs=None) 
     >>> A = np.array([[2.0, 1.0, 0.0], [1.0, 2.0, 1.0], [0.0, 1.0, 2.0]])
     >>> form, = tridiagonal_batch([A])
     >>> b = np.array([1.0, 0.0, 1.0])
-    >>> x = form.expand(form.solve(1.0, form.project(b)))
+    >>> x = form.expand(form.solve([1.0], form.project(b))[0])
     >>> np.allclose((A + np.eye(3)) @ x, b)
     True
     """
