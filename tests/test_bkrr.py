@@ -290,6 +290,16 @@ def test_batched_solvers_cpu():
         np.testing.assert_allclose((Q * w) @ Q.T, K, atol=1e-12)
 
 
+@pytest.mark.parametrize("m", [1, 127, 128, 300])
+@pytest.mark.parametrize("name", ["rbf", "poly"])
+def test_upper_gram_is_the_upper_triangle_of_the_kernel_matrix(m, name):
+    X = np.random.default_rng(4).normal(size=(m, 3))
+    kernel = Kernel(name, gamma=0.3, degree=2, coef0=1.0)
+    upper = np.triu_indices(m)
+    np.testing.assert_allclose(krr._upper_gram_host(kernel, X)[upper], kernel.matrix(X)[upper],
+                               rtol=1e-13, atol=1e-15)
+
+
 def _dense_tridiagonal(form):
     T = np.diag(form.d)
     if form.e is not None and form.size > 1:
