@@ -4,7 +4,7 @@ One estimator, :class:`BKRRRegressor`, covers the methods of the chapter as
 settings: split the training set into P parts, solve one kernel ridge system
 per part, and predict with the part whose centre is nearest (BKRR2, KKRR2)
 or with the average of all parts (DC-KRR). :class:`BKRRRegressorCV` searches
-σ and λ with one eigendecomposition per part and σ.
+σ and λ with one tridiagonal reduction (or eigendecomposition) per part and σ.
 """
 
 from __future__ import annotations
@@ -427,11 +427,15 @@ class BKRRRegressor(_BKRRBase):
 class BKRRRegressorCV(_BKRRBase):
     r"""BKRR2 (and family) with a fast search over σ and λ (Gaussian kernel).
 
-    The data (or each training fold) is partitioned once. Per σ, every part's
-    kernel block is eigendecomposed once, ``K_j = Q_j diag(w_j) Q_j^T``
-    (batched on a GPU). Then every λ costs O(m_j^2) per part:
+    The data (or each training fold) is partitioned once, and the squared
+    distances within each part computed once. Per σ, every part's kernel
+    block is reduced once to ``K_j = Q_j T_j Q_j^T`` with T_j tridiagonal
+    (:class:`gpuml.kernels.krr.Tridiagonal`: LAPACK ``sytrd`` on the CPU, about
+    three Cholesky factorisations; the eigendecomposition, T_j diagonal, on a
+    GPU and for the leave-one-out diagonal). Then every λ costs an O(m_j)
+    tridiagonal solve per part, with ``Q_j^T y_j`` kept:
 
-    .. math:: \alpha_j = Q_j\, \mathrm{diag}\big(1/(w_j + \lambda m_j)\big)\, Q_j^\top y_j .
+    .. math:: \alpha_j = Q_j\, (T_j + \lambda m_j I)^{-1}\, Q_j^\top y_j .
 
     With ``cv=None`` each (σ, λ) is scored by the closed-form leave-one-out
     error of every part's model on its own samples,
@@ -440,8 +444,8 @@ class BKRRRegressorCV(_BKRRBase):
     predicted exactly as :class:`BKRRRegressor` would (nearest centre or
     average) and scored by R² — the same numbers ``GridSearchCV`` computes on
     the same splits when ``random_state`` is an int (so each fold is
-    partitioned the same way), up to round-off between eigendecomposition and
-    Cholesky. Then the best (σ, λ) is refitted on all the data.
+    partitioned the same way), up to round-off between the tridiagonal form
+    and Cholesky. Then the best (σ, λ) is refitted on all the data.
 
     Parameters
     ----------
