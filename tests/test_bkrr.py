@@ -290,6 +290,62 @@ def test_batched_solvers_cpu():
         np.testing.assert_allclose((Q * w) @ Q.T, K, atol=1e-12)
 
 
+@pytest.mark.parametrize("m", [1, 127, 128, 300])
+@pytest.mark.parametrize("name", ["rbf", "poly"])
+def test_upper_gram_is_the_upper_triangle_of_the_kernel_matrix(m, name):
+    X = np.random.default_rng(4).normal(size=(m, 3))
+    kernel = Kernel(name, gamma=0.3, degree=2, coef0=1.0)
+    upper = np.triu_indices(m)
+    np.testing.assert_allclose(krr._upper_gram_host(kernel, X)[upper], kernel.matrix(X)[upper],
+                               rtol=1e-13, atol=1e-15)
+
+
+def _dense_tridiagonal(form):
+    T = np.diag(form.d)
+    if form.e is not None and form.size > 1:
+        T += np.diag(form.e, 1) + np.diag(form.e, -1)
+    return T
+
+
+@pytest.mark.parametrize("eigen", [False, True])
+@pytest.mark.parametrize("dtype, tol", [(np.float64, 1e-10), (np.float32, 2e-3)])
+def test_tridiagonal_form_against_dense_algebra(eigen, dtype, tol):
+    """A = Q T Q^T, and every shifted solve and inverse diagonal, against numpy.linalg."""
+    rng = np.random.default_rng(3)
+    blocks = []
+    for m in (1, 2, 3, 7, 40):
+        X = rng.normal(size=(m, 4))
+        blocks.append(Kernel("rbf", gamma=0.2).matrix(X) + 1e-3 * np.eye(m))
+    forms = krr.tridiagonal_batch([A.astype(dtype) for A in blocks], eigen=eigen, n_jobs=2)
+    for A, form in zip(blocks, forms):
+        m = len(A)
+        assert (form.e is None) == eigen and form.d.dtype == dtype
+        Q = form.expand(np.eye(m, dtype=dtype))
+        np.testing.assert_allclose(Q.T @ Q, np.eye(m), atol=tol)
+        np.testing.assert_allclose(Q @ _dense_tridiagonal(form) @ Q.T, A, atol=tol)
+        B = rng.normal(size=(m, 3)).astype(dtype)
+        np.testing.assert_allclose(form.project(B), Q.T @ B, atol=tol)
+        shifts = np.array([1e-2, 0.5, 3.0])
+        X = form.solve(shifts, form.project(B))
+        X0 = form.solve(shifts, form.project(B[:, 0]))
+        assert X.shape == (3, m, 3) and X0.shape == (3, m)
+        diagonals = form.inverse_diagonal(shifts)
+        for k, shift in enumerate(shifts):
+            exact = np.linalg.solve(A + shift * np.eye(m), B)
+            scale = tol * np.abs(exact).max()
+            np.testing.assert_allclose(form.expand(X[k]), exact, atol=scale)
+            np.testing.assert_allclose(form.expand(X0[k]), exact[:, 0], atol=scale)
+            inv = np.linalg.inv(A + shift * np.eye(m))
+            np.testing.assert_allclose(diagonals[k], np.diag(inv), atol=tol * np.abs(inv).max())
+
+
+def test_tridiagonal_form_needs_one_representation():
+    with pytest.raises(ValueError, match="give Q"):
+        krr.Tridiagonal(np.ones(3), np.ones(2), Q=np.eye(3))
+    with pytest.raises(ValueError, match="give Q"):
+        krr.Tridiagonal(np.ones(3))
+
+
 def test_batched_cholesky_names_the_failing_part():
     good = np.eye(3)
     bad = -np.eye(3)

@@ -8,7 +8,7 @@ from sklearn.metrics import r2_score
 from sklearn.model_selection import GridSearchCV, KFold
 from sklearn.preprocessing import StandardScaler
 
-from gpuml.estimators.bkrr import BKRRRegressor, BKRRRegressorCV
+from gpuml.estimators.bkrr import BKRRRegressor, BKRRRegressorCV, _r2_scores
 
 SIGMAS = [0.5, 1.5, 4.0]
 LAMS = [1e-6, 1e-4, 1e-2]
@@ -116,3 +116,25 @@ def test_bad_parameters(diabetes, params, match):
 def test_one_sample_is_a_clear_error():
     with pytest.raises(ValueError, match="n_samples = 1"):
         BKRRRegressorCV(device="cpu").fit(np.ones((1, 3)), np.ones(1))
+
+
+@pytest.mark.parametrize("y", [np.linspace(-1, 2, 9), np.ones(9), np.arange(27.0).reshape(9, 3),
+                               np.column_stack([np.ones(9), np.arange(9.0)])])
+def test_r2_of_many_predictions_is_sklearns(y):
+    rng = np.random.default_rng(0)
+    preds = rng.normal(size=(4,) + y.shape)
+    preds[1] = y
+    np.testing.assert_allclose(_r2_scores(y, preds), [r2_score(y, p) for p in preds],
+                               rtol=1e-12)
+    assert np.isnan(_r2_scores(y[:1], preds[:, :1])).all()
+
+
+def test_float32_search_close_to_float64(diabetes):
+    X, y = diabetes
+    folds = KFold(3, shuffle=True, random_state=0)
+    common = dict(sigmas=SIGMAS, lams=[1e-3, 1e-2], cv=folds, n_partitions=2, device="cpu",
+                  random_state=0)
+    double = BKRRRegressorCV(**common).fit(X, y)
+    single = BKRRRegressorCV(dtype="float32", **common).fit(X.astype(np.float32), y)
+    np.testing.assert_allclose(single.cv_results_["mean_test_score"],
+                               double.cv_results_["mean_test_score"], rtol=1e-3, atol=1e-3)

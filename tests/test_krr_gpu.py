@@ -17,6 +17,7 @@ from gpuml.kernels import (
     gram_batch,
     krr_solve_parts,
 )
+from gpuml.kernels.krr import tridiagonal_batch
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not cuda_available(), reason="needs a CUDA device")]
@@ -61,6 +62,23 @@ def test_batched_eigh_matches_cpu(cp, m):
     for A, (w, Q) in zip(blocks, eigh_batch([cp.asarray(A) for A in blocks])):
         np.testing.assert_allclose(w.get(), np.linalg.eigvalsh(A), rtol=1e-9, atol=1e-10)
         np.testing.assert_allclose(((Q * w) @ Q.T).get(), A, atol=1e-9)
+
+
+def test_tridiagonal_forms_on_gpu_match_cpu(cp):
+    """The GPU's eigen form and the CPU's Householder form give the same shifted solves."""
+    rng = np.random.default_rng(2)
+    blocks = [Kernel("rbf", gamma=0.2).matrix(rng.normal(size=(m, 4))) for m in (5, 40, 40)]
+    host = tridiagonal_batch(blocks)
+    device = tridiagonal_batch([cp.asarray(A) for A in blocks])
+    for A, h, d in zip(blocks, host, device):
+        assert d.e is None and isinstance(d.Q, cp.ndarray)
+        B = rng.normal(size=(len(A), 2))
+        shifts = [1e-3, 0.5]
+        x_host = [h.expand(x) for x in h.solve(shifts, h.project(B))]
+        x_dev = [d.expand(x).get() for x in d.solve(shifts, d.project(cp.asarray(B)))]
+        np.testing.assert_allclose(x_dev, x_host, rtol=1e-7, atol=1e-9)
+        np.testing.assert_allclose(d.inverse_diagonal(shifts).get(), h.inverse_diagonal(shifts),
+                                   rtol=1e-7, atol=1e-9)
 
 
 def test_batched_cholesky_failure_is_reported(cp):

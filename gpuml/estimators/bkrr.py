@@ -4,7 +4,7 @@ One estimator, :class:`BKRRRegressor`, covers the methods of the chapter as
 settings: split the training set into P parts, solve one kernel ridge system
 per part, and predict with the part whose centre is nearest (BKRR2, KKRR2)
 or with the average of all parts (DC-KRR). :class:`BKRRRegressorCV` searches
-σ and λ with one eigendecomposition per part and σ.
+σ and λ with one tridiagonal reduction (or eigendecomposition) per part and σ.
 """
 
 from __future__ import annotations
@@ -15,7 +15,6 @@ from numbers import Integral, Real
 import numpy as np
 from joblib import effective_n_jobs
 from sklearn.base import BaseEstimator, RegressorMixin
-from sklearn.metrics import r2_score
 from sklearn.model_selection import check_cv
 from sklearn.utils._param_validation import Interval, StrOptions
 from sklearn.utils.validation import check_is_fitted
@@ -34,10 +33,10 @@ from ..kernels import (
     Kernel,
     NotPositiveDefiniteError,
     available_bytes,
-    eigh_batch,
-    gram_batch,
     krr_solve_parts,
+    sq_distances,
 )
+from ..kernels.krr import tridiagonal_batch
 from ._partitioned import PARTITION_CONSTRAINTS, route, split
 
 #: ``n_partitions="auto"`` makes parts of at most this many samples. Fit time
@@ -64,6 +63,25 @@ def _n_partitions(n_partitions, n_samples: int) -> int:
     if n_partitions == "auto":
         return max(1, math.ceil(n_samples / AUTO_PART_SIZE))
     return check_n_partitions(n_partitions, n_samples)
+
+
+def _r2_scores(y, preds):
+    """``r2_score(y, preds[k])`` for every k at once (outputs averaged uniformly).
+
+    The same numbers as scikit-learn's ``r2_score`` (a constant target gives
+    1 for a perfect prediction, 0 otherwise; fewer than two samples give NaN)
+    without its per-call validation, which costs more than one λ's solve here.
+    """
+    if y.shape[0] < 2:
+        return np.full(preds.shape[0], np.nan)
+    y = y.reshape(y.shape[0], -1)
+    preds = preds.reshape(preds.shape[0], y.shape[0], -1)
+    total = ((y - y.mean(axis=0)) ** 2).sum(axis=0)
+    residual = ((preds - y) ** 2).sum(axis=1)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        r2 = 1.0 - residual / total
+    r2 = np.where(total == 0, np.where(residual == 0, 1.0, 0.0), r2)
+    return r2.mean(axis=1)
 
 
 def _take(xp, A, idx):
@@ -409,11 +427,15 @@ class BKRRRegressor(_BKRRBase):
 class BKRRRegressorCV(_BKRRBase):
     r"""BKRR2 (and family) with a fast search over σ and λ (Gaussian kernel).
 
-    The data (or each training fold) is partitioned once. Per σ, every part's
-    kernel block is eigendecomposed once, ``K_j = Q_j diag(w_j) Q_j^T``
-    (batched on a GPU). Then every λ costs O(m_j^2) per part:
+    The data (or each training fold) is partitioned once, and the squared
+    distances within each part computed once. Per σ, every part's kernel
+    block is reduced once to ``K_j = Q_j T_j Q_j^T`` with T_j tridiagonal
+    (:class:`gpuml.kernels.krr.Tridiagonal`: LAPACK ``sytrd`` on the CPU, about
+    three Cholesky factorisations; the eigendecomposition, T_j diagonal, on a
+    GPU and for the leave-one-out diagonal). Then every λ costs an O(m_j)
+    tridiagonal solve per part, with ``Q_j^T y_j`` kept:
 
-    .. math:: \alpha_j = Q_j\, \mathrm{diag}\big(1/(w_j + \lambda m_j)\big)\, Q_j^\top y_j .
+    .. math:: \alpha_j = Q_j\, (T_j + \lambda m_j I)^{-1}\, Q_j^\top y_j .
 
     With ``cv=None`` each (σ, λ) is scored by the closed-form leave-one-out
     error of every part's model on its own samples,
@@ -422,8 +444,8 @@ class BKRRRegressorCV(_BKRRBase):
     predicted exactly as :class:`BKRRRegressor` would (nearest centre or
     average) and scored by R² — the same numbers ``GridSearchCV`` computes on
     the same splits when ``random_state`` is an int (so each fold is
-    partitioned the same way), up to round-off between eigendecomposition and
-    Cholesky. Then the best (σ, λ) is refitted on all the data.
+    partitioned the same way), up to round-off between the tridiagonal form
+    and Cholesky. Then the best (σ, λ) is refitted on all the data.
 
     Parameters
     ----------
@@ -515,61 +537,64 @@ class BKRRRegressorCV(_BKRRBase):
             raise ValueError(f"every lam must be a finite number > 0, got {lams.tolist()}")
         return sigmas, lams
 
-    def _part_models(self, backend, Xtr, ytr, partitioning, sigma):
-        """Per part: the training block, its targets, eigenpairs of K_j and Q_j^T y_j."""
-        xp = backend.xp
-        kernel = self._kernel(1.0 / (2.0 * sigma**2))
-        parts = [_take(xp, Xtr, idx) for idx in partitioning.parts]
-        targets = [_take(xp, ytr, idx) for idx in partitioning.parts]
-        eig = eigh_batch(gram_batch(kernel, parts, n_jobs=self.n_jobs), overwrite_a=True,
-                         n_jobs=self.n_jobs)
-        return kernel, parts, targets, [(w, Q, Q.T @ t) for (w, Q), t in zip(eig, targets)]
+    def _blocks(self, xp, dists, sigma):
+        """Kernel blocks ``exp(-D / (2 sigma^2))`` from σ-free squared distances.
 
-    def _loo_scores(self, backend, Xtr, ytr, partitioning, sigma, lams):
-        """R² of the pooled leave-one-out predictions within each part, for every λ."""
-        xp = backend.xp
-        _, _, targets, models = self._part_models(backend, Xtr, ytr, partitioning, sigma)
-        y_host = to_numpy(xp.concatenate(targets))
-        scores = np.empty(lams.size)
-        squares = [Q * Q for _, Q, _ in models]
-        for k, lam in enumerate(lams):
-            loo = []
-            for (w, Q, Qty), Q2, t in zip(models, squares, targets):
-                inv = 1.0 / (w + lam * Q.shape[0])
-                alpha = Q @ (inv[:, None] * Qty if Qty.ndim == 2 else inv * Qty)
-                g = Q2 @ inv  # diagonal of (K + lam*m*I)^{-1}
-                loo.append(t - (alpha / g[:, None] if alpha.ndim == 2 else alpha / g))
-            scores[k] = r2_score(y_host, to_numpy(xp.concatenate(loo)))
-        return scores
+        The same arithmetic as :meth:`Kernel.matrix`, so the blocks equal those
+        :class:`BKRRRegressor` factors.
+        """
+        gamma = 1.0 / (2.0 * sigma**2)
+        blocks = [D * -gamma for D in dists]
+        return [xp.exp(K, out=K) for K in blocks]
 
-    def _split_scores(self, backend, Xtr, ytr, Xval, yval, partitioning, sigma, lams):
-        """R² on the validation fold of the routed (or averaged) models, for every λ."""
-        xp = backend.xp
-        kernel, parts, _, models = self._part_models(backend, Xtr, ytr, partitioning, sigma)
-        P = len(parts)
-        if self.combine == "nearest":
-            labels = route(Xval, partitioning.centers)
-            rows = [np.flatnonzero(labels == j) for j in range(P)]
-        else:
-            rows = [np.arange(Xval.shape[0])] * P
-        # W_j = K(X_val_j, X_j) Q_j: after it, one λ costs a matrix-vector product.
-        projections = [kernel.matrix(_take(xp, Xval, r), Xj, max_bytes=1 << 62) @ Q
-                       if r.size else None for r, Xj, (_, Q, _) in zip(rows, parts, models)]
-        y_host = to_numpy(yval)
-        scores = np.empty(lams.size)
-        for k, lam in enumerate(lams):
-            pred = xp.zeros(yval.shape, dtype=yval.dtype)
-            for r, W, (w, Q, Qty) in zip(rows, projections, models):
-                if W is None:
-                    continue
-                inv = 1.0 / (w + lam * Q.shape[0])
-                contribution = W @ (inv[:, None] * Qty if Qty.ndim == 2 else inv * Qty)
-                if self.combine == "nearest":
-                    pred[xp.asarray(r)] = contribution
-                else:
-                    pred += contribution / P
-            scores[k] = r2_score(y_host, to_numpy(pred))
-        return scores
+    def _loo_scores(self, xp, dists, targets, sigma, lams):
+        """R² of the pooled leave-one-out predictions within each part, for every λ.
+
+        Needs ``diag((K_j + lam*m_j*I)^{-1})`` at every λ: O(m_j) per λ with
+        explicit eigenvectors, O(m_j^2) from the tridiagonal form, which makes
+        ``syevd`` cheaper here than ``sytrd`` plus forming Q (measured, m = 100..400).
+        """
+        forms = tridiagonal_batch(self._blocks(xp, dists, sigma), eigen=True, overwrite_a=True,
+                                  n_jobs=self.n_jobs)
+        preds = []
+        for form, t in zip(forms, targets):
+            m, L = form.size, lams.size
+            Z = form.solve(lams * m, form.project(t)).reshape(L, m, -1)
+            # alpha for every λ: one product with Q for all λ (and targets) at once
+            alpha = form.expand(Z.transpose(1, 0, 2).reshape(m, -1))
+            alpha = alpha.reshape(m, L, -1).transpose(1, 0, 2).reshape((L,) + t.shape)
+            g = form.inverse_diagonal(lams * m)
+            preds.append(t[None] - (alpha / g[:, :, None] if t.ndim == 2 else alpha / g))
+        return _r2_scores(to_numpy(xp.concatenate(targets)),
+                          to_numpy(xp.concatenate(preds, axis=1)))
+
+    def _split_scores(self, xp, dists, targets, val_dists, rows, yval, sigma, lams):
+        """R² on the validation fold of the routed (or averaged) models, for every λ.
+
+        Per part, ``K_j = Q_j T_j Q_j^T`` once, and ``Q_j^T [y_j | K(X_val_j, X_j)^T]``
+        once; then a λ costs one tridiagonal solve and one product with the
+        projected validation block, O(m_j) + O(m_j m_val) — no more O(m_j^3).
+        """
+        used = [j for j, r in enumerate(rows) if r.size]
+        forms = tridiagonal_batch(self._blocks(xp, [dists[j] for j in used], sigma),
+                                  overwrite_a=True, n_jobs=self.n_jobs)
+        val_blocks = self._blocks(xp, [val_dists[j] for j in used], sigma)
+        models = []
+        for j, form, Kv in zip(used, forms, val_blocks):
+            t = targets[j].reshape(form.size, -1)
+            R = form.project(xp.concatenate([t, Kv.T], axis=1))
+            models.append((rows[j], form, R[:, :t.shape[1]], R[:, t.shape[1]:]))
+        P = len(rows)
+        preds = xp.zeros((lams.size,) + yval.shape, dtype=yval.dtype)
+        for r, form, Qty, Wt in models:
+            # every λ at once: (L, m, k) solutions, then (L, m_val, k) predictions
+            contribution = Wt.T @ form.solve(lams * form.size, Qty)
+            contribution = contribution.reshape((lams.size, r.size) + yval.shape[1:])
+            if self.combine == "nearest":
+                preds[:, xp.asarray(r)] = contribution
+            else:
+                preds += contribution / P
+        return _r2_scores(to_numpy(yval), to_numpy(preds))
 
     def fit(self, X, y):
         """Search the σ × λ grid, then refit the best model on all the data.
@@ -600,20 +625,32 @@ class BKRRRegressorCV(_BKRRBase):
             cv = check_cv(self.cv)
             splits = list(cv.split(np.zeros((n, 1)), to_numpy(y)))
         scores = np.empty((sigmas.size, lams.size, len(splits)))
+        xp = backend.xp
         with backend.use():
             for f, (train, test) in enumerate(splits):
-                Xtr, ytr = _take(backend.xp, X, train), _take(backend.xp, y, train)
+                Xtr, ytr = _take(xp, X, train), _take(xp, y, train)
                 partitioning = self._split(Xtr)
                 self._check_memory(partitioning.sizes, X.dtype.itemsize, backend,
                                    per_part_copies=3)
+                parts = [_take(xp, Xtr, idx) for idx in partitioning.parts]
+                targets = [_take(xp, ytr, idx) for idx in partitioning.parts]
+                # Squared distances do not depend on σ: once per fold, one exp per σ.
+                dists = [sq_distances(Xj, Xj) for Xj in parts]
+                if test is None:
+                    for s, sigma in enumerate(sigmas):
+                        scores[s, :, f] = self._loo_scores(xp, dists, targets, sigma, lams)
+                    continue
+                Xval, yval = _take(xp, X, test), _take(xp, y, test)
+                if self.combine == "nearest":
+                    labels = route(Xval, partitioning.centers)
+                    rows = [np.flatnonzero(labels == j) for j in range(len(parts))]
+                else:
+                    rows = [np.arange(Xval.shape[0])] * len(parts)
+                val_dists = [sq_distances(_take(xp, Xval, r), Xj) if r.size else None
+                             for r, Xj in zip(rows, parts)]
                 for s, sigma in enumerate(sigmas):
-                    if test is None:
-                        scores[s, :, f] = self._loo_scores(backend, Xtr, ytr, partitioning,
-                                                           sigma, lams)
-                    else:
-                        Xval, yval = _take(backend.xp, X, test), _take(backend.xp, y, test)
-                        scores[s, :, f] = self._split_scores(backend, Xtr, ytr, Xval, yval,
-                                                             partitioning, sigma, lams)
+                    scores[s, :, f] = self._split_scores(xp, dists, targets, val_dists, rows,
+                                                         yval, sigma, lams)
         self._record(scores, sigmas, lams)
         if self.refit:
             self.best_estimator_ = BKRRRegressor(

@@ -1,10 +1,12 @@
 """Batched dense solvers for partitioned kernel ridge regression (seed 001, Alg 6, 8, 10).
 
 BKRR2 and its family solve P independent SPD systems ``(K_j + s_j I) a_j = y_j``
-and, for the fast σ/λ search, eigendecompose the P kernel blocks ``K_j``.
+and, for the fast σ/λ search, reduce the P kernel blocks once to
+``K_j = Q_j T_j Q_j^T`` (:class:`Tridiagonal`) so that every shift costs O(m_j).
 This module is the only place that knows how that runs on each device:
 
-* **NumPy**: one SciPy/LAPACK call per part (``potrf``/``potrs``, ``syevd``);
+* **NumPy**: one SciPy/LAPACK call per part (``potrf``/``potrs``, ``sytrd``,
+  ``syevd``);
   parts run in parallel threads through joblib when ``n_jobs`` allows
   (LAPACK and BLAS release the GIL).
 * **CuPy**: parts of equal size are stacked into one ``(g, m, m)`` array and
@@ -29,11 +31,13 @@ from .pairwise import Kernel
 
 __all__ = [
     "NotPositiveDefiniteError",
+    "Tridiagonal",
     "available_bytes",
     "cholesky_solve_batch",
     "eigh_batch",
     "gram_batch",
     "krr_solve_parts",
+    "tridiagonal_batch",
 ]
 
 #: Largest block size for which cuSOLVER's batched Jacobi eigensolver is used;
@@ -130,6 +134,25 @@ def gram_batch(kernel: Kernel, parts: list, *, n_jobs=None) -> list:
                 out[j] = stack[slot]
         return out
     return _map(lambda X: kernel.matrix(X, max_bytes=1 << 62), parts, n_jobs)
+
+
+#: Rows per block of :func:`_upper_gram_host`.
+_TRIANGLE_ROWS = 128
+
+
+def _upper_gram_host(kernel: Kernel, X):
+    """``K(X, X)`` with only its upper triangle (and diagonal) filled, by row blocks.
+
+    :func:`_cho_solve_host` factors the C-ordered block through its Fortran-ordered
+    transpose with ``lower=True``, which reads exactly this triangle: building only it
+    halves the kernel evaluations (the exp of the Gaussian kernel) of a fit.
+    """
+    m = X.shape[0]
+    K = np.empty((m, m), dtype=X.dtype)
+    for start in range(0, m, _TRIANGLE_ROWS):
+        stop = min(start + _TRIANGLE_ROWS, m)
+        K[start:stop, start:] = kernel.matrix(X[start:stop], X[start:], max_bytes=1 << 62)
+    return K
 
 
 def _cho_solve_host(A, B, part, overwrite):
@@ -248,7 +271,7 @@ def krr_solve_parts(kernel: Kernel, parts: list, targets: list, shifts, *, n_job
         return out
 
     def solve(j):
-        K = kernel.matrix(parts[j], max_bytes=1 << 62)
+        K = _upper_gram_host(kernel, parts[j])
         K.flat[:: K.shape[0] + 1] += shifts[j]
         return _cho_solve_host(K, targets[j], j, overwrite=True)
 
@@ -295,3 +318,153 @@ def eigh_batch(As: list, *, overwrite_a=False, n_jobs=None) -> list:
 
     return _map(decompose, As, n_jobs)
 
+
+
+class Tridiagonal:
+    r"""A symmetric matrix as ``A = Q T Q^T``, T tridiagonal, for solves at many shifts.
+
+    ``T`` has diagonal ``d`` and off-diagonal ``e``. Two representations of Q:
+
+    * **Householder** (CPU, LAPACK ``sytrd``): Q is the product of the
+      reflectors ``sytrd`` leaves below the first subdiagonal; it is applied by
+      ``ormqr`` (level-3 BLAS) and never formed. The reduction costs about
+      three Cholesky factorisations of A, a third of ``syevd``.
+    * **Eigen** (``e=None``, T diagonal): ``Q`` explicit, from ``eigh``; this
+      is what the GPU path and the leave-one-out diagonal use.
+
+    Then ``(A + s I)^{-1} B = Q (T + s I)^{-1} Q^T B``, and with ``Q^T B``
+    kept, every shift ``s`` costs one O(m) tridiagonal solve per column
+    (:meth:`solve` takes all the shifts at once).
+
+    Parameters
+    ----------
+    d : (m,) array
+    e : (m - 1,) array or None
+        None: T is diagonal and ``Q`` must be given.
+    Q : (m, m) array or None
+        Explicit orthogonal factor (eigen representation).
+    reflectors, tau : arrays or None
+        ``sytrd``'s reflectors (lower storage, the block ``a[1:, :-1]`` in
+        Fortran order) and their scalars (Householder representation).
+    """
+
+    def __init__(self, d, e=None, *, Q=None, reflectors=None, tau=None):
+        if (e is None) != (Q is not None):
+            raise ValueError("give Q for a diagonal T (e=None), reflectors and tau otherwise")
+        self.d, self.e, self.Q = d, e, Q
+        self.reflectors, self.tau = reflectors, tau
+        self._squares = None  # Q * Q, or Q^T when Q is implicit: kept for inverse_diagonal
+
+    @property
+    def size(self) -> int:
+        return int(self.d.shape[0])
+
+    def _apply_reflectors(self, B, trans):
+        # sytrd (lower) gives Q = diag(1, Q'), Q' = H(1)...H(m-1) in ormqr's (QR) storage.
+        out = np.array(B, dtype=self.d.dtype, order="F", ndmin=2, copy=True)
+        if B.ndim == 1:
+            out = out.T
+        if self.size > 1 and out.shape[1]:
+            (ormqr,) = scipy.linalg.get_lapack_funcs(("ormqr",), (self.reflectors,))
+            n_rhs = out.shape[1]
+            tail, _, info = ormqr("L", trans, self.reflectors, self.tau,
+                                  np.asfortranarray(out[1:]), lwork=64 * n_rhs + 65 * 64,
+                                  overwrite_c=1)
+            if info != 0:  # argument error: a bug here, not bad input
+                raise RuntimeError(f"LAPACK ormqr failed (info={info})")
+            out[1:] = tail
+        return out[:, 0] if B.ndim == 1 else out
+
+    def project(self, B):
+        """``Q^T B`` for B of shape (m,) or (m, k)."""
+        if self.Q is not None:
+            return self.Q.T @ B
+        return self._apply_reflectors(B, "T")
+
+    def expand(self, B):
+        """``Q B`` (the inverse of :meth:`project`)."""
+        if self.Q is not None:
+            return self.Q @ B
+        return self._apply_reflectors(B, "N")
+
+    def solve(self, shifts, B):
+        """``(T + s I)^{-1} B`` for every shift ``s``: shape ``(len(shifts),) + B.shape``.
+
+        Householder form: the shifted systems are stacked into one block-diagonal
+        tridiagonal system (zero couplings between blocks) and solved by one LAPACK
+        ``gtsv`` call (LU with partial pivoting), O(m) per shift and column.
+        """
+        xp = namespace_of(self.d)
+        shifts = xp.asarray(shifts, dtype=self.d.dtype).reshape(-1)
+        m, L = self.size, shifts.shape[0]
+        if self.e is None or m == 1:
+            inv = 1.0 / (self.d[None, :] + shifts[:, None])
+            return inv * B[None] if B.ndim == 1 else inv[:, :, None] * B[None]
+        (gtsv,) = scipy.linalg.get_lapack_funcs(("gtsv",), (self.d,))
+        coupling = np.zeros((L, m), dtype=self.d.dtype)
+        coupling[:, :-1] = self.e
+        rhs = np.tile(B.reshape(m, -1), (L, 1))
+        *_, X, info = gtsv(coupling.ravel()[:-1], (self.d[None, :] + shifts[:, None]).ravel(),
+                           coupling.ravel()[:-1], rhs, overwrite_b=1)
+        if info > 0:
+            raise np.linalg.LinAlgError("T + s I is exactly singular for one of the shifts")
+        return X.reshape((L,) + B.shape)
+
+    def inverse_diagonal(self, shifts):
+        """``diag((A + s I)^{-1})`` for every shift, shape (len(shifts), m).
+
+        O(m) per shift with explicit eigenvectors; O(m^2) per shift from T.
+        """
+        xp = namespace_of(self.d)
+        shifts = xp.asarray(shifts, dtype=self.d.dtype).reshape(-1)
+        if self.e is None:
+            if self._squares is None:
+                self._squares = self.Q * self.Q
+            return (self._squares @ (1.0 / (self.d[:, None] + shifts[None, :]))).T
+        if self._squares is None:
+            self._squares = self.project(np.eye(self.size, dtype=self.d.dtype))  # Q^T
+        # diag(Q S Q^T)_i = sum_k (Q^T)_ki (S Q^T)_ki with S = (T + s I)^{-1}
+        return np.stack([(self._squares * self.solve([s], self._squares)[0]).sum(axis=0)
+                         for s in shifts.tolist()])
+
+
+def _tridiagonalize_host(A, overwrite_a):
+    if A.flags.c_contiguous:  # the Fortran-ordered view of a symmetric matrix: no copy
+        A = A.T
+    sytrd, = scipy.linalg.get_lapack_funcs(("sytrd",), (A,))
+    m = A.shape[0]
+    c, d, e, tau, info = sytrd(A, lower=1, lwork=max(1, 64 * m), overwrite_a=overwrite_a)
+    if info != 0:
+        raise RuntimeError(f"LAPACK sytrd failed (info={info})")
+    # The reflectors are c[1:, :-1] in ormqr's storage. Viewed as an m x (m-1) Fortran array
+    # with leading dimension m (its last row is c[0, 1:], which ormqr never reads when C has
+    # m-1 rows), they reach LAPACK without an m^2 copy.
+    item = c.itemsize
+    reflectors = np.lib.stride_tricks.as_strided(c[1:], shape=(m, m - 1), strides=(item, m * item))
+    return Tridiagonal(d, e, reflectors=reflectors, tau=tau)
+
+
+def tridiagonal_batch(As: list, *, eigen=False, overwrite_a=False, n_jobs=None) -> list:
+    """``A_j = Q_j T_j Q_j^T`` (:class:`Tridiagonal`) for every symmetric ``A_j``.
+
+    CPU: LAPACK ``sytrd`` per part (Householder representation), or with
+    ``eigen=True`` ``syevd`` (diagonal T, explicit Q: what a diagonal of
+    ``(A + s I)^{-1}`` at many shifts needs). GPU: always the eigen
+    representation, by :func:`eigh_batch` (cuSOLVER has no batched
+    tridiagonal reduction).
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from gpuml.kernels.krr import tridiagonal_batch
+    >>> A = np.array([[2.0, 1.0, 0.0], [1.0, 2.0, 1.0], [0.0, 1.0, 2.0]])
+    >>> form, = tridiagonal_batch([A])
+    >>> b = np.array([1.0, 0.0, 1.0])
+    >>> x = form.expand(form.solve([1.0], form.project(b))[0])
+    >>> np.allclose((A + np.eye(3)) @ x, b)
+    True
+    """
+    if eigen or (As and is_cupy_array(As[0])):
+        return [Tridiagonal(w, Q=Q) for w, Q in eigh_batch(As, overwrite_a=overwrite_a,
+                                                             n_jobs=n_jobs)]
+    return _map(lambda A: _tridiagonalize_host(A, overwrite_a), As, n_jobs)
