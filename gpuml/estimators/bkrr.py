@@ -35,8 +35,8 @@ from ..kernels import (
     available_bytes,
     krr_solve_parts,
     sq_distances,
+    tridiagonal_batch,
 )
-from ..kernels.krr import tridiagonal_batch
 from ._partitioned import PARTITION_CONSTRAINTS, route, split
 
 #: ``n_partitions="auto"`` makes parts of at most this many samples. Fit time

@@ -20,6 +20,7 @@ from .krr import (
     eigh_batch,
     gram_batch,
     krr_solve_parts,
+    tridiagonal_batch,
 )
 from .nearest import nearest_centres, part_sums, row_blocks
 from .pairwise import (
@@ -48,6 +49,7 @@ __all__ = [
     "eigh_batch",
     "gram_batch",
     "krr_solve_parts",
+    "tridiagonal_batch",
     "Kernel",
     "fill_nearest_open",
     "nearest_centres",
