@@ -190,7 +190,8 @@ def test_unbalanced_kmeans_blocks_warn():
     # centres and leaves one block with nearly every variable.
     X = np.vstack([rng.normal(size=(600, 3)), 50 + rng.normal(size=(4, 3)) * 20])
     y = np.arange(len(X)) % 2
-    with pytest.warns(UserWarning, match="unequal variable blocks"):
+    with pytest.warns(UserWarning, match=r"unequal variable blocks \(the largest held 99\.[0-9]%"
+                      r".*'kbalance'"):
         AsyGCDSVC(n_workers=2, device="cpu", random_state=0).fit(X, y)
     import warnings
 

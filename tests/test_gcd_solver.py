@@ -8,7 +8,7 @@ from numba import njit
 from scipy.optimize import minimize
 from sklearn.datasets import load_breast_cancer, load_digits
 
-from gpuml.kernels import Kernel, gcd_solve, make_kernel
+from gpuml.kernels import Kernel, gcd_gradient, gcd_objectives, gcd_solve, make_kernel
 from gpuml.kernels._cpu import gcd as cpu_gcd
 from gpuml.kernels._cpu._atomics import atomic_add, atomic_add_seq, atomic_load, atomic_store
 
@@ -121,8 +121,10 @@ def test_objective_matches_lbfgsb(breast_cancer_reference, workers, selection):
     assert abs(f - f_star) <= 1e-4 * abs(f_star)
     assert abs(res.objective - f) <= 1e-8 * abs(f)
     assert np.all(res.alpha >= 0) and np.all(res.alpha <= C)
-    # The stop certificate holds for the exact gradient, not only the maintained one.
+    # The stop certificate holds for the exact gradient, not only the maintained one:
+    # every atomic add landed, so the maintained g is Q a - e to rounding.
     g = Q @ res.alpha - 1.0
+    assert np.abs(res.gradient - g).max() <= 1e-10
     assert cpu_gcd.max_violation(res.alpha, g, C) < tol + 1e-9
 
 
@@ -144,6 +146,7 @@ def test_many_workers_match_long_serial_run(digits_reference, workers):
     assert abs(res.objective - ref.objective) <= 1e-4 * abs(ref.objective)
     Q = _q_matrix(kernel, X_DIG, Y_DIG)
     assert abs(_objective(Q, res.alpha) - ref.objective) <= 1e-4 * abs(ref.objective)
+    assert np.abs(res.gradient - (Q @ res.alpha - 1.0)).max() <= 1e-10
 
 
 def test_one_worker_is_deterministic_and_cache_size_does_not_change_it():
@@ -163,6 +166,9 @@ def test_max_updates_stops_early():
         res = gcd_solve(X_DIG, Y_DIG, C, kernel, _split(len(Y_DIG), workers), tol=1e-6,
                         max_updates=50)
         assert res.n_updates == 50 and not res.converged
+        # Stopped mid-run, the maintained gradient still holds every update that was made.
+        np.testing.assert_allclose(res.gradient, gcd_gradient(X_DIG, Y_DIG, kernel, res.alpha),
+                                   rtol=0, atol=1e-10)
 
 
 def test_lru_cache_evicts_the_least_recently_used_column():
@@ -197,13 +203,44 @@ def test_precomputed_kernel_and_empty_blocks():
     assert abs(a.objective - b.objective) <= 1e-6 * abs(a.objective)
 
 
-def test_trace_records_a_decreasing_objective():
+@pytest.mark.parametrize("workers", [1, 2])
+def test_trace_snapshots_are_feasible_and_evaluate_exactly(workers):
     kernel = make_kernel("rbf", "scale", 3, 0.0, X_DIG)
-    res = gcd_solve(X_DIG, Y_DIG, np.ones(len(Y_DIG)), kernel, np.zeros(len(Y_DIG), np.int64),
-                    tol=1e-5, trace_interval=0.001)
-    times, updates, objectives = map(np.array, zip(*res.trace))
+    C = np.full(len(Y_DIG), 2.0)
+    res = gcd_solve(X_DIG, Y_DIG, C, kernel, _split(len(Y_DIG), workers), tol=1e-5,
+                    trace_interval=0.0005)
+    times, updates = (np.array(column) for column in list(zip(*res.trace))[:2])
+    alphas = np.stack([alpha for _, _, alpha in res.trace], axis=1)
     assert len(res.trace) >= 2 and np.all(np.diff(times) >= 0) and np.all(np.diff(updates) >= 0)
-    assert objectives[-1] == res.objective and objectives[0] >= objectives[-1]
+    assert np.all(alphas >= 0) and np.all(alphas <= C[:, None])
+    np.testing.assert_array_equal(alphas[:, -1], res.alpha)
+    Q = _q_matrix(kernel, X_DIG, Y_DIG)
+    exact = 0.5 * np.einsum("is,ij,js->s", alphas, Q, alphas) - alphas.sum(axis=0)
+    objectives = gcd_objectives(X_DIG, Y_DIG, kernel, alphas)
+    np.testing.assert_allclose(objectives, exact, rtol=1e-10, atol=1e-10)
+    assert abs(objectives[-1] - res.objective) <= 1e-9 * abs(res.objective)
+    if workers == 1:  # serial GCD minimises exactly along each coordinate: f never rises
+        assert np.all(np.diff(objectives) <= 1e-9 * abs(res.objective))
+
+
+@pytest.mark.parametrize("kernel", [Kernel("poly", 0.1, 2, 1.0), Kernel("linear")])
+def test_exact_objective_and_gradient_match_the_written_out_formulas(kernel):
+    rng = np.random.default_rng(0)
+    alphas = rng.uniform(0.0, 1.0, (len(Y_BC), 3)) * (rng.random((len(Y_BC), 3)) < 0.3)
+    Q = _q_matrix(kernel, X_BC, Y_BC)
+    expected = 0.5 * np.einsum("is,ij,js->s", alphas, Q, alphas) - alphas.sum(axis=0)
+    np.testing.assert_allclose(gcd_objectives(X_BC, Y_BC, kernel, alphas), expected,
+                               rtol=1e-12)
+    assert gcd_objectives(X_BC, Y_BC, kernel, alphas[:, 1]) == pytest.approx(expected[1],
+                                                                             rel=1e-12)
+    K = kernel.matrix(X_BC)
+    assert gcd_objectives(K, Y_BC, Kernel("precomputed"), alphas[:, 2]) == \
+        pytest.approx(expected[2], rel=1e-12)
+    np.testing.assert_allclose(gcd_gradient(X_BC, Y_BC, kernel, alphas[:, 0]),
+                               Q @ alphas[:, 0] - 1.0, rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(gcd_gradient(K, Y_BC, Kernel("precomputed"), alphas[:, 0]),
+                               Q @ alphas[:, 0] - 1.0, rtol=1e-12, atol=1e-12)
+    assert gcd_objectives(X_BC, Y_BC, kernel, np.zeros(len(Y_BC))) == 0.0
 
 
 def test_bad_arguments():

@@ -86,14 +86,16 @@ class AsyGCDSVC(KernelSVMMixin, ClassifierMixin, BaseEstimator):
         equal contiguous part (at least one column). On a GPU, the whole
         matrix Q is precomputed when it fits in this size.
     block_partition : {"kmeans", "kbalance", "random"}, default="kmeans"
-        How variables are split among workers. k-means (§4.4) keeps related
-        variables in one block but can make very unequal blocks (on one-hot
-        data such as adult, one block took 99% of the variables); then one
-        worker does nearly all the work, and fit warns. ``"kbalance"`` keeps
-        the k-means locality with equal blocks (K-balance, Alg 9: k-means
-        centres, then each variable to the nearest block with room).
-        ``"random"`` splits evenly. With ``kernel="precomputed"`` there are no
-        features to cluster and the split is always random.
+        How variables are split among workers. k-means (§4.4, the default as
+        in the paper) keeps related variables in one block but can make very
+        unequal blocks (on one-hot data such as adult, one block took 99.8% of
+        the variables); then one worker does nearly all the work, and fit
+        warns (largest block over twice the mean share, or over 90% with two
+        workers). ``"kbalance"``, recommended, keeps the k-means locality with
+        equal blocks (K-balance, Alg 9: k-means centres, then each variable
+        to the nearest block with room). ``"random"`` splits evenly. With
+        ``kernel="precomputed"`` there are no features to cluster and the
+        split is always random.
     class_weight : dict, "balanced" or None, default=None
         Multiplies C per class; with ``sample_weight`` the bound of sample i is
         ``C * class_weight[y_i] * sample_weight[i]``.
@@ -239,7 +241,7 @@ class AsyGCDSVC(KernelSVMMixin, ClassifierMixin, BaseEstimator):
         n_classes = len(self.classes_)
         pairs = class_pairs(n_classes)
         results = []
-        most_unbalanced = 0.0
+        most_unbalanced, worst = 0.0, (0.0, 0)
         for a, b in pairs:
             rows = np.flatnonzero((y_idx == a) | (y_idx == b))
             signs = np.where(y_idx[rows] == b, 1.0, -1.0)
@@ -248,8 +250,12 @@ class AsyGCDSVC(KernelSVMMixin, ClassifierMixin, BaseEstimator):
             workers = max(1, min(self.n_workers_, len(rows) // MIN_BLOCK_SIZE))
             blocks = self._blocks(Xp, workers, rng)
             if workers > 1:
+                # Unequal: the largest block holds over twice the mean share (over 90% with
+                # two workers); then one worker does most of the work while others idle.
                 largest = np.bincount(blocks).max() / len(rows)
-                most_unbalanced = max(most_unbalanced, largest / min(0.9, 2.0 / workers))
+                if largest / min(0.9, 2.0 / workers) > most_unbalanced:
+                    most_unbalanced = largest / min(0.9, 2.0 / workers)
+                    worst = (largest, workers)
             res = gcd_solve(Xp, backend.asarray(signs), backend.asarray(sample_C[rows]),
                             self._kernel, blocks, selection=self.selection, tol=self.tol,
                             max_updates=self.max_updates,
@@ -262,10 +268,11 @@ class AsyGCDSVC(KernelSVMMixin, ClassifierMixin, BaseEstimator):
                       f"{len(rows)} variables, {res.n_workers} workers, {res.n_updates} updates,"
                       f" objective {res.objective:.6g}, max violation {res.max_violation:.2e}")
         if most_unbalanced > 1.0:
-            warnings.warn("k-means gave very unequal variable blocks (one worker holds most "
-                          "variables), so the workers cannot share the work; "
-                          "block_partition='random' gives equal blocks", UserWarning,
-                          stacklevel=3)
+            warnings.warn(f"k-means gave very unequal variable blocks (the largest held "
+                          f"{worst[0]:.1%} of a problem's variables, {worst[1]} workers), so "
+                          "the workers cannot share the work; block_partition='kbalance' "
+                          "keeps the k-means locality with equal blocks (recommended), "
+                          "'random' splits evenly", UserWarning, stacklevel=3)
         coef_full = np.zeros((len(pairs), len(y_idx)))
         for p, (rows, coef, _) in enumerate(results):
             coef_full[p, rows] = coef

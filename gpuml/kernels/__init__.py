@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .._backend import is_cupy_array, to_numpy
+from .._backend import is_cupy_array, namespace_of, to_numpy
 from ._cpu.gcd import GCDResult
 from ._cpu.smo import SMOProblem, SMOResult
 from .krr import (
@@ -37,6 +37,8 @@ from .pairwise import (
 __all__ = [
     "GCDResult",
     "gcd_default_workers",
+    "gcd_gradient",
+    "gcd_objectives",
     "gcd_solve",
     "SMOProblem",
     "SMOResult",
@@ -184,14 +186,18 @@ def gcd_solve(X, y, C, kernel, blocks, *, selection="greedy", tol=1e-3, max_upda
     random_state : int, RandomState or None
         Seeds the per-worker generators of ``selection="random"``.
     trace_interval : float or None
-        CPU only: snapshot ``(seconds, n_updates, objective)`` this often.
+        CPU only: snapshot ``(seconds, n_updates, alpha)`` this often (a copy of
+        the dual variables, n floats each; evaluate them with
+        :func:`gcd_objectives` after the run).
     time_limit : float or None
         CPU only: stop the workers after about this many seconds.
 
     Returns
     -------
     GCDResult
-        ``alpha`` in X's namespace, objective, max violation, update count.
+        ``alpha`` in X's namespace, objective, max violation, update count; on
+        CPU also the maintained gradient (check it with :func:`gcd_gradient`)
+        and the trace.
 
     Examples
     --------
@@ -223,6 +229,57 @@ def gcd_solve(X, y, C, kernel, blocks, *, selection="greedy", tol=1e-3, max_upda
                      selection=selection, tol=tol, max_updates=max_updates,
                      cache_bytes=cache_bytes, random_state=seed, trace_interval=trace_interval,
                      time_limit=time_limit)
+
+
+def _support(coef):
+    """Indices of the rows of ``coef`` (a vector, or one point per column) that are non-zero."""
+    xp = namespace_of(coef)
+    return xp.flatnonzero(coef != 0 if coef.ndim == 1 else xp.any(coef != 0, axis=1))
+
+
+def _support_dot(X, kernel, coef, rows=None):
+    """``K(X[rows], X) @ coef`` summing only over the support of ``coef``, blocked."""
+    support = _support(coef)
+    rows = namespace_of(coef).arange(X.shape[0]) if rows is None else rows
+    if kernel.name == "precomputed":
+        return kernel.dot(X[rows][:, support], None, coef[support])
+    return kernel.dot(X[rows], X[support], coef[support])
+
+
+def gcd_gradient(X, y, kernel, alpha):
+    """``Q a - e`` recomputed from X (blocked kernel products over the support of ``a``).
+
+    What an Asy-GCD solver's maintained gradient (:attr:`GCDResult.gradient`)
+    must equal; the stopping certificate (largest projected gradient, eq. 4.11)
+    is only as good as that agreement. Arguments as :func:`gcd_solve`.
+    """
+    if hasattr(X, "toarray"):
+        X = X.toarray()
+    return y * _support_dot(X, kernel, y * alpha) - 1.0
+
+
+def gcd_objectives(X, y, kernel, alphas):
+    """The exact dual objective ``1/2 a'Qa - e'a`` (eq. 4.9) of one or many points.
+
+    Parameters
+    ----------
+    X, y, kernel : as :func:`gcd_solve`
+    alphas : array of shape (n,) or (n, s): one point, or one per column (for
+        instance the snapshots of a :attr:`GCDResult.trace`, stacked)
+
+    Returns
+    -------
+    float, or array of shape (s,)
+        Computed from X, never from a maintained gradient: one blocked kernel
+        product restricted to the variables that are non-zero in any point.
+    """
+    if hasattr(X, "toarray"):
+        X = X.toarray()
+    ya = (y * alphas.T).T
+    support = _support(ya)
+    quadratic = (ya[support] * _support_dot(X, kernel, ya, support)).sum(axis=0)
+    values = 0.5 * quadratic - alphas.sum(axis=0)
+    return float(values) if alphas.ndim == 1 else values
 
 
 def gcd_default_workers(like=None) -> int:

@@ -250,7 +250,12 @@ class GCDResult:
     n_updates : int, coordinate updates with a non-zero step.
     converged : bool, ``max_violation < tol``.
     n_workers : int, workers actually run (empty blocks get none).
-    trace : list of ``(seconds, n_updates, objective)`` snapshots when asked for.
+    trace : list of ``(seconds, n_updates, alpha)`` snapshots when asked for (CPU): copies
+        of the dual variables taken while the workers run. Every snapshot lies in the box
+        ``[0, C]``, so it is a feasible point whatever the workers were doing; its exact
+        objective comes from :func:`gpuml.kernels.gcd_objectives`, after the run.
+    gradient : (n,) the maintained gradient ``g`` (which should equal ``Qa - e``) at the
+        end, the basis of ``objective`` and ``max_violation`` (CPU; None from the GPU).
     """
 
     alpha: object
@@ -260,6 +265,7 @@ class GCDResult:
     converged: bool
     n_workers: int
     trace: list = field(default_factory=list)
+    gradient: object = None
 
 
 def objective_from_gradient(alpha, g) -> float:
@@ -328,18 +334,25 @@ def solve(X, y, C, kernel, blocks, *, selection="greedy", tol=1e-3, max_updates=
     while monitor and wait(futures, timeout=poll).not_done:
         elapsed = time.perf_counter() - t0
         if trace_interval is not None:
-            trace.append((elapsed, int(counters[FINISHED]),
-                          objective_from_gradient(alpha.copy(), g.copy())))
+            # alpha alone, never g: the objective from a g that the workers are still
+            # adding into is optimistic; any alpha in the box is a point to evaluate exactly.
+            trace.append((elapsed, int(counters[FINISHED]), alpha.copy()))
         if time_limit is not None and elapsed > time_limit:
             counters[STOP] = 1
     for f in futures:
         f.result()
     n_updates = int(counters[FINISHED])
-    objective = objective_from_gradient(alpha, g)
     if trace_interval is not None:
-        trace.append((time.perf_counter() - t0, n_updates, objective))
+        trace.append((time.perf_counter() - t0, n_updates, alpha.copy()))
+    objective = objective_from_gradient(alpha, g)
     violation = max_violation(alpha, g, Cw)
-    alpha_out = np.empty(n)
-    alpha_out[order] = alpha
-    return GCDResult(alpha_out, objective, violation, n_updates, violation < tol, n_workers,
-                     trace)
+    return GCDResult(_unpermute(alpha, order), objective, violation, n_updates, violation < tol,
+                     n_workers, [(s, u, _unpermute(a, order)) for s, u, a in trace],
+                     _unpermute(g, order))
+
+
+def _unpermute(v, order):
+    """A vector in the original variable order (the workers see it sorted by block)."""
+    out = np.empty_like(v)
+    out[order] = v
+    return out
