@@ -121,6 +121,10 @@ def test_parts_train_independently(digits):
     alone = cpu(n_partitions=1, gamma=clf._gamma).fit(Xtr[parts.parts[p]], ytr[parts.parts[p]])
     mine = owner == p
     np.testing.assert_array_equal(clf.predict(Xte[mine]), alone.predict(Xte[mine]))
+    # gamma="scale" comes from the whole training set, as SVC's, not from each part.
+    assert clf._gamma == pytest.approx(SVC(gamma="scale").fit(Xtr, ytr)._gamma, rel=1e-12)
+    assert abs(alone._gamma - cpu(n_partitions=1).fit(Xtr[parts.parts[p]],
+                                                       ytr[parts.parts[p]])._gamma) > 0
 
 
 def test_single_class_part_predicts_that_class():
