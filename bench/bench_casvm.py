@@ -4,10 +4,12 @@ Three tables, ours and SVC in one process on the same standardised 75/25 split:
 
 1. ``casvm_exact``: n_partitions=1 against SVC with the same C, gamma, tol —
    fit-time ratio, accuracy, dual objective, support vectors, agreement.
-2. ``casvm_parts``: CA-SVM (random split) with P in {4, 16, 64} — speed-up
-   over SVC and accuracy loss, the trade-off that picks the default P.
-3. ``casvm_partitioners``: the five partitioners at P=16 on adult, like
-   Table 2.9 (accuracy, partition time, training time, SMO iterations).
+2. ``casvm_parts``: random and FCFS splits with P in {4, 8, 16, 64}, three
+   seeds each — speed-up over SVC (fastest of the seeds' fits) and accuracy
+   loss (mean and range), the trade-off that picks the default P and split.
+3. ``casvm_partitioners``: the five partitioners at P=16 on adult and letter,
+   like Table 2.9, each over three seeds (``SEEDS``): accuracy loss against
+   SVC as mean and range, partition time, fit time, SMO iterations.
 
 ``--gpu`` runs the same with ``device="cuda"`` (SVC stays on the CPU).
 """
@@ -26,6 +28,9 @@ from gpuml.estimators._partitioned import split
 from gpuml.estimators.casvm import CASVMClassifier
 from gpuml.kernels import make_kernel
 
+#: Partition seeds of the partitioner table (the loss of one seed is noise-prone).
+SEEDS = (0, 1, 2)
+
 
 def svc_objective(svc, X):
     """Sum over SVC's one-vs-one problems of LIBSVM's dual objective 1/2 a'Qa - sum(a)."""
@@ -42,10 +47,14 @@ def svc_objective(svc, X):
     return total
 
 
-def timed_fit(est, X, y):
-    t0 = time.perf_counter()
-    est.fit(X, y)
-    return time.perf_counter() - t0
+def timed_fit(est, X, y, repeats=1):
+    """Best of ``repeats`` fits (the machine is shared: the minimum is the least disturbed)."""
+    best = np.inf
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        est.fit(X, y)
+        best = min(best, time.perf_counter() - t0)
+    return best
 
 
 def datasets(quick):
@@ -67,12 +76,14 @@ def main(quick: bool = False, gpu: bool = False):
         # Warm up (numba cache, CUDA compiles of both SMO kernels) so no compile is timed.
         for P, n in ((1, 4200), (2, 400)):
             CASVMClassifier(n_partitions=P, device=device).fit(Xtr[:n], ytr[:n])
+        # Fits longer than a minute (adult's SVC and P=1) run once, the others best of 3.
+        repeats = 1 if len(ytr) > 20000 else 3
         svc = SVC(C=1.0, gamma="scale", tol=1e-3)
-        t_svc = timed_fit(svc, Xtr, ytr)
+        t_svc = timed_fit(svc, Xtr, ytr, repeats)
         acc_svc = svc.score(Xte, yte)
         pred_svc = svc.predict(Xte)
         ours = CASVMClassifier(n_partitions=1, device=device, n_jobs=n_jobs)
-        t_ours = timed_fit(ours, Xtr, ytr)
+        t_ours = timed_fit(ours, Xtr, ytr, repeats)
         obj_svc = svc_objective(svc, Xtr)
         obj_ours = float(np.nansum(ours.objective_))
         exact.append({
@@ -84,39 +95,56 @@ def main(quick: bool = False, gpu: bool = False):
             "svc_iter": int(np.sum(svc.n_iter_)), "ours_iter": int(ours.n_iter_.sum()),
         })
         print(exact[-1], flush=True)
-        for P in ((4, 16) if quick else (4, 8, 16, 64)):
-            clf = CASVMClassifier(n_partitions=P, device=device, n_jobs=n_jobs, random_state=0)
-            t = timed_fit(clf, Xtr, ytr)
-            acc = clf.score(Xte, yte)
-            parts.append({"data": name, "P": P, "fit_s": t, "speedup_vs_svc": t_svc / t,
-                          "acc": acc, "acc_loss_points": 100 * (acc_svc - acc),
-                          "n_sv": len(clf.support_), "iters": int(clf.n_iter_.sum())})
-            print(parts[-1], flush=True)
-        if name != "adult":
-            continue
+        for partition in ("random", "fcfs"):
+            for P in ((4, 16) if quick else (4, 8, 16, 64)):
+                accs, fits = [], []
+                for seed in SEEDS:
+                    clf = CASVMClassifier(n_partitions=P, partition=partition, device=device,
+                                          n_jobs=n_jobs, random_state=seed)
+                    fits.append(timed_fit(clf, Xtr, ytr))
+                    accs.append(clf.score(Xte, yte))
+                loss = 100 * (acc_svc - np.array(accs))
+                parts.append({"data": name, "partition": partition, "P": P,
+                              "fit_s": float(np.min(fits)),
+                              "speedup_vs_svc": float(t_svc / np.min(fits)),
+                              "acc_mean": float(np.mean(accs)), "loss_mean": float(loss.mean()),
+                              "loss_min": float(loss.min()), "loss_max": float(loss.max()),
+                              "n_sv": len(clf.support_), "iters": int(clf.n_iter_.sum())})
+                print(parts[-1], flush=True)
         for method in ("random", "fcfs", "kmeans", "kbalance", "bkm"):
-            t0 = time.perf_counter()
-            split(Xtr, 16, method, 0)
-            t_init = time.perf_counter() - t0
-            clf = CASVMClassifier(n_partitions=16, partition=method, device=device,
-                                  n_jobs=n_jobs, random_state=0)
-            t = timed_fit(clf, Xtr, ytr)
-            table29.append({"method": method, "acc": clf.score(Xte, yte), "init_s": t_init,
-                            "train_s": t - t_init, "fit_s": t, "iters": int(clf.n_iter_.sum()),
-                            "max_part_iters": int(clf.n_iter_.sum(axis=1).max()),
-                            "sizes_min_max": f"{clf.partition_sizes_.min()}-"
-                                             f"{clf.partition_sizes_.max()}"})
+            accs, fits, inits, iters, largest = [], [], [], [], []
+            for seed in SEEDS:
+                t0 = time.perf_counter()
+                split(Xtr, 16, method, seed)
+                inits.append(time.perf_counter() - t0)
+                clf = CASVMClassifier(n_partitions=16, partition=method, device=device,
+                                      n_jobs=n_jobs, random_state=seed)
+                fits.append(timed_fit(clf, Xtr, ytr))
+                accs.append(clf.score(Xte, yte))
+                iters.append(int(clf.n_iter_.sum()))
+                largest.append(int(clf.partition_sizes_.max()))
+            loss = 100 * (acc_svc - np.array(accs))
+            table29.append({"data": name, "method": method, "acc_mean": float(np.mean(accs)),
+                            "loss_mean": float(loss.mean()), "loss_min": float(loss.min()),
+                            "loss_max": float(loss.max()), "init_s": float(np.mean(inits)),
+                            "fit_s": float(np.mean(fits)),
+                            "speedup_vs_svc": float(t_svc / np.mean(fits)),
+                            "iters": int(np.mean(iters)), "largest_part": max(largest)})
             print(table29[-1], flush=True)
     cores = os.cpu_count()
     notes = (f"C=1, gamma='scale', tol=1e-3; ours n_jobs=-1 on {cores} cores (SVC is "
              "single-threaded); cache_size: ours 1024 MB per part, SVC 200 MB (its default). "
-             "Times are single fits on a shared machine.")
+             "Times: best of 3 fits (adult's SVC and P=1: one fit; P parts: the fastest "
+             "of the seeds' fits; partitioner rows: the mean fit) on a shared machine "
+             "(other jobs ran on the same 2 cores); "
+             "loss = SVC accuracy - ours in points, mean and range over the seeds; "
+             "n_sv and iters of the last seed.")
     suffix = "_quick" if quick else ""
     record("casvm_exact" + suffix, exact, gpu=gpu, title="CA-SVM exact mode (P=1) vs SVC",
            notes=notes)
     record("casvm_parts" + suffix, parts, gpu=gpu, title="CA-SVM P parts vs SVC", notes=notes)
     record("casvm_partitioners" + suffix, table29, gpu=gpu,
-           title="Partitioners at P=16 on adult (Table 2.9 style)", notes=notes)
+           title=f"Partitioners at P=16, seeds {SEEDS} (Table 2.9 style)", notes=notes)
 
 
 if __name__ == "__main__":

@@ -164,3 +164,57 @@ def test_float32_input(cancer):
     a = smo_solve(kernel, X, y)
     b = smo_solve(kernel, X.astype(np.float32), y, cache_size=0.2)
     assert b.objective == pytest.approx(a.objective, rel=1e-4)
+
+
+def test_batch_equals_each_problem_alone():
+    """The compiled batch (chunks of problems per call, in threads) changes no result."""
+    X, y = load_digits(return_X_y=True)
+    X = StandardScaler().fit_transform(X)[:900]
+    y = y[:900]
+    kernel = make_kernel("rbf", "scale", X=X)
+    w = np.random.default_rng(1).uniform(0.5, 2.0, size=len(y))
+    groups = [np.flatnonzero(np.arange(len(y)) % 3 == g) for g in range(3)]
+    Xs = [X[rows] for rows in groups]
+    problems = []
+    for g, rows in enumerate(groups):
+        yg = y[rows]
+        for a, b in [(0, 1), (3, 8), (4, 9), (1, 7)]:
+            idx = np.flatnonzero((yg == a) | (yg == b))
+            problems.append(SMOProblem(g, idx, np.where(yg[idx] == a, 1.0, -1.0), w[rows[idx]]))
+        # A whole group as one problem, and a warm-started one.
+        problems.append(SMOProblem(g, np.arange(len(rows)), np.where(yg < 5, 1.0, -1.0), 1.0))
+    cold = smo_solve_batch(kernel, Xs, [problems[-1]])[0]
+    problems.append(SMOProblem(2, problems[-1].idx, problems[-1].y, 1.0, alpha0=cold.alpha))
+    for shrinking in (False, True):
+        batch = smo_solve_batch(kernel, Xs, problems, n_jobs=2, shrinking=shrinking)
+        assert len(batch) == len(problems)
+        for prob, res in zip(problems, batch):
+            alone = smo_solve_batch(kernel, Xs, [prob], shrinking=shrinking)[0]
+            np.testing.assert_array_equal(res.alpha, alone.alpha)
+            assert res.objective == alone.objective
+            assert res.intercept == alone.intercept
+            assert res.n_iter == alone.n_iter and res.converged
+            # Against an independent solve on the problem's own rows and kernel matrix.
+            single = smo_solve(kernel, Xs[prob.group][prob.idx], prob.y, prob.C,
+                               shrinking=shrinking, alpha0=prob.alpha0)
+            assert single.n_iter == res.n_iter
+            np.testing.assert_allclose(single.alpha, res.alpha, atol=1e-9)
+            assert single.objective == pytest.approx(res.objective, rel=1e-12)
+    assert batch[-1].n_iter == 0
+
+
+def test_batch_rejects_a_bad_problem_among_good_ones(cancer):
+    X, y = cancer
+    kernel = make_kernel("rbf", "scale", X=X)
+    good = SMOProblem(0, np.arange(100), y[:100], 1.0)
+    with pytest.raises(ValueError, match="both classes"):
+        smo_solve_batch(kernel, [X], [good, SMOProblem(0, np.arange(5), np.ones(5)), good])
+    with pytest.raises(ValueError, match="C must be positive"):
+        smo_solve_batch(kernel, [X], [good, SMOProblem(0, np.arange(100), y[:100], -1.0)])
+    with pytest.raises(ValueError, match="outside its group"):
+        smo_solve_batch(kernel, [X], [good, SMOProblem(0, np.arange(100) + len(y) - 50,
+                                                       y[:100])])
+    with pytest.raises(ValueError, match="equal length"):
+        smo_solve_batch(kernel, [X], [good, SMOProblem(0, np.arange(99), y[:100])])
+    with pytest.raises(ValueError, match="group outside"):
+        smo_solve_batch(kernel, [X], [good, SMOProblem(1, np.arange(100), y[:100])])

@@ -19,6 +19,9 @@ from ._svm import KernelSVMMixin, class_pairs, ovo_votes, ovr_decision
 
 #: Default number of parts, chosen from bench/bench_casvm.py (see docs/casvm.md).
 DEFAULT_N_PARTITIONS = 8
+#: Default partitioner, chosen from bench/bench_casvm.py (see docs/casvm.md): FCFS loses
+#: no more accuracy than a random split on adult and far less on letter, at the same speed.
+DEFAULT_PARTITION = "fcfs"
 #: Default kernel cache per part in MB (see docs/casvm.md).
 DEFAULT_CACHE_SIZE = 1024.0
 
@@ -30,8 +33,8 @@ class CASVMClassifier(KernelSVMMixin, ClassifierMixin, BaseEstimator):
     chosen partitioner, keeps one centre per part, and trains one kernel SVM
     per part with SMO; the parts never communicate. ``predict`` sends every
     sample to the part whose centre is nearest and evaluates that part's
-    model (Alg 5). ``partition="random"`` is CA-SVM, ``"fcfs"`` FCFS-SVM
-    (Alg 3), ``"bkm"`` BKM-SVM (Alg 4), ``"kmeans"`` CP-SVM and
+    model (Alg 5). ``partition="random"`` is CA-SVM, ``"fcfs"`` (the default)
+    FCFS-SVM (Alg 3), ``"bkm"`` BKM-SVM (Alg 4), ``"kmeans"`` CP-SVM and
     ``"kbalance"`` the K-balance split of chapter 3. With ``n_partitions=1``
     it is an exact kernel SVM solving the same dual as
     :class:`sklearn.svm.SVC` (LIBSVM's SMO with second-order working-set
@@ -59,11 +62,17 @@ class CASVMClassifier(KernelSVMMixin, ClassifierMixin, BaseEstimator):
     coef0 : float, default=0.0
     n_partitions : int, default=8
         Number of parts P. The default is the benchmarked trade-off of
-        docs/casvm.md: on adult, P=8 fitted 28x faster than SVC for 1.0 point
-        of accuracy (P=16: 49x, 1.1 points; P=64: 119x, 2.7 points). Problems
-        with many classes lose more (letter, 26 classes: 5.7 points at P=4),
-        so use a small P there. ``1`` gives the exact SVM.
-    partition : {"random", "fcfs", "kmeans", "kbalance", "bkm"}, default="random"
+        docs/casvm.md: on adult (FCFS split, three seeds), P=8 fitted 25x
+        faster than SVC for 0.87 point of accuracy (P=16: 47x, 1.2 points;
+        P=64: 152x, 1.8 points). Problems with many classes lose more
+        (letter, 26 classes: 3.8 points at P=4, 6.5 at P=16), so use a small
+        P there. ``1`` gives the exact SVM.
+    partition : {"random", "fcfs", "kmeans", "kbalance", "bkm"}, default="fcfs"
+        How the training set is split (docs/casvm.md compares them). FCFS
+        (Alg 3: random centres, each sample to the nearest part with room)
+        gives balanced parts that are also local, so nearest-centre routing
+        means something: on adult it lost no more accuracy than a random
+        split, on letter far less, at the same speed.
     tol : float, default=1e-3
         Stopping tolerance on the KKT gap (LIBSVM's ``eps``).
     max_iter : int, default=-1
@@ -161,8 +170,8 @@ class CASVMClassifier(KernelSVMMixin, ClassifierMixin, BaseEstimator):
     }
 
     def __init__(self, C=1.0, kernel="rbf", gamma="scale", degree=3, coef0=0.0,
-                 n_partitions=DEFAULT_N_PARTITIONS, partition="random", tol=1e-3, max_iter=-1,
-                 cache_size=DEFAULT_CACHE_SIZE, shrinking=False, class_weight=None,
+                 n_partitions=DEFAULT_N_PARTITIONS, partition=DEFAULT_PARTITION, tol=1e-3,
+                 max_iter=-1, cache_size=DEFAULT_CACHE_SIZE, shrinking=False, class_weight=None,
                  decision_function_shape="ovr", device="auto", n_jobs=None,
                  random_state=None, verbose=0):
         self.C = C
@@ -225,11 +234,11 @@ class CASVMClassifier(KernelSVMMixin, ClassifierMixin, BaseEstimator):
         n_classes = len(self.classes_)
         pairs = class_pairs(n_classes)
         n_parts, n_pairs = len(parts.parts), len(pairs)
-        intercept = np.zeros((n_parts, n_pairs))
         n_iter = np.zeros((n_parts, n_pairs), dtype=np.int64)
         objective = np.full((n_parts, n_pairs), np.nan)
-        status = np.zeros((n_parts, n_pairs), dtype=np.int8)
-        problems, where = [], []
+        first, second = np.array(pairs, dtype=np.int64).reshape(-1, 2).T
+        present = np.zeros((n_parts, n_classes), dtype=bool)
+        problems, trained, owners = [], [], []
         Xs = []
         for p, rows in enumerate(parts.parts):
             rows = rows[sample_C[rows] > 0]
@@ -238,47 +247,35 @@ class CASVMClassifier(KernelSVMMixin, ClassifierMixin, BaseEstimator):
             rows = rows[np.argsort(y_idx[rows], kind="stable")]
             sel = to_output(rows, X)
             Xs.append(X[sel] if self.kernel != "precomputed" else X[sel][:, sel])
-            labels = y_idx[rows]
-            present = np.zeros(n_classes, dtype=bool)
-            present[labels] = True
-            for q, (a, b) in enumerate(pairs):
-                if present[a] and present[b]:
-                    local = np.flatnonzero((labels == a) | (labels == b))
-                    problems.append(SMOProblem(p, local, np.where(labels[local] == a, 1.0, -1.0),
-                                               sample_C[rows[local]]))
-                    where.append((p, q, rows[local]))
-                    status[p, q] = 2
-                else:
-                    intercept[p, q] = float(present[a]) - float(present[b])
-                    status[p, q] = int(present[a] or present[b])
+            # Class c holds the part's rows bounds[c]:bounds[c + 1].
+            bounds = np.searchsorted(y_idx[rows], np.arange(n_classes + 1))
+            present[p] = np.diff(bounds) > 0
+            # Every pair with both classes present is one problem: its rows are the
+            # two class runs, laid end to end for all pairs of the part at once.
+            q = np.flatnonzero(present[p, first] & present[p, second])
+            runs = np.stack([first[q], second[q]], axis=1).ravel()
+            lengths = np.diff(bounds)[runs]
+            idx = np.concatenate([np.arange(bounds[c], bounds[c + 1]) for c in runs.tolist()]
+                                 + [np.zeros(0, np.int64)])
+            labels = np.repeat(np.tile([1.0, -1.0], len(q)), lengths)
+            C_part = sample_C[rows[idx]]
+            ends = np.cumsum(lengths[0::2] + lengths[1::2]).tolist()
+            problems += [SMOProblem(p, idx[lo:hi], labels[lo:hi], C_part[lo:hi])
+                         for lo, hi in zip([0] + ends[:-1], ends)]
+            owners.append(rows[idx])
+            trained += [(p, pair) for pair in q.tolist()]
+        # 2: trained; 1: one class of the pair in the part (constant vote); 0: none.
+        status = (present[:, first].astype(np.int8) + present[:, second]).astype(np.int8)
+        intercept = np.where(status == 1, present[:, first] * 1.0 - present[:, second], 0.0)
         results = smo_solve_batch(self._kernel, Xs, problems, tol=self.tol,
                                   max_iter=self.max_iter, cache_size=self.cache_size,
                                   shrinking=self.shrinking, n_jobs=self.n_jobs)
-        by_part = [[] for _ in range(n_parts)]
-        converged = True
-        for (p, q, rows), prob, res in zip(where, problems, results):
-            alpha = to_numpy(res.alpha)
-            sv = np.flatnonzero(alpha > 0)
-            by_part[p].append((q, rows[sv], alpha[sv] * prob.y[sv]))
-            intercept[p, q] = res.intercept
-            n_iter[p, q] = res.n_iter
-            objective[p, q] = res.objective
-            converged &= bool(res.converged)
-        support, coefs = [], []
-        for entries in by_part:
-            sv = np.unique(np.concatenate([e[1] for e in entries] + [np.zeros(0, np.int64)]))
-            coef = np.zeros((n_pairs, len(sv)))
-            for q, rows, c in entries:
-                coef[q, np.searchsorted(sv, rows)] = c
-            support.append(sv)
-            coefs.append(coef)
-        self.support_ = np.concatenate(support).astype(np.int64)
-        self.support_ptr_ = np.concatenate([[0], np.cumsum([len(s) for s in support])])
-        self.dual_coef_ = np.hstack(coefs)
-        self.n_support_ = np.bincount(y_idx[self.support_], minlength=n_classes).astype(np.int32)
-        self.support_vectors_ = (to_numpy(X[to_output(self.support_, X)])
-                                 if self.kernel != "precomputed"
-                                 else np.empty((0, 0)))
+        part, pair = np.array(trained, dtype=np.int64).reshape(-1, 2).T
+        intercept[part, pair] = [res.intercept for res in results]
+        n_iter[part, pair] = [res.n_iter for res in results]
+        objective[part, pair] = [res.objective for res in results]
+        converged = all(bool(res.converged) for res in results)
+        self._store_support(results, problems, owners, part, pair, y_idx, X, n_parts, n_pairs)
         self.intercept_ = intercept
         self.pair_status_ = status
         self.n_iter_ = n_iter
@@ -291,6 +288,28 @@ class CASVMClassifier(KernelSVMMixin, ClassifierMixin, BaseEstimator):
         if self.verbose:
             print(f"[CASVM] {n_parts} parts, {len(problems)} SMO problems, "
                   f"{int(n_iter.sum())} iterations, {len(self.support_)} support vectors")
+
+    def _store_support(self, results, problems, owners, part, pair, y_idx, X, n_parts, n_pairs):
+        """Support vectors grouped by part and their coefficients ``alpha_i y_i`` per pair."""
+        n = len(y_idx)
+        sizes = [len(prob.y) for prob in problems]
+        alpha = np.concatenate([to_numpy(res.alpha) for res in results] + [np.zeros(0)])
+        labels = np.concatenate([prob.y for prob in problems] + [np.zeros(0)])
+        rows = np.concatenate(owners + [np.zeros(0, np.int64)])
+        sv = alpha > 0
+        # A training row lies in one part: sorting by (part, row) groups the
+        # support vectors by part, rows ascending inside each.
+        key = (np.repeat(part, sizes) * n + rows)[sv]
+        support_key, column = np.unique(key, return_inverse=True)
+        self.support_ = (support_key % n).astype(np.int64)
+        self.support_ptr_ = np.searchsorted(support_key // n, np.arange(n_parts + 1))
+        self.dual_coef_ = np.zeros((n_pairs, len(support_key)))
+        self.dual_coef_[np.repeat(pair, sizes)[sv], column] = (alpha * labels)[sv]
+        self.n_support_ = np.bincount(y_idx[self.support_],
+                                      minlength=len(self.classes_)).astype(np.int32)
+        self.support_vectors_ = (to_numpy(X[to_output(self.support_, X)])
+                                 if self.kernel != "precomputed"
+                                 else np.empty((0, 0)))
 
     def _ovo_values(self, X):
         """Pairwise decision values of every row, each from the model of its part (Alg 5)."""

@@ -18,14 +18,22 @@ iteration itself is a numba state machine (:func:`_run`) that runs until it
 needs a row that is not cached, then returns to Python, which computes that
 row over the active variables and re-enters. When the whole kernel matrix
 fits in the cache it is computed once up front (one GEMM) and the loop
-never leaves numba.
+never leaves numba (:func:`_solve_dense`).
+
+A batch (:func:`solve_batch`: the parts times the one-vs-one pairs of a
+CA-SVM fit, thousands of small problems) is validated once and laid end to
+end in flat arrays; each compiled call (:func:`_solve_dense_problems`)
+solves a chunk of one group's problems on that group's kernel matrix, so
+no Python runs per problem.
 """
 
 from __future__ import annotations
 
+from contextlib import nullcontext
 from dataclasses import dataclass
 
 import numpy as np
+from joblib import effective_n_jobs
 from numba import njit
 from threadpoolctl import threadpool_limits
 
@@ -303,30 +311,105 @@ def _rho(y, C, alpha, G):
     return 0.5 * (ub + lb)
 
 
-class _RowSource:
-    """Kernel rows of one problem: from a dense kernel matrix, or computed on demand.
+@njit(nogil=True, cache=True)
+def _dense_gradient(K, y, alpha, G, rows):
+    """``G_k = (Q a)_k - 1`` for the rows ``rows`` of a dense kernel matrix."""
+    n = y.shape[0]
+    n_nz = 0
+    nz = np.empty(n, dtype=np.int64)
+    v = np.empty(n)
+    for k in range(n):
+        if alpha[k] > 0:
+            nz[n_nz] = k
+            v[n_nz] = alpha[k] * y[k]
+            n_nz += 1
+    for k in rows:
+        row = K[k]
+        g = 0.0
+        for t in range(n_nz):
+            g += row[nz[t]] * v[t]
+        G[k] = y[k] * g - 1.0
 
-    On-demand rows cover only the active (unshrunk) variables, as LIBSVM's:
-    once shrinking has removed most variables a row costs a fraction of a
-    full one. The active rows of ``X`` and their norms are gathered once per
+
+@njit(nogil=True, cache=True)
+def _solve_dense(K, y, C, alpha, G, state, tol, shrinking):
+    """SMO on one problem whose kernel matrix ``K`` is in memory: no row ever leaves numba.
+
+    The same iteration (:func:`_run`) as the cached path, with every row
+    "cached"; shrinking's gradient reconstruction is a loop over ``K``.
+    """
+    n = y.shape[0]
+    QD = np.empty(n)
+    for k in range(n):
+        QD[k] = K[k, k]
+    active = np.arange(n)
+    slot_of = np.arange(n)
+    slot_time = np.zeros(n, dtype=np.int64)
+    state[_ACTIVE] = n
+    state[_COUNTER] = min(n, 1000)
+    _dense_gradient(K, y, alpha, G, active)
+    while True:
+        status = _run(y, C, QD, alpha, G, active, K, slot_of, slot_time, state, tol, shrinking)
+        if state[_ACTIVE] < n:
+            _dense_gradient(K, y, alpha, G, active[state[_ACTIVE]:])
+            for t in range(n):
+                active[t] = t
+            state[_ACTIVE] = n
+            state[_VERSION] += 1
+            state[_COUNTER] = 1
+            if status != _MAX_ITER:
+                continue
+        elif status == _UNSHRINK:
+            continue
+        return status
+
+
+@njit(nogil=True, cache=True)
+def _solve_dense_problems(K, whole, offsets, idx, y, C, alpha, G, which, tol, max_iter,
+                          shrinking, n_iter, status, rho, objective):
+    """Solve the problems ``which`` of a flat batch, all on rows of ``K``, in one call.
+
+    Problem ``w`` owns ``offsets[w]:offsets[w + 1]`` of the flat ``idx`` (rows of
+    ``K``), ``y``, ``C``, ``alpha`` (warm start in, solution out) and ``G``.
+    ``whole[w]``: the problem is all rows of ``K`` in order, so ``K`` is used
+    as it is; otherwise its submatrix is gathered.
+    """
+    for w in which:
+        a = offsets[w]
+        b = offsets[w + 1]
+        Kw = K if whole[w] else _submatrix(K, idx[a:b])
+        state = np.zeros(8, dtype=np.int64)
+        state[_MAX] = max_iter
+        ya = y[a:b]
+        Ca = C[a:b]
+        al = alpha[a:b]
+        Ga = G[a:b]
+        status[w] = _solve_dense(Kw, ya, Ca, al, Ga, state, tol, shrinking)
+        n_iter[w] = state[_ITER]
+        rho[w] = _rho(ya, Ca, al, Ga)
+        f = 0.0
+        for k in range(b - a):
+            f += al[k] * (Ga[k] - 1.0)
+        objective[w] = f / 2.0
+
+
+class _RowSource:
+    """Kernel rows of one problem too large to hold whole, computed on demand.
+
+    Rows cover only the active (unshrunk) variables, as LIBSVM's: once
+    shrinking has removed most variables a row costs a fraction of a full
+    one. The active rows of ``X`` and their norms are gathered once per
     change of the active set, so each row is one GEMV plus the kernel map.
+    Rows are computed in float32, as LIBSVM caches its ``Qfloat`` rows: half
+    the memory traffic per row and twice the rows per MB of cache; the
+    gradient and the dual variables stay in float64.
     """
 
-    def __init__(self, kernel, X, idx, K=None):
+    def __init__(self, kernel, X, idx):
         self.kernel = kernel
-        self.K = K
-        self.X = X[idx] if K is None else None
-        if kernel.name == "precomputed" and K is None:
-            self.K = np.ascontiguousarray(X[np.ix_(idx, idx)])
-        self.version = -1
-
-    def single_precision(self):
-        """Compute cached rows in float32, as LIBSVM caches its ``Qfloat`` rows.
-
-        Half the memory traffic per row and twice the rows per MB of cache;
-        the gradient and the dual variables stay in float64.
-        """
+        self.X = X[idx]
         self.X32 = self.X.astype(np.float32)
+        self.version = -1
 
     def active_rows(self, r, active, version):
         """``K(x_r, x_active)`` for one row ``r``."""
@@ -339,30 +422,59 @@ class _RowSource:
 
     def dot(self, r, cols, coef):
         """``K[r][:, cols] @ coef`` without materialising more than a block."""
-        if self.K is not None:
-            return self.K[np.ix_(r, cols)] @ coef
         return self.kernel.dot(self.X[r], self.X[cols], coef)
+
+
+@dataclass
+class _Checked:
+    """Validated problems laid end to end: problem ``w`` owns ``offsets[w]:offsets[w + 1]``."""
+
+    offsets: np.ndarray
+    y: np.ndarray
+    C: np.ndarray
+    alpha: np.ndarray
+
+
+def _check_flat(ys, Cs, alpha0s) -> _Checked:
+    """Validate many problems' labels, bounds and warm starts at once (float64 copies)."""
+    ys = [np.asarray(v, dtype=np.float64) for v in ys]
+    if any(v.ndim != 1 for v in ys):
+        raise ValueError("y must be a 1-D array of -1 and +1")
+    sizes = np.array([v.size for v in ys], dtype=np.int64)
+    offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+    y = np.concatenate(ys) if ys else np.zeros(0)
+    if not np.all(np.abs(y) == 1.0):
+        raise ValueError("y must be a 1-D array of -1 and +1")
+    n_pos = np.add.reduceat((y > 0).astype(np.int64), offsets[:-1]) if y.size else sizes
+    if np.any(sizes == 0) or np.any(n_pos == 0) or np.any(n_pos == sizes):
+        raise ValueError("y must hold both classes (-1 and +1) for the SVM dual")
+    Cs = [np.asarray(c, dtype=np.float64) for c in Cs]
+    C = np.concatenate([c if c.shape == (n,) else np.broadcast_to(c, (n,))
+                        for c, n in zip(Cs, sizes.tolist())])
+    if not np.all(np.isfinite(C)) or np.any(C <= 0):
+        raise ValueError("C must be positive and finite for every sample")
+    alpha = np.zeros_like(y)
+    for w, alpha0 in enumerate(alpha0s):
+        if alpha0 is None:
+            continue
+        a, b = offsets[w], offsets[w + 1]
+        start = np.asarray(alpha0, dtype=np.float64)
+        if start.shape != (b - a,):
+            raise ValueError(f"alpha0 has shape {start.shape}, expected {(b - a,)}")
+        yw, Cw = y[a:b], C[a:b]
+        scale = max(1.0, float(Cw.max()))
+        if (np.any(start < 0) or np.any(start > Cw)
+                or abs(start @ yw) > 1e-8 * scale * yw.size):
+            raise ValueError("alpha0 is infeasible: it needs 0 <= alpha0 <= C and "
+                             "y @ alpha0 == 0")
+        alpha[a:b] = start
+    return _Checked(offsets, y, C, alpha)
 
 
 def check_problem(y, C, alpha0):
     """Validate one dual problem's labels, bounds and warm start; returns float64 copies."""
-    y = np.asarray(y, dtype=np.float64)
-    if y.ndim != 1 or not np.all(np.abs(y) == 1.0):
-        raise ValueError("y must be a 1-D array of -1 and +1")
-    if not (np.any(y > 0) and np.any(y < 0)):
-        raise ValueError("y must hold both classes (-1 and +1) for the SVM dual")
-    C = np.broadcast_to(np.asarray(C, dtype=np.float64), y.shape).copy()
-    if not np.all(np.isfinite(C)) or np.any(C <= 0):
-        raise ValueError("C must be positive and finite for every sample")
-    if alpha0 is None:
-        return y, C, np.zeros_like(y)
-    alpha = np.array(alpha0, dtype=np.float64, copy=True)
-    if alpha.shape != y.shape:
-        raise ValueError(f"alpha0 has shape {alpha.shape}, expected {y.shape}")
-    scale = max(1.0, float(C.max()))
-    if np.any(alpha < 0) or np.any(alpha > C) or abs(alpha @ y) > 1e-8 * scale * y.size:
-        raise ValueError("alpha0 is infeasible: it needs 0 <= alpha0 <= C and y @ alpha0 == 0")
-    return y, C, alpha
+    checked = _check_flat([y], [C], [alpha0])
+    return checked.y, checked.C, checked.alpha
 
 
 def solve(kernel, X, idx, y, C, *, tol=1e-3, max_iter=-1, cache_bytes=1 << 30,
@@ -374,21 +486,28 @@ def solve(kernel, X, idx, y, C, *, tol=1e-3, max_iter=-1, cache_bytes=1 << 30,
     demand and cached in at most ``cache_bytes``.
     """
     y, C, alpha = check_problem(y, C, alpha0)
+    return _solve_checked(kernel, X, np.asarray(idx), y, C, alpha, tol, max_iter, cache_bytes,
+                          shrinking, K)
+
+
+def _solve_checked(kernel, X, idx, y, C, alpha, tol, max_iter, cache_bytes, shrinking, K):
+    """One validated problem: the dense solver when its matrix is (or fits) in memory."""
     n = y.shape[0]
-    src = _RowSource(kernel, X, idx, K)
-    row_bytes = n * np.dtype(X.dtype).itemsize
-    if src.K is None and n * row_bytes <= cache_bytes:
-        src.K = kernel.matrix(src.X, max_bytes=max(cache_bytes, row_bytes * n))
-    if src.K is not None:
-        cache = src.K
-        slot_of = np.arange(n, dtype=np.int64)
-        QD = np.ascontiguousarray(np.diagonal(cache)).astype(np.float64)
-    else:
-        src.single_precision()
-        n_slots = int(min(n, max(2, cache_bytes // (4 * n))))
-        cache = np.empty((n_slots, n), dtype=np.float32)
-        slot_of = np.full(n, -1, dtype=np.int64)
-        QD = np.asarray(kernel.diag(src.X), dtype=np.float64)
+    if K is None and kernel.name == "precomputed":
+        K = _dense(X)[np.ix_(idx, idx)]
+    if K is None and n * n * np.dtype(X.dtype).itemsize <= cache_bytes:
+        K = kernel.matrix(X[idx], max_bytes=max(cache_bytes, 1))
+    if K is not None:
+        one = _DenseRun(np.ones(1, bool), np.arange(n, dtype=np.int64),
+                        _Checked(np.array([0, n], dtype=np.int64), y, C, alpha),
+                        tol, max_iter, shrinking)
+        one(np.ascontiguousarray(K), np.zeros(1, np.int64))
+        return one.results()[0]
+    src = _RowSource(kernel, X, idx)
+    n_slots = int(min(n, max(2, cache_bytes // (4 * n))))
+    cache = np.empty((n_slots, n), dtype=np.float32)
+    slot_of = np.full(n, -1, dtype=np.int64)
+    QD = np.asarray(kernel.diag(src.X), dtype=np.float64)
     slot_row = np.full(cache.shape[0], -1, dtype=np.int64)
     slot_full = np.zeros(cache.shape[0], dtype=bool)
     slot_time = np.zeros(cache.shape[0], dtype=np.int64)
@@ -410,21 +529,62 @@ def solve(kernel, X, idx, y, C, *, tol=1e-3, max_iter=-1, cache_bytes=1 << 30,
                      gradient=G, converged=status == _CONVERGED)
 
 
+def _dense(X):
+    """A precomputed kernel matrix as a dense host array."""
+    return X.toarray() if hasattr(X, "toarray") else np.asarray(X)
+
+
+class _DenseRun:
+    """A flat batch for :func:`_solve_dense_problems` and its outputs, filled call by call."""
+
+    def __init__(self, whole, idx, checked, tol, max_iter, shrinking):
+        self.checked = checked
+        self.args = (whole, checked.offsets, idx, checked.y, checked.C, checked.alpha)
+        n_problems = len(checked.offsets) - 1
+        self.G = np.empty_like(checked.y)
+        self.n_iter = np.zeros(n_problems, dtype=np.int64)
+        self.status = np.zeros(n_problems, dtype=np.int64)
+        self.rho = np.zeros(n_problems)
+        self.objective = np.zeros(n_problems)
+        self.settings = (float(tol), int(max_iter), bool(shrinking))
+
+    def __call__(self, K, which):
+        """Solve the problems ``which`` on rows of ``K`` (one compiled call, GIL released)."""
+        _solve_dense_problems(K, *self.args, self.G, which, *self.settings, self.n_iter,
+                              self.status, self.rho, self.objective)
+
+    def results(self) -> list[SMOResult]:
+        bounds = self.checked.offsets.tolist()
+        alpha, G = self.checked.alpha, self.G
+        return [SMOResult(alpha=alpha[a:b], intercept=-r, n_iter=it, objective=f,
+                          gradient=G[a:b], converged=st == _CONVERGED)
+                for a, b, r, it, f, st in zip(bounds[:-1], bounds[1:], self.rho.tolist(),
+                                              self.n_iter.tolist(), self.objective.tolist(),
+                                              self.status.tolist())]
+
+
+def _in_threads(fn, items, n_jobs):
+    """``fn`` over ``items`` in joblib threads (the numba loops release the GIL)."""
+    from joblib import Parallel, delayed
+
+    items = list(items)
+    if n_jobs in (None, 1) or len(items) <= 1:
+        return [fn(item) for item in items]
+    return Parallel(n_jobs=n_jobs, prefer="threads")(delayed(fn)(it) for it in items)
+
+
 class _BlasThreads:
     """BLAS on one thread while rows are computed, all threads for a reconstruction.
 
     One row is one GEMV: BLAS threads only add synchronisation to it (and the
-    parts of a CA-SVM already run in parallel threads). With a dense kernel
-    matrix no BLAS call happens in the loop, so nothing is changed.
+    parts of a CA-SVM already run in parallel threads).
     """
 
-    def __init__(self, active):
-        self.active = active
+    def __init__(self):
         self.limits = None
 
     def single(self):
-        if self.active:
-            self.limits = threadpool_limits(1, user_api="blas")
+        self.limits = threadpool_limits(1, user_api="blas")
 
     def restore(self):
         if self.limits is not None:
@@ -436,7 +596,7 @@ def _iterate(src, y, C, QD, alpha, G, active, cache, slot_of, slot_row, slot_ful
              state, tol, shrinking):
     """Alternate numba iterations with row computations and unshrinking until done."""
     n = y.shape[0]
-    blas = _BlasThreads(src.K is None)
+    blas = _BlasThreads()
     blas.single()
     try:
         while True:
@@ -456,7 +616,7 @@ def _iterate(src, y, C, QD, alpha, G, active, cache, slot_of, slot_row, slot_ful
                 blas.restore()
                 _reconstruct(src, y, alpha, G, active, state)
                 blas.single()
-                _drop_partial_rows(slot_of, slot_row, slot_full, src.K is not None)
+                _drop_partial_rows(slot_of, slot_row, slot_full)
                 if status != _MAX_ITER:
                     continue
             elif status == _UNSHRINK:
@@ -477,10 +637,8 @@ def _free_slot(slot_of, slot_row, slot_time, state):
     return slot
 
 
-def _drop_partial_rows(slot_of, slot_row, slot_full, dense):
+def _drop_partial_rows(slot_of, slot_row, slot_full):
     """After unshrinking, rows computed for a smaller active set are incomplete."""
-    if dense:
-        return
     stale = (slot_row >= 0) & ~slot_full
     slot_of[slot_row[stale]] = -1
     slot_row[stale] = -1
@@ -532,41 +690,94 @@ def solve_batch(kernel, Xs, problems, *, tol=1e-3, max_iter=-1, cache_bytes=1 <<
                 shrinking=True, n_jobs=None) -> list[SMOResult]:
     """Solve every problem, sharing kernel values between the problems of a group.
 
-    Groups, then problems, run in joblib threads (the numba loop releases the GIL).
+    The problems are validated once, together, and laid end to end in flat
+    arrays. Every group whose kernel matrix fits in ``cache_bytes`` (the usual
+    case for the parts of a CA-SVM) gets it computed once; its problems are
+    then solved by compiled calls over chunks of problems, with no Python
+    per problem or per step. Problems of larger groups are solved one by one
+    with rows computed on demand. Chunks and large problems run in joblib
+    threads (the numba loops release the GIL).
     """
-    from joblib import Parallel, delayed
-
-    def run(fn, items):
-        items = list(items)
-        if n_jobs in (None, 1) or len(items) <= 1:
-            return [fn(item) for item in items]
-        return Parallel(n_jobs=n_jobs, prefer="threads")(delayed(fn)(it) for it in items)
-
     if not problems:
         return []
-    used = sorted({p.group for p in problems})
+    checked = _check_flat([p.y for p in problems], [p.C for p in problems],
+                          [p.alpha0 for p in problems])
+    group = np.array([p.group for p in problems], dtype=np.int64)
+    idxs = [np.asarray(p.idx, dtype=np.int64) for p in problems]
+    sizes = np.diff(checked.offsets)
+    if any(i.shape != (n,) for i, n in zip(idxs, sizes.tolist())):
+        raise ValueError("every problem needs one row index per label (idx and y of equal "
+                         "length)")
+    if np.any((group < 0) | (group >= len(Xs))):
+        raise ValueError(f"a problem names a group outside 0..{len(Xs) - 1}")
+    idx = np.concatenate(idxs)
+    rows = np.array([X.shape[0] for X in Xs], dtype=np.int64)
+    if np.any(idx < 0) or np.any(idx >= np.repeat(rows[group], sizes)):
+        raise ValueError("a problem's row index is outside its group's matrix")
+    mats = _group_matrices(kernel, Xs, np.unique(group).tolist(), cache_bytes, n_jobs)
+    mat_rows = np.array([-1 if mats.get(g) is None else mats[g].shape[0]
+                         for g in range(len(Xs))], dtype=np.int64)
+    dense = mat_rows[group] >= 0
+    # Problem w is its group's whole matrix when idx[a:b] == arange(b - a) and b - a == m.
+    shifted = idx - (np.arange(idx.size) - np.repeat(checked.offsets[:-1], sizes))
+    in_order = np.add.reduceat((shifted != 0).astype(np.int64), checked.offsets[:-1]) == 0
+    run = _DenseRun(dense & in_order & (sizes == mat_rows[group]), idx, checked, tol, max_iter,
+                    shrinking)
+    # One compiled call per chunk of a group's problems: largest first, dealt
+    # round-robin, about 8 chunks per thread over all groups.
+    jobs = 1 if n_jobs in (None, 1) else effective_n_jobs(n_jobs)
+    dense_groups = np.unique(group[dense])
+    per_group = 1 if jobs == 1 else -(-8 * jobs // max(len(dense_groups), 1))
+    row_cached = np.flatnonzero(~dense).tolist()
+    tasks = [("row-cached", w) for w in row_cached]
+    for g in dense_groups.tolist():
+        mine = np.flatnonzero(group == g)
+        mine = mine[np.argsort(-sizes[mine], kind="stable")]
+        n_chunks = min(per_group, mine.size)
+        tasks += [("dense", (g, mine[c::n_chunks])) for c in range(n_chunks)]
+    diagonal = _run_blocks(kernel, Xs, [(group[w], idxs[w]) for w in row_cached], cache_bytes)
+    bounds = checked.offsets
 
-    def group_matrix(g):
-        # The whole matrix when it fits: one GEMM, and the one-vs-one problems of a
-        # group need exactly its values between them (diagonal plus cross blocks).
-        # When it does not fit, shared diagonal blocks are the next best (_run_blocks).
+    def task(item):
+        kind, what = item
+        if kind == "dense":
+            g, which = what
+            return run(mats[g], which)
+        w = what
+        a, b = bounds[w], bounds[w + 1]
+        g = int(group[w])
+        K = None
+        if diagonal and (b - a) ** 2 * np.dtype(Xs[g].dtype).itemsize <= cache_bytes:
+            K = _assemble(kernel, Xs[g], idxs[w], diagonal, g)
+        return w, _solve_checked(kernel, Xs[g], idxs[w], checked.y[a:b], checked.C[a:b],
+                                 checked.alpha[a:b], tol, max_iter, cache_bytes, shrinking, K)
+
+    # Many problems: the threads are the parallelism; BLAS threads inside each
+    # would only oversubscribe the cores.
+    with threadpool_limits(1, user_api="blas") if len(problems) > 1 else nullcontext():
+        done = _in_threads(task, tasks, n_jobs)
+    results = run.results()
+    for out in done:
+        if out is not None:
+            results[out[0]] = out[1]
+    return results
+
+
+def _group_matrices(kernel, Xs, used, cache_bytes, n_jobs):
+    """``{group: kernel matrix}`` for the groups ``used`` whose matrix fits in ``cache_bytes``.
+
+    One GEMM per group: the one-vs-one problems of a group need exactly its
+    values between them (diagonal plus cross blocks).
+    """
+    def matrix(g):
         X = Xs[g]
         if kernel.name == "precomputed":
-            return None
+            return np.ascontiguousarray(_dense(X))
         if X.shape[0] ** 2 * np.dtype(X.dtype).itemsize > cache_bytes:
             return None
-        return kernel.matrix(X, max_bytes=max(cache_bytes, 1))
+        return np.ascontiguousarray(kernel.matrix(X, max_bytes=max(cache_bytes, 1)))
 
-    mats = dict(zip(used, run(group_matrix, used)))
-    if len(problems) == 1:
-        return [_solve_problem(kernel, Xs, problems[0], mats, {}, tol, max_iter, cache_bytes,
-                               shrinking)]
-    # Many small problems (one-vs-one pairs, parts): the threads are the
-    # parallelism; BLAS threads inside each would only oversubscribe the cores.
-    with threadpool_limits(1, user_api="blas"):
-        diagonal = _run_blocks(kernel, Xs, problems, mats, cache_bytes)
-        return run(lambda p: _solve_problem(kernel, Xs, p, mats, diagonal, tol, max_iter,
-                                            cache_bytes, shrinking), problems)
+    return dict(zip(used, _in_threads(matrix, used, n_jobs)))
 
 
 def _runs(idx):
@@ -579,8 +790,8 @@ def _runs(idx):
     return [(int(idx[a]), int(idx[b - 1]) + 1) for a, b in zip(first, last)]
 
 
-def _run_blocks(kernel, Xs, problems, mats, cache_bytes):
-    """Kernel blocks of the index runs shared by several problems of a group.
+def _run_blocks(kernel, Xs, problems, cache_bytes):
+    """Kernel blocks of the index runs shared by several ``(group, idx)`` problems.
 
     One-vs-one problems over rows sorted by class are two runs each: the
     diagonal block of every class is computed once here (if they fit in
@@ -590,10 +801,9 @@ def _run_blocks(kernel, Xs, problems, mats, cache_bytes):
     if kernel.name == "precomputed":
         return {}
     wanted = {}
-    for p in problems:
-        if mats[p.group] is None:
-            for run_ in _runs(np.asarray(p.idx)):
-                wanted[(p.group,) + run_] = wanted.get((p.group,) + run_, 0) + 1
+    for g, idx in problems:
+        for run_ in _runs(idx):
+            wanted[(int(g),) + run_] = wanted.get((int(g),) + run_, 0) + 1
     shared = [key for key, uses in wanted.items() if uses > 1]
     itemsize = max((np.dtype(X.dtype).itemsize for X in Xs), default=8)
     if sum((b - a) ** 2 for _, a, b in shared) * itemsize > cache_bytes:
@@ -616,16 +826,3 @@ def _assemble(kernel, X, idx, diagonal, group):
             K[ou:eu, bounds[v]:bounds[v + 1]] = cross
             K[bounds[v]:bounds[v + 1], ou:eu] = cross.T
     return K
-
-
-def _solve_problem(kernel, Xs, p, mats, diagonal, tol, max_iter, cache_bytes, shrinking):
-    """One problem of a batch, on its group's kernel matrix or its cached blocks."""
-    K = mats[p.group]
-    idx = np.asarray(p.idx)
-    if K is not None and not np.array_equal(idx, np.arange(K.shape[0])):
-        K = _submatrix(K, idx.astype(np.int64))
-    elif (K is None and diagonal and idx.size ** 2 * np.dtype(Xs[p.group].dtype).itemsize
-          <= cache_bytes):
-        K = _assemble(kernel, Xs[p.group], idx, diagonal, p.group)
-    return solve(kernel, Xs[p.group], idx, p.y, p.C, tol=tol, max_iter=max_iter,
-                 cache_bytes=cache_bytes, shrinking=shrinking, alpha0=p.alpha0, K=K)
