@@ -265,7 +265,7 @@ def test_default_partitions_value():
     from gpuml.estimators.casvm import DEFAULT_N_PARTITIONS
 
     assert CASVMClassifier().n_partitions == DEFAULT_N_PARTITIONS
-    assert CASVMClassifier().partition == "fcfs"
+    assert CASVMClassifier().partition == "random"
 
 
 def _expected_failures(estimator):
@@ -286,7 +286,7 @@ def _expected_failures(estimator):
 
 @parametrize_with_checks([CASVMClassifier(n_partitions=1, device="cpu"),
                           CASVMClassifier(n_partitions=2, device="cpu", random_state=0),
-                          CASVMClassifier(n_partitions=2, partition="random", device="cpu",
+                          CASVMClassifier(n_partitions=2, partition="fcfs", device="cpu",
                                           random_state=0)],
                          expected_failed_checks=_expected_failures)
 def test_sklearn_compatible(estimator, check):

@@ -19,9 +19,6 @@ from ._svm import KernelSVMMixin, class_pairs, ovo_votes, ovr_decision
 
 #: Default number of parts, chosen from bench/bench_casvm.py (see docs/casvm.md).
 DEFAULT_N_PARTITIONS = 8
-#: Default partitioner, chosen from bench/bench_casvm.py (see docs/casvm.md): FCFS loses
-#: no more accuracy than a random split on adult and far less on letter, at the same speed.
-DEFAULT_PARTITION = "fcfs"
 #: Default kernel cache per part in MB (see docs/casvm.md).
 DEFAULT_CACHE_SIZE = 1024.0
 
@@ -33,7 +30,7 @@ class CASVMClassifier(KernelSVMMixin, ClassifierMixin, BaseEstimator):
     chosen partitioner, keeps one centre per part, and trains one kernel SVM
     per part with SMO; the parts never communicate. ``predict`` sends every
     sample to the part whose centre is nearest and evaluates that part's
-    model (Alg 5). ``partition="random"`` is CA-SVM, ``"fcfs"`` (the default)
+    model (Alg 5). ``partition="random"`` (the default) is CA-SVM, ``"fcfs"``
     FCFS-SVM (Alg 3), ``"bkm"`` BKM-SVM (Alg 4), ``"kmeans"`` CP-SVM and
     ``"kbalance"`` the K-balance split of chapter 3. With ``n_partitions=1``
     it is an exact kernel SVM solving the same dual as
@@ -62,17 +59,20 @@ class CASVMClassifier(KernelSVMMixin, ClassifierMixin, BaseEstimator):
     coef0 : float, default=0.0
     n_partitions : int, default=8
         Number of parts P. The default is the benchmarked trade-off of
-        docs/casvm.md: on adult (FCFS split, three seeds), P=8 fitted 25x
-        faster than SVC for 0.87 point of accuracy (P=16: 47x, 1.2 points;
-        P=64: 152x, 1.8 points). Problems with many classes lose more
-        (letter, 26 classes: 3.8 points at P=4, 6.5 at P=16), so use a small
-        P there. ``1`` gives the exact SVM.
-    partition : {"random", "fcfs", "kmeans", "kbalance", "bkm"}, default="fcfs"
-        How the training set is split (docs/casvm.md compares them). FCFS
-        (Alg 3: random centres, each sample to the nearest part with room)
-        gives balanced parts that are also local, so nearest-centre routing
-        means something: on adult it lost no more accuracy than a random
-        split, on letter far less, at the same speed.
+        docs/casvm.md: on adult (random split, three seeds), P=8 fitted 26x
+        faster than SVC for 0.93 point of accuracy (P=16: 47x, 1.2 points;
+        P=64: 105x, 2.5 points). Problems with many classes lose more
+        (letter, 26 classes: 6.0 points at P=4 with the random split, 3.8
+        with ``partition="fcfs"``), so use a small P there. ``1`` gives the
+        exact SVM.
+    partition : {"random", "fcfs", "kmeans", "kbalance", "bkm"}, default="random"
+        How the training set is split (docs/casvm.md compares them).
+        ``"random"`` is the paper's CA-SVM and the default the issue's
+        contract names. **Recommended: ``"fcfs"``** (Alg 3: random centres,
+        each sample to the nearest part with room): balanced parts that are
+        also local, so nearest-centre routing means something; over three
+        seeds it lost no more accuracy than the random split on adult and far
+        less on letter (6.5 vs 17.4 points at P=16), at the same speed.
     tol : float, default=1e-3
         Stopping tolerance on the KKT gap (LIBSVM's ``eps``).
     max_iter : int, default=-1
@@ -170,7 +170,7 @@ class CASVMClassifier(KernelSVMMixin, ClassifierMixin, BaseEstimator):
     }
 
     def __init__(self, C=1.0, kernel="rbf", gamma="scale", degree=3, coef0=0.0,
-                 n_partitions=DEFAULT_N_PARTITIONS, partition=DEFAULT_PARTITION, tol=1e-3,
+                 n_partitions=DEFAULT_N_PARTITIONS, partition="random", tol=1e-3,
                  max_iter=-1, cache_size=DEFAULT_CACHE_SIZE, shrinking=False, class_weight=None,
                  decision_function_shape="ovr", device="auto", n_jobs=None,
                  random_state=None, verbose=0):
