@@ -46,6 +46,7 @@ import numpy as np
 from numba import njit
 
 from ._atomics import atomic_add, atomic_add_seq, atomic_load, atomic_store
+from ._vexp import exp_nonpositive
 
 #: Kernel codes understood by :func:`fill_column` (names as :mod:`gpuml.kernels.pairwise`).
 KERNEL_CODES = {"linear": 0, "poly": 1, "rbf": 2, "sigmoid": 3, "precomputed": 4}
@@ -95,6 +96,15 @@ def fill_column(X, sq_norms, y, i, kind, gamma, coef0, degree, out):
             out[j] = y[j] * y[i] * X[i, j]
         return
     xi = X[i]
+    if kind == 2:  # rbf: the exponents first, then one vectorised exp over the column
+        # (into separate arrays: with out as its own input the SIMD loop would not be taken)
+        arg = np.empty(n)
+        for j in range(n):
+            arg[j] = -gamma * max(sq_norms[i] + sq_norms[j] - 2.0 * _dot(X[j], xi), 0.0)
+        exp_nonpositive(arg, out, np.empty(n, dtype=np.int64))
+        for j in range(n):
+            out[j] *= y[j] * y[i]
+        return
     for j in range(n):
         k = _from_dot(_dot(X[j], xi), sq_norms[j], sq_norms[i], kind, gamma, coef0, degree)
         out[j] = y[j] * y[i] * k
