@@ -85,6 +85,26 @@ def test_decision_function_is_the_kernel_expansion():
     np.testing.assert_array_equal(pred, clf.classes_[(expected > 0).astype(int)])
 
 
+def test_default_spreads_pairs_over_cores_with_the_serial_solution(monkeypatch):
+    from gpuml import kernels
+
+    # On the CPU, None gives one worker per one-vs-one problem and the problems run at
+    # once; a binary problem keeps every core; an explicit n_workers runs pairs in turn.
+    monkeypatch.setattr(kernels, "gcd_default_workers", lambda like=None: 4)
+    assert kernels.gcd_plan(X_DIG, 45) == (1, 4)
+    assert kernels.gcd_plan(X_DIG, 3) == (1, 3)
+    assert kernels.gcd_plan(X_DIG, 1) == (4, 1)
+    assert kernels.gcd_plan(X_DIG, 45, n_workers=2) == (2, 1)
+    labels = Y_DIG % 4
+    spread = AsyGCDSVC(tol=1e-4, device="cpu", random_state=0).fit(X_DIG, labels)
+    serial = AsyGCDSVC(n_workers=1, tol=1e-4, device="cpu", random_state=0).fit(X_DIG, labels)
+    assert spread.n_workers_ == 1
+    # Each pair is the same serial greedy solve, wherever it ran.
+    np.testing.assert_array_equal(spread.support_, serial.support_)
+    np.testing.assert_array_equal(spread.dual_coef_, serial.dual_coef_)
+    np.testing.assert_array_equal(spread.n_updates_, serial.n_updates_)
+
+
 def test_multiclass_one_vs_one_with_string_labels():
     labels = np.array(["zero", "one", "two", "three"])[Y_DIG]
     clf = AsyGCDSVC(n_workers=2, device="cpu", random_state=0).fit(X_DIG, labels)
