@@ -4,7 +4,9 @@ Two implementations with one result:
 
 * **fused** (host, dense, ``P * d <= FUSED_MAX_ENTRIES``): one numba sweep over
   X computes each row's nearest centre and, when asked, adds the row into its
-  centre's sum (``_cpu/partition.py``). Nothing of size n x P is written.
+  centre's sum (``_cpu/partition.py``). Nothing of size n x P is written. From
+  ``2 * MIN_ROWS_PER_THREAD`` rows on, row chunks run on the cores at once
+  (the loop releases the GIL) and their partial sums are added.
 * **blocked GEMM** (everything else: CuPy, CSR, many centres or features):
   row blocks of ``||c||^2 - 2 x.c`` by one GEMM each, an ``argmin`` per row;
   the sums are one sparse one-hot product.
@@ -14,6 +16,10 @@ centres, so k-means labels and later routing of the same rows always agree.
 """
 
 from __future__ import annotations
+
+import functools
+import os
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
@@ -35,6 +41,27 @@ def row_blocks(n_rows: int, n_cols: int, itemsize: int = 8):
     rows = max(1, BLOCK_BYTES // max(1, n_cols * itemsize))
     for start in range(0, n_rows, rows):
         yield start, min(start + rows, n_rows)
+
+
+#: Fewest rows per thread of the fused pass: below it, starting threads costs more than it saves.
+MIN_ROWS_PER_THREAD = 32768
+
+
+@functools.lru_cache(maxsize=1)
+def _cores() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (
+        os.cpu_count() or 1)
+
+
+@functools.lru_cache(maxsize=1)
+def _pool() -> ThreadPoolExecutor:
+    return ThreadPoolExecutor(max_workers=_cores(), thread_name_prefix="gpuml-nearest")
+
+
+def _thread_chunks(n_rows: int) -> list[int]:
+    """Row bounds of the fused pass's chunks: one per core, each at least MIN_ROWS_PER_THREAD."""
+    chunks = max(1, min(_cores(), n_rows // MIN_ROWS_PER_THREAD))
+    return [n_rows * c // chunks for c in range(chunks + 1)]
 
 
 def _fused_applies(X, centers) -> bool:
@@ -84,11 +111,21 @@ def nearest_centres(X, centers, *, with_sums: bool = False):
 
         X = np.ascontiguousarray(X)
         centers = np.ascontiguousarray(centers, dtype=X.dtype)
+        half_norms = 0.5 * squared_norms(centers)
         labels = np.empty(X.shape[0], dtype=np.int64)
-        sums = np.zeros((n_parts, X.shape[1]), dtype=X.dtype)
-        counts = np.zeros(n_parts, dtype=np.int64)
-        nearest_centre_sums(X, centers, 0.5 * squared_norms(centers), labels, sums, counts)
-        return (labels, sums, counts) if with_sums else labels
+        bounds = _thread_chunks(X.shape[0])
+        sums = np.zeros((len(bounds) - 1, n_parts, X.shape[1]), dtype=X.dtype)
+        counts = np.zeros((len(bounds) - 1, n_parts), dtype=np.int64)
+
+        def sweep(c):
+            a, b = bounds[c], bounds[c + 1]
+            nearest_centre_sums(X[a:b], centers, half_norms, labels[a:b], sums[c], counts[c])
+
+        if len(bounds) == 2:
+            sweep(0)
+        else:  # the loop releases the GIL: row chunks on the cores, partial sums added
+            list(_pool().map(sweep, range(len(bounds) - 1)))
+        return (labels, sums.sum(axis=0), counts.sum(axis=0)) if with_sums else labels
     xp = namespace_of(centers)
     c_norms = squared_norms(centers)
     labels = xp.empty(X.shape[0], dtype=np.int64)
