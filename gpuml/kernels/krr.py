@@ -10,10 +10,13 @@ This module is the only place that knows how that runs on each device:
   parts run in parallel threads through joblib when ``n_jobs`` allows
   (LAPACK and BLAS release the GIL).
 * **CuPy**: parts of equal size are stacked into one ``(g, m, m)`` array and
-  handled by one batched call: kernel blocks by batched GEMM, the solve by
-  cuSOLVER's ``potrfBatched``/``potrsBatched`` (``cupyx.lapack.posv``).
-  K-balance gives sizes that differ by at most one, so P parts form at most
-  two batches; k-means gives one batch per distinct size.
+  their kernel blocks built by one batched GEMM and one fused elementwise
+  map. Small blocks (m <= :data:`POTRF_BATCHED_MAX`) are then factored
+  together by cuSOLVER's ``potrfBatched``/``potrsBatched`` (``cupyx.lapack.posv``);
+  larger ones one at a time by the single-matrix ``potrf``/``potrs``, in
+  place (:func:`gpu_solve_plan` says which). K-balance gives sizes that differ
+  by at most one, so P parts form at most two groups; k-means gives one group
+  per distinct size.
 
 Every function takes lists of per-part arrays (sizes may differ) and returns
 lists in the same order, on the same device.
@@ -21,6 +24,7 @@ lists in the same order, on the same device.
 
 from __future__ import annotations
 
+import functools
 import os
 
 import numpy as np
@@ -35,6 +39,8 @@ __all__ = [
     "available_bytes",
     "cholesky_solve_batch",
     "eigh_batch",
+    "gpu_solve_bytes",
+    "gpu_solve_plan",
     "gram_batch",
     "krr_solve_parts",
     "tridiagonal_batch",
@@ -43,6 +49,29 @@ __all__ = [
 #: Largest block size for which cuSOLVER's batched Jacobi eigensolver is used;
 #: larger blocks are each one ``syevd`` call, which fills the GPU on its own.
 _SYEVJ_BATCHED_MAX = 32
+
+#: Largest block size m for which equal-size parts are factored together by one
+#: ``potrfBatched`` call; larger blocks get one single-matrix ``potrf`` each.
+#: The two costs cross somewhere in the hundreds. ``potrfBatched`` is built for
+#: many small matrices: an exact-KRR fit at n = 18,432, one block through it,
+#: took 1.6 s warm on an H100, about 1.3 TFLOP/s if the factorisation were all
+#: of it, where one ``potrf`` of that size should take ~0.05 s; its cost per flop
+#: is high once a block is large. A single ``potrf`` issues a fixed chain of
+#: panel steps (tens of launches) whatever m, so below a few hundred rows g
+#: blocks one after another cost g times that latency while one batched call
+#: costs about one. ``bench/profile_bkrr_gpu.py`` times both over m and g on the
+#: GPU; set this from its crossover.
+POTRF_BATCHED_MAX = 512
+
+#: Kernel blocks built and factored by one call are at most this large together
+#: (a group of many equal-size parts is cut into chunks of this size; one block
+#: larger than this is a chunk of its own). It bounds peak memory; 1 GiB is
+#: already 512 float64 blocks of 512 rows, enough to fill any GPU.
+BATCH_BYTES = 1 << 30
+
+#: Device memory the estimate keeps free beyond the kernel blocks: cuSOLVER's and
+#: cuBLAS's workspaces, the right-hand sides and solutions, the norms and indices.
+GPU_HEADROOM_BYTES = 256 << 20
 
 
 class NotPositiveDefiniteError(np.linalg.LinAlgError):
@@ -90,8 +119,78 @@ def _size_groups(sizes) -> list[np.ndarray]:
     return [np.flatnonzero(sizes == m) for m in np.unique(sizes)]
 
 
+def gpu_solve_plan(sizes, itemsize: int) -> list[tuple[np.ndarray, bool]]:
+    """How :func:`krr_solve_parts` runs on a GPU: one ``(parts, batched)`` per chunk.
+
+    Each chunk holds parts of one size whose kernel blocks are built together
+    (one batched GEMM), at most :data:`BATCH_BYTES` of blocks, or one block when
+    a single block is larger. ``batched`` chunks (several parts of at most
+    :data:`POTRF_BATCHED_MAX` rows) are factored by one ``potrfBatched`` call;
+    the others by one single-matrix ``potrf`` per part, in place. Pure: decides
+    from the sizes alone, so it is tested without a GPU.
+
+    Examples
+    --------
+    >>> from gpuml.kernels.krr import gpu_solve_plan
+    >>> [(c.tolist(), b) for c, b in gpu_solve_plan([18432], 8)]
+    [([0], False)]
+    >>> [(c.tolist(), b) for c, b in gpu_solve_plan([100, 100, 99], 8)]
+    [([2], False), ([0, 1], True)]
+    """
+    sizes = np.asarray(sizes, dtype=np.int64)
+    plan = []
+    for group in _size_groups(sizes):
+        m = int(sizes[group[0]])
+        per_chunk = max(1, BATCH_BYTES // max(1, m * m * itemsize))
+        for start in range(0, group.size, per_chunk):
+            chunk = group[start:start + per_chunk]
+            plan.append((chunk, bool(chunk.size > 1 and m <= POTRF_BATCHED_MAX)))
+    return plan
+
+
+def gpu_solve_bytes(sizes, itemsize: int) -> int:
+    """Peak device memory of :func:`krr_solve_parts` on a GPU for parts of these sizes.
+
+    The largest chunk of :func:`gpu_solve_plan`: its ``g`` kernel blocks of
+    ``m^2`` values, twice for a batched chunk (``cupyx.lapack.posv`` factors a
+    copy of the stack), once otherwise (``potrf`` works in place); plus
+    :data:`GPU_HEADROOM_BYTES`. The data, targets and solutions are small next
+    to it and covered by the headroom.
+
+    Examples
+    --------
+    >>> from gpuml.kernels.krr import gpu_solve_bytes, GPU_HEADROOM_BYTES
+    >>> (gpu_solve_bytes([18432], 8) - GPU_HEADROOM_BYTES) / 2**30
+    2.53125
+    """
+    sizes = np.asarray(sizes, dtype=np.int64)
+    peak = 0
+    for chunk, batched in gpu_solve_plan(sizes, itemsize):
+        m = int(sizes[chunk[0]])
+        peak = max(peak, (2 if batched else 1) * chunk.size * m * m * itemsize)
+    return int(peak) + GPU_HEADROOM_BYTES
+
+
 def _is_sparse(X) -> bool:
     return hasattr(X, "tocsr")
+
+
+@functools.lru_cache(maxsize=1)
+def _rbf_from_gram_kernel():
+    """``g <- exp(-gamma * max(ni + nj - 2 g, 0))`` in one pass over the block, in place.
+
+    The five NumPy-style passes it replaces each read and write every value of
+    the ``g m^2`` stack (for one 18,432 block in float64, 2.7 GB per pass). The
+    arithmetic is that of :func:`gpuml.kernels.pairwise.sq_distances` and
+    :meth:`Kernel.matrix` in the same order (``-2 g`` is exact), so the blocks
+    agree with the CPU's to rounding.
+    """
+    import cupy
+
+    return cupy.ElementwiseKernel(
+        "T ni, T nj, T gamma", "T g",
+        "T d = (g * (T)-2 + nj) + ni; g = exp((d > (T)0 ? d : (T)0) * -gamma);",
+        "gpuml_rbf_from_gram")
 
 
 def _stacked_gram(kernel: Kernel, Xs):
@@ -101,12 +200,8 @@ def _stacked_gram(kernel: Kernel, Xs):
     if kernel.name != "rbf":
         return kernel._from_gram(G)
     norms = xp.einsum("gij,gij->gi", Xs, Xs)
-    G *= -2.0
-    G += norms[:, :, None]
-    G += norms[:, None, :]
-    xp.maximum(G, 0.0, out=G)
-    G *= -kernel.gamma
-    return xp.exp(G, out=G)
+    _rbf_from_gram_kernel()(norms[:, :, None], norms[:, None, :], G.dtype.type(kernel.gamma), G)
+    return G
 
 
 def gram_batch(kernel: Kernel, parts: list, *, n_jobs=None) -> list:
@@ -185,6 +280,79 @@ def _posv_device(A_stack, B_stack):
     return X
 
 
+def _potrf_potrs_inplace(A, B, info, scratch):
+    """Solve ``A X = B`` by one cuSOLVER ``potrf`` (overwriting A with its factor) and ``potrs``.
+
+    ``A`` is a C- or Fortran-contiguous symmetric (m, m) float32/float64 CuPy
+    array. Read in Fortran order a C-ordered symmetric matrix is itself
+    (``A^T = A``), so ``potrf`` factors the buffer in place: no m x m copy, where
+    ``cupyx.lapack.posv`` and ``cupy.linalg.cholesky`` copy it first. With
+    ``lower`` in Fortran order it reads the upper triangle of the C-ordered
+    array, the triangle the CPU path factors too.
+
+    ``info`` (a one-element int32 device array) receives ``potrf``'s status
+    (> 0: not positive definite); nothing is read back here, so a chain of
+    solves runs without a host synchronisation. ``scratch`` takes ``potrs``'s
+    status, which only reports invalid arguments. Returns X shaped like B, a
+    new array (B is not modified).
+    """
+    import cupy
+    from cupy.cuda import device
+    from cupy_backends.cuda.libs import cublas, cusolver
+
+    if A.dtype == np.float64:
+        buffer_size, potrf, potrs = cusolver.dpotrf_bufferSize, cusolver.dpotrf, cusolver.dpotrs
+    elif A.dtype == np.float32:
+        buffer_size, potrf, potrs = cusolver.spotrf_bufferSize, cusolver.spotrf, cusolver.spotrs
+    else:
+        raise TypeError(f"the Cholesky solve takes float32 or float64 blocks, got {A.dtype}")
+    if not (A.flags.c_contiguous or A.flags.f_contiguous):
+        raise ValueError("the block factored in place must be contiguous")
+    m = A.shape[0]
+    handle = device.get_cusolver_handle()
+    lower = cublas.CUBLAS_FILL_MODE_LOWER
+    lwork = buffer_size(handle, lower, m, A.data.ptr, m)
+    work = cupy.empty(max(1, lwork), dtype=A.dtype)
+    potrf(handle, lower, m, A.data.ptr, m, work.data.ptr, lwork, info.data.ptr)
+    X = B.reshape(m, -1).astype(A.dtype, order="F", copy=True)
+    potrs(handle, lower, m, X.shape[1], A.data.ptr, m, X.data.ptr, m, scratch.data.ptr)
+    return cupy.ascontiguousarray(X).reshape(B.shape)
+
+
+class _DeviceCholesky:
+    """Cholesky solves of the parts on one GPU, their failures reported once at the end.
+
+    Single-matrix solves only record ``potrf``'s status and whether the
+    solution is finite, on the device; :meth:`raise_if_failed` reads both back
+    in one host synchronisation and names the first failing part. A batched
+    chunk is checked at once (``cupyx.lapack.posv`` reads its status back
+    itself) and cannot say which of its parts failed.
+    """
+
+    def __init__(self, xp, n_parts: int):
+        self.xp = xp
+        self.info = xp.zeros(n_parts, dtype=np.int32)
+        self.finite = xp.ones(n_parts, dtype=bool)
+        self.scratch = xp.zeros(1, dtype=np.int32)
+
+    def single(self, j: int, A, B):
+        X = _potrf_potrs_inplace(A, B, self.info[j:j + 1], self.scratch)
+        self.finite[j] = self.xp.isfinite(X).all()
+        return X
+
+    def batched(self, chunk, A_stack, B_stack):
+        try:
+            return _posv_device(A_stack, B_stack)
+        except NotPositiveDefiniteError:
+            raise NotPositiveDefiniteError(int(chunk[0]) if len(chunk) == 1 else None) from None
+
+    def raise_if_failed(self):
+        bad = ((self.info != 0) | ~self.finite).get()
+        failed = np.flatnonzero(bad)
+        if failed.size:
+            raise NotPositiveDefiniteError(int(failed[0]))
+
+
 def cholesky_solve_batch(As: list, Bs: list, *, overwrite_a=False, n_jobs=None) -> list:
     """Solve ``A_j X_j = B_j`` for SPD ``A_j`` by Cholesky, for every part ``j``.
 
@@ -217,15 +385,23 @@ def cholesky_solve_batch(As: list, Bs: list, *, overwrite_a=False, n_jobs=None) 
     if As and is_cupy_array(As[0]):
         xp = namespace_of(As[0])
         out = [None] * len(As)
-        for group in _size_groups([A.shape[0] for A in As]):
-            A_stack = xp.stack([As[j] for j in group])
-            B_stack = xp.stack([Bs[j] for j in group])
-            try:
-                X = _posv_device(A_stack, B_stack)
-            except NotPositiveDefiniteError:
-                raise NotPositiveDefiniteError(int(group[0]) if len(group) == 1 else None) from None
-            for slot, j in enumerate(group):
-                out[j] = X[slot]
+        solver = _DeviceCholesky(xp, len(As))
+        itemsize = np.result_type(As[0].dtype, np.float32).itemsize
+        for chunk, batched in gpu_solve_plan([A.shape[0] for A in As], itemsize):
+            if batched:
+                X = solver.batched(chunk, xp.stack([As[j] for j in chunk]),
+                                   xp.stack([Bs[j] for j in chunk]))
+                for slot, j in enumerate(chunk):
+                    out[j] = X[slot]
+                continue
+            for j in chunk:
+                A = As[j]
+                dtype = np.result_type(A.dtype, Bs[j].dtype, np.float32)
+                if not (overwrite_a and A.dtype == dtype
+                        and (A.flags.c_contiguous or A.flags.f_contiguous)):
+                    A = A.astype(dtype, order="C", copy=True)
+                out[j] = solver.single(j, A, Bs[j])
+        solver.raise_if_failed()
         return out
     return _map(lambda j: _cho_solve_host(As[j], Bs[j], j, overwrite_a), range(len(As)), n_jobs)
 
@@ -234,9 +410,9 @@ def krr_solve_parts(kernel: Kernel, parts: list, targets: list, shifts, *, n_job
     """Dual coefficients of every part: solve ``(K(X_j, X_j) + s_j I) a_j = y_j`` (eq. 3.6).
 
     The kernel block of a part is built, shifted, factored in place and freed
-    before the next part of the same thread starts (CPU), or per batch of
-    equal-size parts (GPU): peak memory is ``n_jobs`` blocks on the CPU and
-    one batch (twice, for cuSOLVER's copy) on the GPU.
+    before the next part of the same thread starts (CPU), or per chunk of
+    equal-size parts (GPU, :func:`gpu_solve_plan`): peak memory is ``n_jobs``
+    blocks on the CPU and :func:`gpu_solve_bytes` on the GPU.
 
     Examples
     --------
@@ -250,25 +426,7 @@ def krr_solve_parts(kernel: Kernel, parts: list, targets: list, shifts, *, n_job
     """
     shifts = [float(s) for s in shifts]
     if parts and is_cupy_array(parts[0]):
-        xp = namespace_of(parts[0])
-        out = [None] * len(parts)
-        for group in _size_groups([p.shape[0] for p in parts]):
-            if _is_sparse(parts[0]):
-                A = xp.stack(gram_batch(kernel, [parts[j] for j in group]))
-            else:
-                A = _stacked_gram(kernel, xp.stack([parts[j] for j in group]))
-            dtype = A.dtype
-            eye = xp.arange(A.shape[1])
-            A[:, eye, eye] += xp.asarray([shifts[j] for j in group], dtype=dtype)[:, None]
-            B = xp.stack([targets[j] for j in group])
-            try:
-                X = _posv_device(A, B)
-            except NotPositiveDefiniteError:
-                raise NotPositiveDefiniteError(int(group[0]) if len(group) == 1 else None) from None
-            del A
-            for slot, j in enumerate(group):
-                out[j] = X[slot]
-        return out
+        return _solve_parts_device(kernel, parts, targets, shifts)
 
     def solve(j):
         K = _upper_gram_host(kernel, parts[j])
@@ -276,6 +434,40 @@ def krr_solve_parts(kernel: Kernel, parts: list, targets: list, shifts, *, n_job
         return _cho_solve_host(K, targets[j], j, overwrite=True)
 
     return _map(solve, range(len(parts)), n_jobs)
+
+
+def _solve_parts_device(kernel: Kernel, parts: list, targets: list, shifts: list) -> list:
+    """The GPU side of :func:`krr_solve_parts`, chunk by chunk of :func:`gpu_solve_plan`.
+
+    Per chunk: the kernel blocks of its parts as one (g, m, m) stack (batched
+    GEMM and one fused map), the shifts added to the diagonals, then one
+    ``potrfBatched`` solve for the stack or one in-place ``potrf`` per block.
+    Nothing is read back to the host until the end (one synchronisation for
+    the failure check), and a chunk's stack is freed before the next is built.
+    """
+    xp = namespace_of(parts[0])
+    sizes = [p.shape[0] for p in parts]
+    out = [None] * len(parts)
+    solver = _DeviceCholesky(xp, len(parts))
+    for chunk, batched in gpu_solve_plan(sizes, np.dtype(parts[0].dtype).itemsize):
+        members = [parts[j] for j in chunk]
+        if _is_sparse(parts[0]):
+            A = xp.stack(gram_batch(kernel, members))
+        else:
+            A = _stacked_gram(kernel, xp.stack(members))
+        diagonal = xp.arange(A.shape[1])
+        A[:, diagonal, diagonal] += xp.asarray([shifts[j] for j in chunk],
+                                               dtype=A.dtype)[:, None]
+        if batched:
+            X = solver.batched(chunk, A, xp.stack([targets[j] for j in chunk]))
+            for slot, j in enumerate(chunk):
+                out[j] = X[slot]
+        else:
+            for slot, j in enumerate(chunk):
+                out[j] = solver.single(int(j), A[slot], targets[j])
+        del A
+    solver.raise_if_failed()
+    return out
 
 
 def eigh_batch(As: list, *, overwrite_a=False, n_jobs=None) -> list:
