@@ -369,3 +369,106 @@ def test_gpu_fitted_pickle_loads_on_cpu(monkeypatch, diabetes):
     restored = pickle.loads(pickle.dumps(est))
     assert restored.device_ == "cpu"
     np.testing.assert_array_equal(restored.predict(X), expected)
+
+
+# -- the GPU plan and memory estimate (pure functions, tested without a GPU) ----------------
+def _plan(sizes, itemsize=8):
+    return [(chunk.tolist(), batched) for chunk, batched in krr.gpu_solve_plan(sizes, itemsize)]
+
+
+def test_gpu_plan_one_large_block_is_a_single_matrix_solve():
+    """Exact KRR (one part) never goes through potrfBatched, whatever its size."""
+    for m in (1, 100, krr.POTRF_BATCHED_MAX, 18432):
+        assert _plan([m]) == [([0], False)]
+
+
+def test_gpu_plan_batches_small_equal_blocks_only():
+    small, large = krr.POTRF_BATCHED_MAX, krr.POTRF_BATCHED_MAX + 1
+    assert _plan([small] * 4) == [([0, 1, 2, 3], True)]
+    assert _plan([large] * 3) == [([0, 1, 2], False)]
+    # K-balance sizes differ by one: two groups, the lone odd size on its own
+    assert _plan([100, 99, 100, 100]) == [([1], False), ([0, 2, 3], True)]
+    # k-means sizes all differ: each its own single-matrix solve
+    assert _plan([30, 20, 10]) == [([2], False), ([1], False), ([0], False)]
+
+
+def test_gpu_plan_chunks_cover_every_part_once_within_the_byte_bound(monkeypatch):
+    monkeypatch.setattr(krr, "BATCH_BYTES", 10 * 64 * 64 * 8)
+    sizes = [64] * 25 + [65] * 3 + [2000]
+    plan = krr.gpu_solve_plan(sizes, 8)
+    seen = np.concatenate([chunk for chunk, _ in plan])
+    assert sorted(seen.tolist()) == list(range(len(sizes)))
+    for chunk, batched in plan:
+        m = sizes[chunk[0]]
+        assert all(sizes[j] == m for j in chunk)
+        assert chunk.size == 1 or chunk.size * m * m * 8 <= krr.BATCH_BYTES
+        assert batched == (chunk.size > 1 and m <= krr.POTRF_BATCHED_MAX)
+    assert [c.size for c, _ in plan if sizes[c[0]] == 64] == [10, 10, 5]
+
+
+def test_gpu_solve_bytes():
+    head = krr.GPU_HEADROOM_BYTES
+    # one block factored in place: m^2 values, no copy
+    assert krr.gpu_solve_bytes([18432], 8) == 18432**2 * 8 + head
+    assert krr.gpu_solve_bytes([18432], 4) == 18432**2 * 4 + head
+    # a batched chunk is copied by cupyx.lapack.posv: twice its blocks
+    assert krr.gpu_solve_bytes([100] * 16, 8) == 2 * 16 * 100**2 * 8 + head
+    # single-matrix blocks of one size are built together, factored one by one
+    m = krr.POTRF_BATCHED_MAX + 1
+    assert krr.gpu_solve_bytes([m] * 4, 8) == 4 * m * m * 8 + head
+
+
+def test_balanced_sizes():
+    for n, P in ((442, 4), (18432, 16), (10, 10), (7, 1), (1000, 7)):
+        sizes = bkrr_module._balanced_sizes(n, P)
+        assert sizes.size == P and sizes.sum() == n and sizes.max() - sizes.min() <= 1
+
+
+def test_fitting_partitions_bisects_to_the_smallest():
+    assert bkrr_module._fitting_partitions(1000, 3, lambda P: P >= 17) == 17
+    assert bkrr_module._fitting_partitions(1000, 3, lambda P: True) == 4
+    assert bkrr_module._fitting_partitions(1000, 3, lambda P: False) is None
+    assert bkrr_module._fitting_partitions(5, 5, lambda P: True) is None
+
+
+def _fake_gpu():
+    # The GPU branch of the estimate only needs backend.is_gpu; the arrays never move.
+    return _backend.Backend(np, 0)
+
+
+def test_gpu_memory_refusal_says_what_it_needs_and_what_to_change(monkeypatch):
+    n = 18432
+    need_exact = krr.gpu_solve_bytes([n], 8)
+    budget = need_exact // 2
+    monkeypatch.setattr(bkrr_module, "available_bytes", lambda xp: budget)
+    est = BKRRRegressor(n_partitions=1)
+    with pytest.raises(MemoryError) as info:
+        est._check_memory([n], 8, _fake_gpu())
+    msg = str(info.value)
+    assert f"needs about {need_exact / 2**30:.2f} GiB" in msg and "cuda:0" in msg
+    assert "dtype='float32'" in msg
+    suggested = int(msg.rsplit(">=", 1)[1].split()[0])
+    fits = krr.gpu_solve_bytes(bkrr_module._balanced_sizes(n, suggested), 8)
+    assert fits <= budget < krr.gpu_solve_bytes(bkrr_module._balanced_sizes(n, suggested - 1), 8)
+    est._check_memory(bkrr_module._balanced_sizes(n, suggested), 8, _fake_gpu())
+
+
+def test_gpu_memory_refusal_when_nothing_fits(monkeypatch):
+    monkeypatch.setattr(bkrr_module, "available_bytes", lambda xp: krr.GPU_HEADROOM_BYTES // 2)
+    with pytest.raises(MemoryError, match="free memory on the device"):
+        BKRRRegressor(n_partitions=2)._check_memory([500, 500], 4, _fake_gpu())
+
+
+def test_memory_is_refused_before_partitioning(monkeypatch, diabetes):
+    """The lower bound ceil(n / P) is checked before k-means runs."""
+    X, y = diabetes
+
+    def no_split(*args, **kwargs):
+        raise AssertionError("partitioned before the memory check")
+
+    monkeypatch.setattr(bkrr_module, "available_bytes", lambda xp: 8 * 100**2)
+    monkeypatch.setattr(bkrr_module, "split", no_split)
+    with pytest.raises(MemoryError, match=r"2 part\(s\), largest 221 samples"):
+        BKRRRegressor(n_partitions=2, device="cpu").fit(X, y)
+    with pytest.raises(MemoryError, match="σ/λ search"):
+        BKRRRegressorCV(n_partitions=2, device="cpu").fit(X, y)

@@ -33,10 +33,12 @@ from ..kernels import (
     Kernel,
     NotPositiveDefiniteError,
     available_bytes,
+    gpu_solve_bytes,
     krr_solve_parts,
     sq_distances,
     tridiagonal_batch,
 )
+from ..kernels.krr import GPU_HEADROOM_BYTES
 from ._partitioned import PARTITION_CONSTRAINTS, route, split
 
 #: ``n_partitions="auto"`` makes parts of at most this many samples. Fit time
@@ -84,6 +86,48 @@ def _r2_scores(y, preds):
     return r2.mean(axis=1)
 
 
+def _format_bytes(n: int) -> str:
+    return f"{n / 2**30:.2f} GiB" if n >= 2**30 else f"{n / 2**20:.1f} MiB"
+
+
+def _balanced_sizes(n: int, n_parts: int) -> np.ndarray:
+    """Part sizes of a balanced split of n samples into P parts (as K-balance makes)."""
+    return np.full(n_parts, n // n_parts, dtype=np.int64) + (np.arange(n_parts) < n % n_parts)
+
+
+def _fitting_partitions(n: int, n_parts: int, fits) -> int | None:
+    """The smallest P in (n_parts, n] with ``fits(P)``, by bisection; None if P = n does not fit.
+
+    The need of balanced parts falls as P grows, except around the size where
+    parts become small enough to be factored in batches on a GPU
+    (:func:`gpuml.kernels.gpu_solve_plan`); there the bisection may return a
+    larger P than the smallest, but never one that does not fit.
+    """
+    lo, hi = n_parts + 1, n
+    if lo > n or not fits(n):
+        return None
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if fits(mid):
+            hi = mid
+        else:
+            lo = mid + 1
+    return lo
+
+
+def _gpu_search_bytes(sizes, itemsize: int) -> int:
+    """Peak device bytes of :class:`BKRRRegressorCV` for parts of these sizes.
+
+    All parts at once: their squared distances, their kernel blocks at one σ,
+    the eigenvectors of each (``Tridiagonal.Q``) and ``Q * Q`` for the
+    leave-one-out diagonal, four ``m_j^2`` arrays per part; plus ``syevd``'s
+    copy and workspace for the largest block (about two more ``m^2``).
+    """
+    sizes = np.asarray(sizes, dtype=np.int64)
+    blocks = 4 * int((sizes**2).sum()) + 2 * int(sizes.max()) ** 2
+    return blocks * itemsize + GPU_HEADROOM_BYTES
+
+
 def _take(xp, A, idx):
     """Rows ``idx`` (host indices) of ``A`` on A's device."""
     return A[xp.asarray(idx)]
@@ -114,38 +158,60 @@ class _BKRRBase(RegressorMixin, BaseEstimator):
         P = _n_partitions(self.n_partitions, X.shape[0])
         return split(X, P, self.partition, self.random_state)
 
-    def _check_memory(self, sizes, itemsize, backend, per_part_copies):
-        """Fail before allocating when the kernel blocks would not fit.
+    def _memory_need(self, sizes, itemsize, backend, search=False) -> int:
+        """Peak bytes of the solve (or of the σ/λ search) for parts of these sizes.
 
         CPU: ``n_jobs`` blocks of ``m_j^2`` live at once (each factored in
-        place). GPU: one batch of equal-size blocks, ``per_part_copies`` times.
+        place), three times over for the search. GPU: the solve's largest chunk
+        (:func:`gpuml.kernels.gpu_solve_bytes`), or for the search
+        :func:`_gpu_search_bytes`.
         """
         sizes = np.asarray(sizes, dtype=np.int64)
         if backend.is_gpu:
-            need = max(int((sizes == m).sum()) * int(m) ** 2 for m in np.unique(sizes))
-            concurrent = None
-        else:
-            concurrent = max(1, min(effective_n_jobs(self.n_jobs), sizes.size))
-            need = int((np.sort(sizes)[::-1][:concurrent] ** 2).sum())
-        need *= itemsize * per_part_copies
+            return (_gpu_search_bytes if search else gpu_solve_bytes)(sizes, itemsize)
+        concurrent = max(1, min(effective_n_jobs(self.n_jobs), sizes.size))
+        blocks = int((np.sort(sizes)[::-1][:concurrent] ** 2).sum())
+        return blocks * itemsize * (3 if search else 1)
+
+    def _check_memory(self, sizes, itemsize, backend, *, search=False, n_samples=None,
+                      n_parts=None):
+        """Refuse, before allocating, a fit whose kernel blocks would not fit.
+
+        ``sizes`` are the part sizes, or before partitioning ``[ceil(n / P)]``
+        with ``n_samples=n, n_parts=P`` (no partition of n samples into P parts
+        has a smaller largest part, so its need is a lower bound). The message
+        says how much is needed and the smallest ``n_partitions`` whose balanced
+        parts fit by the same estimate.
+        """
+        sizes = np.asarray(sizes, dtype=np.int64)
+        n = int(sizes.sum() if n_samples is None else n_samples)
+        n_parts = int(sizes.size if n_parts is None else n_parts)
+        need = self._memory_need(sizes, itemsize, backend, search)
         avail = available_bytes(backend.xp)
         if need <= avail:
             return
-        n = int(sizes.sum())
-        # Smallest P whose balanced parts fit; GPU batches all P parts at once,
-        # so there the total P * m^2 ~ n^2 / P must fit.
-        per = itemsize * per_part_copies
-        if backend.is_gpu:
-            suggest = math.ceil(n * n * per / avail)
+        suggest = _fitting_partitions(
+            n, n_parts, lambda P: self._memory_need(_balanced_sizes(n, P), itemsize, backend,
+                                                    search) <= avail)
+        if suggest is None:
+            change = ("even one sample per part does not fit: free memory on the device "
+                      "(other arrays, other processes) or fit on another device")
         else:
-            suggest = math.ceil(n / max(1, math.isqrt(avail // (concurrent * per))))
-        suggest = min(max(suggest, sizes.size + 1), n)
+            change = f"use a larger n_partitions (n_partitions>={suggest} should fit)"
+        if itemsize == 8:
+            change += "; dtype='float32' needs about half"
+        what = "its σ/λ search" if search else "its kernel blocks"
         raise MemoryError(
-            f"{type(self).__name__} needs about {need / 2**30:.2f} GiB for its kernel blocks "
-            f"({sizes.size} part(s), largest {int(sizes.max())} samples) on {backend.device}, "
-            f"but only {avail / 2**30:.2f} GiB is available; use a larger n_partitions "
-            f"(n_partitions>={suggest} should fit)"
+            f"{type(self).__name__} needs about {_format_bytes(need)} for {what} "
+            f"({n_parts} part(s), largest {int(sizes.max())} samples) on {backend.device}, "
+            f"but only {_format_bytes(avail)} is available; {change}"
         )
+
+    def _check_before_split(self, n, itemsize, backend, *, search=False):
+        """The memory check on the lower bound ``[ceil(n / P)]``, before any partitioning."""
+        P = _n_partitions(self.n_partitions, n)
+        self._check_memory([-(-n // P)], itemsize, backend, search=search, n_samples=n,
+                           n_parts=P)
 
     def _kernel(self, gamma: float) -> Kernel:
         return Kernel(self.kernel, gamma, int(self.degree), float(self.coef0))
@@ -167,8 +233,7 @@ class _BKRRBase(RegressorMixin, BaseEstimator):
     def _solve(self, backend, X, y, partitioning, sigma, lam):
         """Step 2: the P systems ``(K_j + lam*m_j*I) a_j = y_j`` (eq. 3.6, Alg 10 line 12)."""
         xp = backend.xp
-        self._check_memory(partitioning.sizes, X.dtype.itemsize, backend,
-                           per_part_copies=2 if backend.is_gpu else 1)
+        self._check_memory(partitioning.sizes, X.dtype.itemsize, backend)
         parts = [_take(xp, X, idx) for idx in partitioning.parts]
         targets = [_take(xp, y, idx) for idx in partitioning.parts]
         shifts = [lam * len(idx) for idx in partitioning.parts]
@@ -311,8 +376,12 @@ class BKRRRegressor(_BKRRBase):
         around 1e-3 relative differences from float64 with ``lam*m`` near
         1e-2, and failures (a clear error) when ``lam*m`` is below ~1e-6.
     device : {"auto", "cpu", "cuda"} or "cuda:N", default="auto"
-        Where to fit. On a GPU all parts are solved at once: equal-size parts
-        form one batched kernel GEMM and one batched Cholesky (cuSOLVER).
+        Where to fit. On a GPU equal-size parts form one batched kernel GEMM;
+        small blocks are then factored together by one batched Cholesky, large
+        ones (exact KRR's one block) by one in-place cuSOLVER ``potrf`` each
+        (:func:`gpuml.kernels.gpu_solve_plan`). A fit whose blocks would not
+        fit in the device's free memory is refused before it starts, with the
+        ``n_partitions`` that would fit.
     n_jobs : int or None, default=None
         Threads over parts on the CPU (joblib); each part's LAPACK call is
         itself multi-threaded by BLAS.
@@ -401,6 +470,7 @@ class BKRRRegressor(_BKRRBase):
         self._validate_params()
         backend, X, y = self._prepare(X, y)
         with backend.use():
+            self._check_before_split(X.shape[0], X.dtype.itemsize, backend)
             partitioning = self._split(X)
             alphas = self._solve(backend, X, y, partitioning, self.sigma, self.lam)
             self._store_fit(backend, X, partitioning, alphas, self.sigma, self.lam)
@@ -629,9 +699,9 @@ class BKRRRegressorCV(_BKRRBase):
         with backend.use():
             for f, (train, test) in enumerate(splits):
                 Xtr, ytr = _take(xp, X, train), _take(xp, y, train)
+                self._check_before_split(Xtr.shape[0], X.dtype.itemsize, backend, search=True)
                 partitioning = self._split(Xtr)
-                self._check_memory(partitioning.sizes, X.dtype.itemsize, backend,
-                                   per_part_copies=3)
+                self._check_memory(partitioning.sizes, X.dtype.itemsize, backend, search=True)
                 parts = [_take(xp, Xtr, idx) for idx in partitioning.parts]
                 targets = [_take(xp, ytr, idx) for idx in partitioning.parts]
                 # Squared distances do not depend on σ: once per fold, one exp per σ.
