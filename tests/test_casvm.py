@@ -230,7 +230,9 @@ def test_max_iter_warns():
     from sklearn.exceptions import ConvergenceWarning
 
     X, y = load_breast_cancer(return_X_y=True)
-    with pytest.warns(ConvergenceWarning):
+    # SVC's message, word for word.
+    with pytest.warns(ConvergenceWarning, match=r"^Solver terminated early \(max_iter=5\)\.  "
+                      r"Consider pre-processing your data with StandardScaler or MinMaxScaler\.$"):
         clf = cpu(n_partitions=1, max_iter=5).fit(StandardScaler().fit_transform(X), y)
     assert clf.fit_status_ == 1 and clf.n_iter_.max() == 5
 

@@ -218,3 +218,24 @@ def test_batch_rejects_a_bad_problem_among_good_ones(cancer):
         smo_solve_batch(kernel, [X], [good, SMOProblem(0, np.arange(99), y[:100])])
     with pytest.raises(ValueError, match="group outside"):
         smo_solve_batch(kernel, [X], [good, SMOProblem(1, np.arange(100), y[:100])])
+
+
+def test_iteration_limit_is_libsvms_cap():
+    """max_iter=-1 stops at max(10^7, 100 n) steps, as LIBSVM (CPU and GPU solvers alike)."""
+    from gpuml.kernels._cpu.smo import ITER_CAP_MIN, ITER_CAP_PER_VARIABLE, iteration_limit
+
+    assert ITER_CAP_MIN == 10**7 and ITER_CAP_PER_VARIABLE == 100
+    assert iteration_limit(-1, 10) == 10**7
+    assert iteration_limit(-1, 200_000) == 2 * 10**7
+    assert iteration_limit(5, 10**9) == 5
+    assert iteration_limit(0, 3) == 0
+
+
+@pytest.mark.parametrize("cache_mb", [1024.0, 0.05])
+def test_max_iter_stops_dense_and_row_cached_paths(cancer, cache_mb):
+    X, y = cancer
+    kernel = make_kernel("rbf", "scale", X=X)
+    res = smo_solve(kernel, X, y, 1.0, max_iter=7, cache_size=cache_mb, shrinking=False)
+    assert not res.converged and res.n_iter == 7
+    full = smo_solve(kernel, X, y, 1.0, max_iter=-1, cache_size=cache_mb)
+    assert full.converged and full.n_iter < 10**7

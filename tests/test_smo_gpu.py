@@ -100,10 +100,166 @@ def test_rows_on_the_fly_match_cpu(cancer, name, monkeypatch):
 
     from gpuml.kernels._cuda import smo as gpu_smo
 
-    monkeypatch.setattr(gpu_smo, "_matrices_fit", lambda *args: False)
+    monkeypatch.setattr(gpu_smo, "_matrix_budget", lambda cp, reserved: 0)
     X, y = cancer
     kernel = make_kernel(name, "scale", degree=2, coef0=0.5, X=X)
     cpu = smo_solve(kernel, X, y, 0.5)
     gpu = smo_solve(kernel, cp.asarray(X), y, 0.5)
     assert gpu.converged
     assert gpu.objective == pytest.approx(cpu.objective, rel=1e-4)
+
+
+def digits_parts(sizes):
+    """Digits split into parts of the given sizes, with every one-vs-one problem of each."""
+    X, y = load_digits(return_X_y=True)
+    X = StandardScaler().fit_transform(X)
+    perm = np.random.default_rng(0).permutation(len(y))
+    parts = np.split(perm, np.cumsum(sizes)[:-1])
+    problems, Xs = [], []
+    for g, rows in enumerate(parts):
+        Xs.append(X[rows])
+        labels = y[rows]
+        for a in range(10):
+            for b in range(a + 1, 10):
+                local = np.flatnonzero((labels == a) | (labels == b))
+                problems.append(SMOProblem(g, local, np.where(labels[local] == a, 1.0, -1.0),
+                                           1.0))
+    return X, Xs, problems
+
+
+@pytest.mark.parametrize("grid", [True, False])
+def test_float32_state_in_double_matches_float64_oracle(cancer, grid, monkeypatch):
+    """float32 data: the kernel matrix in float32, alpha and G in double, as LIBSVM."""
+    import cupy as cp
+
+    from gpuml.kernels._cuda import smo as gpu_smo
+
+    monkeypatch.setattr(gpu_smo, "GRID_MIN_SIZE", 0 if grid else 1 << 30)
+    X, y = cancer
+    kernel = make_kernel("rbf", "scale", X=X)
+    cpu = smo_solve(kernel, X, y, 1.0)
+    gpu = smo_solve(kernel, cp.asarray(X.astype(np.float32)), y, 1.0)
+    assert gpu.converged
+    assert gpu.alpha.dtype == cp.float64 and gpu.gradient.dtype == cp.float64
+    assert gpu.objective == pytest.approx(cpu.objective, rel=1e-5)
+    assert gpu.intercept == pytest.approx(cpu.intercept, abs=1e-3)
+    assert abs(float(cp.asnumpy(gpu.alpha) @ y)) < 1e-10
+
+
+def test_float32_batch_matches_float64_oracle():
+    import cupy as cp
+
+    X, Xs, problems = digits_parts([450, 450, 450, 447])
+    kernel = make_kernel("rbf", "scale", X=X)
+    cpu = smo_solve_batch(kernel, Xs, problems)
+    gpu = smo_solve_batch(kernel, [cp.asarray(x, dtype=cp.float32) for x in Xs], problems)
+    for c, g in zip(cpu, gpu):
+        assert g.converged
+        assert g.objective == pytest.approx(c.objective, rel=1e-5)
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_chunks_and_on_the_fly_match_cpu(dtype, monkeypatch):
+    """Matrices that do not fit together: chunks of groups, and one group on the fly."""
+    import cupy as cp
+
+    from gpuml.kernels._cuda import smo as gpu_smo
+
+    itemsize = np.dtype(dtype).itemsize
+    # Group 0 (600 rows) does not fit alone; groups 1 and 2 fit together, 3 goes alone.
+    budget = 2 * 400 * 400 * itemsize
+    monkeypatch.setattr(gpu_smo, "_matrix_budget", lambda cp, reserved: budget)
+    plans = []
+    plan = gpu_smo.plan_chunks
+
+    def spy(*args):
+        plans.append(plan(*args))
+        return plans[-1]
+
+    monkeypatch.setattr(gpu_smo, "plan_chunks", spy)
+    X, Xs, problems = digits_parts([600, 400, 400, 397])
+    kernel = make_kernel("rbf", "scale", X=X)
+    cpu = smo_solve_batch(kernel, Xs, problems)
+    gpu = smo_solve_batch(kernel, [cp.asarray(x, dtype=dtype) for x in Xs], problems)
+    assert plans == [([[1, 2], [3]], [0])]
+    for c, g in zip(cpu, gpu):
+        assert g.converged
+        assert g.objective == pytest.approx(c.objective, rel=1e-5)
+        assert g.intercept == pytest.approx(c.intercept, abs=1e-2)
+
+
+def test_chunked_estimator_matches_cpu(monkeypatch):
+    from gpuml.kernels._cuda import smo as gpu_smo
+
+    X, y = load_digits(return_X_y=True)
+    X = StandardScaler().fit_transform(X)
+    # About one part's matrix per chunk: four launches instead of one.
+    monkeypatch.setattr(gpu_smo, "_matrix_budget", lambda cp, reserved: 460 * 460 * 8)
+    cpu = CASVMClassifier(n_partitions=4, random_state=0, device="cpu").fit(X, y)
+    gpu = CASVMClassifier(n_partitions=4, random_state=0, device="cuda").fit(X, y)
+    np.testing.assert_allclose(gpu.objective_, cpu.objective_, rtol=1e-4)
+    assert np.mean(gpu.predict(X) == cpu.predict(X)) >= 0.995
+
+
+def test_warm_start_in_a_later_chunk(monkeypatch):
+    import cupy as cp
+
+    from gpuml.kernels._cuda import smo as gpu_smo
+
+    X, Xs, problems = digits_parts([450, 450, 450, 447])
+    kernel = make_kernel("rbf", "scale", X=X)
+    cold = smo_solve_batch(kernel, Xs, problems, tol=1e-5)
+    warm = [SMOProblem(p.group, p.idx, p.y, p.C, c.alpha) for p, c in zip(problems, cold)]
+    monkeypatch.setattr(gpu_smo, "_matrix_budget", lambda cp, reserved: 460 * 460 * 8)
+    out = smo_solve_batch(kernel, [cp.asarray(x) for x in Xs], warm)
+    for c, g in zip(cold, out):
+        assert g.n_iter == 0
+        assert g.objective == pytest.approx(c.objective, rel=1e-9)
+
+
+def test_precomputed_matrix_too_large_is_refused(cancer, monkeypatch):
+    import cupy as cp
+
+    from gpuml.kernels._cuda import smo as gpu_smo
+
+    X, y = cancer
+    monkeypatch.setattr(gpu_smo, "_matrix_budget", lambda cp, reserved: 0)
+    K = cp.asarray(X @ X.T)
+    with pytest.raises(MemoryError, match="precomputed kernel matrix .* device='cpu'"):
+        smo_solve(make_kernel("precomputed"), K, y, 1.0)
+
+
+@pytest.mark.parametrize("grid", [True, False])
+def test_iteration_cap_stops_like_cpu(cancer, grid, monkeypatch):
+    import cupy as cp
+
+    from gpuml.kernels._cuda import smo as gpu_smo
+
+    monkeypatch.setattr(gpu_smo, "GRID_MIN_SIZE", 0 if grid else 1 << 30)
+    X, y = cancer
+    kernel = make_kernel("rbf", "scale", X=X)
+    cpu = smo_solve(kernel, X, y, 1.0, max_iter=7, shrinking=False)
+    gpu = smo_solve(kernel, cp.asarray(X), y, 1.0, max_iter=7)
+    assert not gpu.converged and gpu.n_iter == 7
+    assert not cpu.converged and cpu.n_iter == 7
+    # Seven identical steps from zero: the same point.
+    np.testing.assert_allclose(cp.asnumpy(gpu.alpha), cpu.alpha, atol=1e-10)
+    assert gpu.objective == pytest.approx(cpu.objective, rel=1e-10)
+
+
+def test_iteration_cap_on_the_fly_and_estimator_warning(cancer, monkeypatch):
+    import cupy as cp
+    from sklearn.exceptions import ConvergenceWarning
+
+    from gpuml.kernels._cuda import smo as gpu_smo
+
+    X, y = cancer
+    kernel = make_kernel("rbf", "scale", X=X)
+    monkeypatch.setattr(gpu_smo, "_matrix_budget", lambda cp, reserved: 0)
+    rows = smo_solve(kernel, cp.asarray(X), y, 1.0, max_iter=7)
+    assert not rows.converged and rows.n_iter == 7
+    monkeypatch.undo()
+    with pytest.warns(ConvergenceWarning, match=r"Solver terminated early \(max_iter=5\)\.  "
+                      "Consider pre-processing"):
+        clf = CASVMClassifier(n_partitions=1, max_iter=5, device="cuda").fit(X, y)
+    assert clf.fit_status_ == 1 and clf.n_iter_.max() == 5

@@ -11,7 +11,7 @@ from sklearn.exceptions import ConvergenceWarning
 from sklearn.utils._param_validation import Interval, StrOptions
 from sklearn.utils.validation import check_is_fitted
 
-from .._backend import resolve, to_numpy, to_output
+from .._backend import namespace_of, resolve, to_numpy, to_output
 from .._validation import validate_X
 from ..kernels import SMOProblem, smo_solve_batch
 from ._partitioned import KERNEL_CONSTRAINTS, PARTITION_CONSTRAINTS, route, split
@@ -76,7 +76,9 @@ class CASVMClassifier(KernelSVMMixin, ClassifierMixin, BaseEstimator):
     tol : float, default=1e-3
         Stopping tolerance on the KKT gap (LIBSVM's ``eps``).
     max_iter : int, default=-1
-        SMO steps per binary problem at most; -1 for no limit.
+        SMO steps per binary problem at most; -1 for LIBSVM's cap of
+        ``max(10**7, 100 * n)`` steps on a problem of ``n`` samples. A problem
+        stopped by either warns with a ``ConvergenceWarning``, as SVC.
     cache_size : float, default=1024
         Kernel cache in MB **per part** (so up to ``n_jobs`` times this at
         once). A part whose kernel matrix fits is computed whole with one
@@ -282,7 +284,9 @@ class CASVMClassifier(KernelSVMMixin, ClassifierMixin, BaseEstimator):
         self.objective_ = objective
         self.fit_status_ = 0 if converged else 1
         if not converged:
-            warnings.warn(f"Solver terminated early (max_iter={self.max_iter}). Consider "
+            cap = ("" if self.max_iter >= 0 else
+                   ": an SMO problem reached LIBSVM's cap of max(10**7, 100 * n_samples) steps")
+            warnings.warn(f"Solver terminated early (max_iter={self.max_iter}){cap}.  Consider "
                           "pre-processing your data with StandardScaler or MinMaxScaler.",
                           ConvergenceWarning, stacklevel=3)
         if self.verbose:
@@ -293,7 +297,10 @@ class CASVMClassifier(KernelSVMMixin, ClassifierMixin, BaseEstimator):
         """Support vectors grouped by part and their coefficients ``alpha_i y_i`` per pair."""
         n = len(y_idx)
         sizes = [len(prob.y) for prob in problems]
-        alpha = np.concatenate([to_numpy(res.alpha) for res in results] + [np.zeros(0)])
+        # One copy to the host: the GPU solver's alphas are joined on the device first.
+        alphas = [res.alpha for res in results]
+        alpha = (to_numpy(namespace_of(alphas[0]).concatenate(alphas)) if alphas
+                 else np.zeros(0))
         labels = np.concatenate([prob.y for prob in problems] + [np.zeros(0)])
         rows = np.concatenate(owners + [np.zeros(0, np.int64)])
         sv = alpha > 0

@@ -98,8 +98,9 @@ def smo_solve_batch(kernel, Xs, problems, *, tol=1e-3, max_iter=-1, cache_size=1
     ``Xs`` is a list of matrices (all NumPy or all CuPy); each
     :class:`SMOProblem` names its matrix (``group``) and rows. Problems of one
     group share its kernel matrix when it fits in ``cache_size`` MB. On the
-    CPU groups and problems run in ``n_jobs`` threads; on a GPU every problem
-    is solved concurrently by one kernel launch. Returns one
+    CPU groups and problems run in ``n_jobs`` threads; on a GPU the problems
+    are solved concurrently, one kernel launch per chunk of groups whose
+    kernel matrices fit in device memory together (usually one). Returns one
     :class:`SMOResult` per problem, arrays in the namespace of ``Xs``.
     """
     cache_bytes = int(float(cache_size) * (1 << 20))
@@ -129,7 +130,8 @@ def smo_solve(kernel, X, y, C=1.0, *, tol=1e-3, max_iter=-1, cache_size=1024.0,
     tol : float
         Stop when the KKT gap ``max_{I_up} -yG - min_{I_low} -yG`` is below it.
     max_iter : int
-        SMO steps at most (-1: no limit).
+        SMO steps at most; -1: LIBSVM's cap of ``max(10**7, 100 n)`` steps. A
+        problem stopped by either has ``converged=False``.
     cache_size : float
         Kernel-row cache in MB; the whole kernel matrix is computed at once when it fits.
     shrinking : bool

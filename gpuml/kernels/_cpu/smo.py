@@ -41,6 +41,12 @@ from ..pairwise import squared_norms
 
 #: Smallest curvature used for a non-positive-definite pair (LIBSVM's TAU).
 TAU = 1e-12
+#: With ``max_iter=-1`` a problem of n variables stops after ``max(ITER_CAP_MIN,
+#: ITER_CAP_PER_VARIABLE * n)`` steps, LIBSVM's cap (Chang & Lin, "LIBSVM: a library for
+#: support vector machines", 2011, Solver::Solve): rounding can keep a problem from ever
+#: reaching the tolerance, and a solver that never returns is worse than one that says so.
+ITER_CAP_MIN = 10_000_000
+ITER_CAP_PER_VARIABLE = 100
 
 _CONVERGED, _NEED_ROWS, _MAX_ITER, _UNSHRINK = 0, 1, 2, 3
 # Slots of the integer state vector shared by Python and the numba loop.
@@ -66,7 +72,9 @@ class SMOResult:
     gradient : ndarray of shape (n,)
         ``Q a - e`` at the solution (warm starts and diagnostics).
     converged : bool
-        False when ``max_iter`` stopped the solver first.
+        False when ``max_iter`` (or, with ``max_iter=-1``, LIBSVM's cap of
+        ``max(10**7, 100 n)`` steps, see :func:`iteration_limit`) stopped the
+        solver first.
     """
 
     alpha: np.ndarray
@@ -75,6 +83,17 @@ class SMOResult:
     objective: float
     gradient: np.ndarray
     converged: bool
+
+
+@njit(nogil=True, cache=True)
+def iteration_limit(max_iter, n):
+    """SMO steps allowed on a problem of ``n`` variables: ``max_iter``, or LIBSVM's cap for -1.
+
+    The CPU and GPU solvers both stop there and report ``converged=False``.
+    """
+    if max_iter >= 0:
+        return max_iter
+    return max(ITER_CAP_MIN, ITER_CAP_PER_VARIABLE * n)
 
 
 @njit(nogil=True, cache=True, inline="always")
@@ -379,7 +398,7 @@ def _solve_dense_problems(K, whole, offsets, idx, y, C, alpha, G, which, tol, ma
         b = offsets[w + 1]
         Kw = K if whole[w] else _submatrix(K, idx[a:b])
         state = np.zeros(8, dtype=np.int64)
-        state[_MAX] = max_iter
+        state[_MAX] = iteration_limit(max_iter, b - a)
         ya = y[a:b]
         Ca = C[a:b]
         al = alpha[a:b]
@@ -518,7 +537,7 @@ def _solve_checked(kernel, X, idx, y, C, alpha, tol, max_iter, cache_bytes, shri
         G += y * src.dot(np.arange(n), nz, alpha[nz] * y[nz])
     active = np.arange(n, dtype=np.int64)
     state = np.zeros(8, dtype=np.int64)
-    state[_MAX] = max_iter
+    state[_MAX] = iteration_limit(max_iter, n)
     state[_ACTIVE] = n
     state[_COUNTER] = min(n, 1000)
 

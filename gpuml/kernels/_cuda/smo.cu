@@ -19,6 +19,12 @@
 // "rows" type where kernel values come from. The
 // state (alpha, G) lives in global memory; a step reads G_i, G_j, alpha_i,
 // alpha_j before a barrier and writes after it, so no thread sees half a step.
+//
+// T is the type of the kernel values (the data's float type). The state (y, C,
+// alpha, G, the kernel diagonal qd) and all arithmetic on it are double for
+// either T, as LIBSVM keeps float kernel rows but double gradients: a float
+// gradient accumulates the rounding of every step. Every problem stops after
+// max_iter steps (the host passes LIBSVM's cap for max_iter=-1) with status 1.
 
 #include <cooperative_groups.h>
 
@@ -93,35 +99,33 @@ __device__ T block_sum(T v, T* sv) {
 }
 
 // The threads of one block solve one problem.
-template <typename T>
 struct BlockTeam {
-    T* sv;
+    double* sv;
     int* si;
     __device__ int first() const { return threadIdx.x; }
     __device__ int stride() const { return blockDim.x; }
     __device__ bool leader() const { return threadIdx.x == 0; }
     __device__ void sync() { __syncthreads(); }
-    __device__ void argmax(T& v, int& i) { block_argmax(v, i, sv, si); }
-    __device__ T sum(T v) { return block_sum(v, sv); }
+    __device__ void argmax(double& v, int& i) { block_argmax(v, i, sv, si); }
+    __device__ double sum(double v) { return block_sum(v, sv); }
 };
 
 // Every thread of a cooperative grid solves one problem. Partial results go
 // through a double-buffered global scratch, so a reduction never overwrites
 // values another block may still be reading from the previous one.
-template <typename T>
 struct GridTeam {
-    T* sv;
+    double* sv;
     int* si;
-    T* gv;
+    double* gv;
     int* gi;
     int phase;
     __device__ int first() const { return blockIdx.x * blockDim.x + threadIdx.x; }
     __device__ int stride() const { return gridDim.x * blockDim.x; }
     __device__ bool leader() const { return blockIdx.x == 0 && threadIdx.x == 0; }
     __device__ void sync() { cg::this_grid().sync(); }
-    __device__ void argmax(T& v, int& i) {
+    __device__ void argmax(double& v, int& i) {
         block_argmax(v, i, sv, si);
-        T* bv = gv + (phase & 1) * gridDim.x;
+        double* bv = gv + (phase & 1) * gridDim.x;
         int* bi = gi + (phase & 1) * gridDim.x;
         ++phase;
         if (threadIdx.x == 0) {
@@ -129,41 +133,51 @@ struct GridTeam {
             bi[blockIdx.x] = i;
         }
         cg::this_grid().sync();
-        v = -huge_value<T>();
+        v = -huge_value<double>();
         i = -1;
         for (int b = threadIdx.x; b < gridDim.x; b += blockDim.x) better(v, i, bv[b], bi[b]);
         block_argmax(v, i, sv, si);
     }
-    __device__ T sum(T v) {
+    __device__ double sum(double v) {
         v = block_sum(v, sv);
-        T* bv = gv + (phase & 1) * gridDim.x;
+        double* bv = gv + (phase & 1) * gridDim.x;
         ++phase;
         if (threadIdx.x == 0) bv[blockIdx.x] = v;
         cg::this_grid().sync();
-        v = T(0);
+        v = 0.0;
         for (int b = threadIdx.x; b < gridDim.x; b += blockDim.x) v += bv[b];
         return block_sum(v, sv);
     }
 };
 
-template <typename T>
-__device__ __forceinline__ bool in_up(T y, T a, T c) { return y > 0 ? a < c : a > 0; }
-template <typename T>
-__device__ __forceinline__ bool in_low(T y, T a, T c) { return y > 0 ? a > 0 : a < c; }
+__device__ __forceinline__ bool in_up(double y, double a, double c) {
+    return y > 0 ? a < c : a > 0;
+}
+__device__ __forceinline__ bool in_low(double y, double a, double c) {
+    return y > 0 ? a > 0 : a < c;
+}
 
 // Kernel rows from a precomputed group matrix: row i is Kg[idx[i]], column k is idx[k].
+// The diagonal is gathered once into qd (prepare): read inside the selection loop it
+// would be one strided, uncoalesced load from the matrix per variable and step.
 template <typename T>
 struct MatrixRows {
     const T* Kg;
     long long ld;
     const int* idx;
+    double* qd;
+    template <typename Team>
+    __device__ void prepare(Team& team, int n) {
+        for (int k = team.first(); k < n; k += team.stride()) {
+            const long long c = idx[k];
+            qd[k] = double(Kg[c * ld + c]);
+        }
+        team.sync();
+    }
     template <typename Team>
     __device__ const T* row(Team&, int i, int) { return Kg + (long long)idx[i] * ld; }
-    __device__ T at(const T* r, int k) const { return r[idx[k]]; }
-    __device__ T diag(int k) const {
-        const long long c = idx[k];
-        return Kg[c * ld + c];
-    }
+    __device__ double at(const T* r, int k) const { return double(r[idx[k]]); }
+    __device__ double diag(int k) const { return qd[k]; }
 };
 
 // Kernel rows computed when needed (the matrix does not fit): the team writes row i
@@ -174,7 +188,7 @@ template <typename T>
 struct OnTheFlyRows {
     const T* XT;
     const T* norms;
-    const T* qd;
+    const double* qd;
     T* scratch;
     int n;
     int d;
@@ -200,24 +214,28 @@ struct OnTheFlyRows {
         return tanh(gamma * dot + coef0);
     }
     template <typename Team>
+    __device__ void prepare(Team&, int) {}
+    template <typename Team>
     __device__ const T* row(Team& team, int i, int slot) {
         T* out = scratch + (long long)slot * n;
         for (int k = team.first(); k < n; k += team.stride()) out[k] = value(i, k);
         team.sync();
         return out;
     }
-    __device__ T at(const T* r, int k) const { return r[k]; }
-    __device__ T diag(int k) const { return qd[k]; }
+    __device__ double at(const T* r, int k) const { return double(r[k]); }
+    __device__ double diag(int k) const { return qd[k]; }
 };
 
-template <typename T, typename Team, typename Rows>
-__device__ void smo_core(Team& team, Rows& rows, int n,
-                         const T* y, const T* C, T* alpha, T* G, T tol, long long max_iter,
-                         long long* n_iter_out, T* rho_out, T* obj_out, int* status_out) {
+template <typename Team, typename Rows>
+__device__ void smo_core(Team& team, Rows& rows, int n, const double* y, const double* C,
+                         double* alpha, double* G, double tol, long long max_iter,
+                         long long* n_iter_out, double* rho_out, double* obj_out,
+                         int* status_out) {
+    rows.prepare(team, n);
     long long it = 0;
     int status = 1;
-    while (max_iter < 0 || it < max_iter) {
-        T g_max = -huge_value<T>();
+    while (it < max_iter) {
+        double g_max = -huge_value<double>();
         int i = -1;
         for (int k = team.first(); k < n; k += team.stride()) {
             if (in_up(y[k], alpha[k], C[k])) better(g_max, i, -y[k] * G[k], k);
@@ -227,20 +245,20 @@ __device__ void smo_core(Team& team, Rows& rows, int n,
             status = 0;
             break;
         }
-        const T* Ki = rows.row(team, i, 0);
-        const T qd_i = rows.diag(i);
-        T g_max2 = -huge_value<T>();
+        const auto* Ki = rows.row(team, i, 0);
+        const double qd_i = rows.diag(i);
+        double g_max2 = -huge_value<double>();
         int unused = -1;
-        T best = -huge_value<T>();
+        double best = -huge_value<double>();
         int j = -1;
         for (int k = team.first(); k < n; k += team.stride()) {
             if (!in_low(y[k], alpha[k], C[k])) continue;
-            const T v = y[k] * G[k];
+            const double v = y[k] * G[k];
             if (v > g_max2) g_max2 = v;
-            const T diff = g_max + v;
+            const double diff = g_max + v;
             if (diff > 0) {
-                T quad = qd_i + rows.diag(k) - T(2) * rows.at(Ki, k);
-                if (quad <= 0) quad = tau_value<T>();
+                double quad = qd_i + rows.diag(k) - 2.0 * rows.at(Ki, k);
+                if (quad <= 0) quad = tau_value<double>();
                 better(best, j, diff * diff / quad, k);
             }
         }
@@ -251,15 +269,15 @@ __device__ void smo_core(Team& team, Rows& rows, int n,
             break;
         }
         // Everyone computes the same step from values read before the barrier.
-        const T* Kj = rows.row(team, j, 1);
-        const T yi = y[i], yj = y[j], Ci = C[i], Cj = C[j];
-        const T old_i = alpha[i], old_j = alpha[j];
-        T quad = qd_i + rows.diag(j) - T(2) * rows.at(Ki, j);
-        if (quad <= 0) quad = tau_value<T>();
-        T ai = old_i, aj = old_j;
+        const auto* Kj = rows.row(team, j, 1);
+        const double yi = y[i], yj = y[j], Ci = C[i], Cj = C[j];
+        const double old_i = alpha[i], old_j = alpha[j];
+        double quad = qd_i + rows.diag(j) - 2.0 * rows.at(Ki, j);
+        if (quad <= 0) quad = tau_value<double>();
+        double ai = old_i, aj = old_j;
         if (yi != yj) {
-            const T delta = (-G[i] - G[j]) / quad;
-            const T diff = ai - aj;
+            const double delta = (-G[i] - G[j]) / quad;
+            const double diff = ai - aj;
             ai += delta;
             aj += delta;
             if (diff > 0) {
@@ -273,8 +291,8 @@ __device__ void smo_core(Team& team, Rows& rows, int n,
                 aj = Cj; ai = Cj + diff;
             }
         } else {
-            const T delta = (G[i] - G[j]) / quad;
-            const T total = ai + aj;
+            const double delta = (G[i] - G[j]) / quad;
+            const double total = ai + aj;
             ai -= delta;
             aj += delta;
             if (total > Ci) {
@@ -293,8 +311,8 @@ __device__ void smo_core(Team& team, Rows& rows, int n,
             alpha[i] = ai;
             alpha[j] = aj;
         }
-        const T di = (ai - old_i) * yi;
-        const T dj = (aj - old_j) * yj;
+        const double di = (ai - old_i) * yi;
+        const double dj = (aj - old_j) * yj;
         for (int k = team.first(); k < n; k += team.stride()) {
             G[k] += y[k] * (rows.at(Ki, k) * di + rows.at(Kj, k) * dj);
         }
@@ -302,13 +320,13 @@ __device__ void smo_core(Team& team, Rows& rows, int n,
         ++it;
     }
     // LIBSVM's rho: mean of yG over free variables, else the middle of its bounds.
-    T free_sum = 0, free_count = 0, objective = 0;
-    T ub = -huge_value<T>(), lb = -huge_value<T>();  // ub holds -min(...) as a max
+    double free_sum = 0, free_count = 0, objective = 0;
+    double ub = -huge_value<double>(), lb = -huge_value<double>();  // ub: -min(...) as a max
     int unused = -1;
     for (int k = team.first(); k < n; k += team.stride()) {
-        const T yg = y[k] * G[k];
-        const T a = alpha[k];
-        objective += a * (G[k] - T(1));
+        const double yg = y[k] * G[k];
+        const double a = alpha[k];
+        objective += a * (G[k] - 1.0);
         const bool upper = a >= C[k];
         const bool lower = a <= 0;
         if (upper || lower) {
@@ -328,81 +346,75 @@ __device__ void smo_core(Team& team, Rows& rows, int n,
     team.argmax(ub, unused);
     team.argmax(lb, unused);
     if (team.leader()) {
-        *rho_out = free_count > 0 ? free_sum / free_count : (lb - ub) / T(2);
-        *obj_out = objective / T(2);
+        *rho_out = free_count > 0 ? free_sum / free_count : (lb - ub) / 2.0;
+        *obj_out = objective / 2.0;
         *n_iter_out = it;
         *status_out = status;
     }
 }
 
 // Problem p: rows idx[off[p] : off[p] + size[p]] of the group matrix at K + k_off[p]
-// with leading dimension ld[p]; y, C, alpha, G are concatenated the same way.
+// with leading dimension ld[p]; y, C, alpha, G and qd (the diagonal, filled here) are
+// concatenated the same way; problem p stops after max_iter[p] steps.
 template <typename T>
 __global__ void smo_block(const T* K, const long long* k_off, const long long* ld,
-                          const int* idx, const long long* off, const int* size, const T* y,
-                          const T* C, T* alpha, T* G, T tol, long long max_iter,
-                          long long* n_iter, T* rho, T* obj, int* status) {
-    __shared__ T sv[32];
+                          const int* idx, const long long* off, const int* size,
+                          const double* y, const double* C, double* alpha, double* G,
+                          double* qd, double tol, const long long* max_iter, long long* n_iter,
+                          double* rho, double* obj, int* status) {
+    __shared__ double sv[32];
     __shared__ int si[32];
     const int p = blockIdx.x;
     const long long o = off[p];
-    BlockTeam<T> team{sv, si};
-    MatrixRows<T> rows{K + k_off[p], ld[p], idx + o};
-    smo_core<T>(team, rows, size[p], y + o, C + o, alpha + o, G + o, tol, max_iter, n_iter + p,
-                rho + p, obj + p, status + p);
+    BlockTeam team{sv, si};
+    MatrixRows<T> rows{K + k_off[p], ld[p], idx + o, qd + o};
+    smo_core(team, rows, size[p], y + o, C + o, alpha + o, G + o, tol, max_iter[p], n_iter + p,
+             rho + p, obj + p, status + p);
 }
 
 // One problem over the whole cooperative grid; scratch_v/scratch_i hold 2 * gridDim values.
 template <typename T>
-__global__ void smo_grid(const T* K, long long ld, const int* idx, int n, const T* y,
-                         const T* C, T* alpha, T* G, T tol, long long max_iter,
-                         T* scratch_v, int* scratch_i, long long* n_iter, T* rho, T* obj,
-                         int* status) {
-    __shared__ T sv[32];
+__global__ void smo_grid(const T* K, long long ld, const int* idx, int n, const double* y,
+                         const double* C, double* alpha, double* G, double* qd, double tol,
+                         long long max_iter, double* scratch_v, int* scratch_i,
+                         long long* n_iter, double* rho, double* obj, int* status) {
+    __shared__ double sv[32];
     __shared__ int si[32];
-    GridTeam<T> team{sv, si, scratch_v, scratch_i, 0};
-    MatrixRows<T> rows{K, ld, idx};
-    smo_core<T>(team, rows, n, y, C, alpha, G, tol, max_iter, n_iter, rho, obj, status);
+    GridTeam team{sv, si, scratch_v, scratch_i, 0};
+    MatrixRows<T> rows{K, ld, idx, qd};
+    smo_core(team, rows, n, y, C, alpha, G, tol, max_iter, n_iter, rho, obj, status);
 }
 
 // XT: (d, n) features, transposed; norms, qd: squared norms and K(x_k, x_k); row_scratch: 2 n.
 template <typename T>
-__global__ void smo_grid_rows(const T* XT, const T* norms, const T* qd, int n, int d, int kind,
-                              T gamma, T coef0, int degree, const T* y, const T* C, T* alpha,
-                              T* G, T tol, long long max_iter, T* scratch_v, int* scratch_i,
-                              T* row_scratch, long long* n_iter, T* rho, T* obj, int* status) {
-    __shared__ T sv[32];
+__global__ void smo_grid_rows(const T* XT, const T* norms, const double* qd, int n, int d,
+                              int kind, T gamma, T coef0, int degree, const double* y,
+                              const double* C, double* alpha, double* G, double tol,
+                              long long max_iter, double* scratch_v, int* scratch_i,
+                              T* row_scratch, long long* n_iter, double* rho, double* obj,
+                              int* status) {
+    __shared__ double sv[32];
     __shared__ int si[32];
-    GridTeam<T> team{sv, si, scratch_v, scratch_i, 0};
+    GridTeam team{sv, si, scratch_v, scratch_i, 0};
     OnTheFlyRows<T> rows{XT, norms, qd, row_scratch, n, d, kind, gamma, coef0, degree};
-    smo_core<T>(team, rows, n, y, C, alpha, G, tol, max_iter, n_iter, rho, obj, status);
+    smo_core(team, rows, n, y, C, alpha, G, tol, max_iter, n_iter, rho, obj, status);
 }
 
 #ifdef GPUML_NVCC_CHECK
-template __global__ void smo_block<float>(const float*, const long long*, const long long*,
-                                          const int*, const long long*, const int*,
-                                          const float*, const float*, float*, float*, float,
-                                          long long, long long*, float*, float*, int*);
-template __global__ void smo_block<double>(const double*, const long long*, const long long*,
-                                           const int*, const long long*, const int*,
-                                           const double*, const double*, double*, double*,
-                                           double, long long, long long*, double*, double*,
-                                           int*);
-template __global__ void smo_grid<float>(const float*, long long, const int*, int, const float*,
-                                         const float*, float*, float*, float, long long, float*,
-                                         int*, long long*, float*, float*, int*);
-template __global__ void smo_grid<double>(const double*, long long, const int*, int,
-                                          const double*, const double*, double*, double*,
-                                          double, long long, double*, int*, long long*,
-                                          double*, double*, int*);
-template __global__ void smo_grid_rows<float>(const float*, const float*, const float*, int,
-                                              int, int, float, float, int, const float*,
-                                              const float*, float*, float*, float, long long,
-                                              float*, int*, float*, long long*, float*, float*,
-                                              int*);
-template __global__ void smo_grid_rows<double>(const double*, const double*, const double*,
-                                               int, int, int, double, double, int,
-                                               const double*, const double*, double*, double*,
-                                               double, long long, double*, int*, double*,
-                                               long long*, double*, double*, int*);
+#define GPUML_SMO_INSTANCES(T)                                                                \
+    template __global__ void smo_block<T>(const T*, const long long*, const long long*,       \
+                                          const int*, const long long*, const int*,           \
+                                          const double*, const double*, double*, double*,     \
+                                          double*, double, const long long*, long long*,      \
+                                          double*, double*, int*);                            \
+    template __global__ void smo_grid<T>(const T*, long long, const int*, int, const double*, \
+                                         const double*, double*, double*, double*, double,    \
+                                         long long, double*, int*, long long*, double*,       \
+                                         double*, int*);                                      \
+    template __global__ void smo_grid_rows<T>(const T*, const T*, const double*, int, int,    \
+                                              int, T, T, int, const double*, const double*,   \
+                                              double*, double*, double, long long, double*,   \
+                                              int*, T*, long long*, double*, double*, int*);
+GPUML_SMO_INSTANCES(float)
+GPUML_SMO_INSTANCES(double)
 #endif
