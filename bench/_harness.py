@@ -53,6 +53,29 @@ def timeit(fn: Callable[[], object], *, repeat: int = 3, warmup: int = 0,
     return best
 
 
+def timings(fn: Callable[[], object], *, repeat: int = 5, warmup: int = 1,
+            sync: Callable[[], None] | None = None) -> list[float]:
+    """Wall seconds of each of ``repeat`` calls of ``fn``, after ``warmup`` untimed calls.
+
+    ``sync`` is called after each call (a device synchronise) so that work a
+    call queues on a GPU is inside its interval. Report the median of the list
+    for a warm figure; time the first call of a fresh process apart (with
+    ``warmup=0, repeat=1``) when compile time is wanted.
+    """
+    for _ in range(warmup):
+        fn()
+        if sync:
+            sync()
+    out = []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        fn()
+        if sync:
+            sync()
+        out.append(time.perf_counter() - t0)
+    return out
+
+
 def _fmt(v) -> str:
     if isinstance(v, float):
         if v != 0 and (abs(v) < 1e-3 or abs(v) >= 1e5):

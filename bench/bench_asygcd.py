@@ -70,13 +70,14 @@ def _datasets(quick: bool):
     return out
 
 
-def _binary(name, y):
+def binary_labels(name, y):
+    """Labels in {-1, +1}: adult's two classes; letter as the binary problem A-M vs N-Z."""
     if name == "letter":
         return np.where(y >= np.median(np.unique(y)), 1.0, -1.0)
     return np.where(y == y.max(), 1.0, -1.0)
 
 
-def _blocks(X, workers, seed=0, partition="kmeans"):
+def make_blocks(X, workers, seed=0, partition="kmeans"):
     """k-means blocks (§4.4) or an even random split, timed: the paper times its k-means."""
     t0 = time.perf_counter()
     if workers == 1:
@@ -99,17 +100,31 @@ def _time_to_gap(trace, f_star, offset):
     return float("nan"), -1
 
 
+def timed_solve(X, y, kernel, workers, *, partition="kmeans", seed=0, tol=1e-3, **options):
+    """One CPU solve with ``workers`` threads from a zero start: ``(result, seconds, t_part)``.
+
+    ``seconds`` is the solve's wall time, ``t_part`` the time to make the blocks
+    (add it for the paper's time-to-gap). The result also carries ``cpu_per_wall``
+    (CPU seconds of all threads per wall second: above 1 only if the workers ran
+    at the same time) and ``largest_block`` (its share of the variables).
+    ``options`` go to :func:`gpuml.kernels.gcd_solve` (selection, trace, limits).
+    """
+    blocks, t_part = make_blocks(X, workers, seed, partition)
+    cpu0, wall0 = time.process_time(), time.perf_counter()
+    res = gcd_solve(X, y, np.full(len(y), C), kernel, blocks, tol=tol, random_state=seed,
+                    cache_bytes=1 << 30, **options)
+    seconds = time.perf_counter() - wall0
+    res.cpu_per_wall = (time.process_time() - cpu0) / seconds
+    res.largest_block = float(np.bincount(blocks).max() / len(y))
+    return res, seconds, t_part
+
+
 def _run(X, y, kernel, workers, selection, time_limit, trace_interval, seed=0,
          partition="kmeans"):
     """One timed solve with snapshots; the snapshots are evaluated exactly afterwards."""
-    blocks, t_part = _blocks(X, workers, seed, partition)
-    cpu0, wall0 = time.process_time(), time.perf_counter()
-    res = gcd_solve(X, y, np.full(len(y), C), kernel, blocks, selection=selection, tol=1e-3,
-                    trace_interval=trace_interval, time_limit=time_limit, random_state=seed,
-                    cache_bytes=1 << 30)
-    # CPU seconds of all threads per wall second: above 1 only if workers ran at the same time.
-    res.cpu_per_wall = (time.process_time() - cpu0) / (time.perf_counter() - wall0)
-    res.largest_block = float(np.bincount(blocks).max() / len(y))
+    res, _, t_part = timed_solve(X, y, kernel, workers, partition=partition, seed=seed,
+                                 selection=selection, trace_interval=trace_interval,
+                                 time_limit=time_limit)
     # Outside the timed region: exact objectives of the snapshots, and the gradient check.
     objectives = np.concatenate([
         gcd_objectives(X, y, kernel, np.stack([a for _, _, a in res.trace[k:k + EVAL_CHUNK]], 1))
@@ -129,7 +144,7 @@ def _trace_overhead(name, X, y, kernel, trace_interval, repeat):
     rows = []
     one_copy = timeit(lambda: np.empty(len(y)).copy(), repeat=200)
     for workers in (1, 2):
-        blocks, _ = _blocks(X, workers, partition="random")
+        blocks, _ = make_blocks(X, workers, partition="random")
         best = {mode: [float("inf"), float("inf"), 0] for mode in ("plain", "traced")}
         for _ in range(repeat):
             for mode, stats in best.items():  # alternate, so that load hits both
@@ -154,7 +169,7 @@ def trace_overhead(quick: bool = False, repeat: int = 3) -> None:
     """Only the trace-overhead table (the snapshot interval of :func:`main`: t_ref / 200)."""
     rows = []
     for name, (X_tr, _, y_tr, _) in _datasets(quick).items():
-        yb = _binary(name, y_tr)
+        yb = binary_labels(name, y_tr)
         kernel = make_kernel("rbf", "scale", 3, 0.0, X_tr)
         t0 = time.perf_counter()
         gcd_solve(X_tr, yb, np.full(len(yb), C), kernel, np.zeros(len(yb), np.int64),
@@ -208,7 +223,7 @@ def main(quick: bool = False, gpu: bool = False) -> None:
     scaling, selection_rows, overhead_rows, svc_rows, gpu_rows = [], [], [], [], []
     docs_img = RESULTS.parent.parent / "docs" / "img"
     for name, (X_tr, X_te, y_tr, y_te) in data.items():
-        yb = _binary(name, y_tr)
+        yb = binary_labels(name, y_tr)
         kernel = make_kernel("rbf", "scale", 3, 0.0, X_tr)
         t0 = time.perf_counter()
         ref = gcd_solve(X_tr, yb, np.full(len(yb), C), kernel, np.zeros(len(yb), np.int64),
@@ -324,7 +339,7 @@ def _gpu_vs_cpu(name, X, y, kernel, f_star, cores):
     n_sm = workers_of(Xg)
     rows = {}
     for device, workers in (("gpu", n_sm), ("cpu", cores)):
-        blocks, t_part = _blocks(X, workers, partition="random")
+        blocks, t_part = make_blocks(X, workers, partition="random")
         args = (Xg, yg, Cg) if device == "gpu" else (X, y, np.full(len(y), C))
         if device == "gpu":  # compile and warm up outside the timing
             gcd_solve(*args, kernel, blocks, tol=1e-3, max_updates=10)

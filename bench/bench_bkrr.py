@@ -54,7 +54,8 @@ def _command(part, quick):
             f"b.{part}(quick={quick})'  (all parts: python -m bench.run bkrr)")
 
 
-def _california(n_train, n_test, seed=0):
+def california(n_train, n_test, seed=0):
+    """california_housing split ``(X_train, X_test, y_train, y_test)``, standardised."""
     X, y = load_california()
     return train_test_split_std(X, y, train_size=n_train, test_size=n_test, random_state=seed)
 
@@ -99,7 +100,7 @@ def accuracy(quick):
     sizes = [(2304, 552)] if quick else [(4608, 552), (18432, 2208)]
     Ps = (4, 8) if quick else (4, 8, 16, 32)
     for n_train, n_test in sizes:
-        Xtr, Xte, ytr, yte = _california(n_train, n_test)
+        Xtr, Xte, ytr, yte = california(n_train, n_test)
         if n_train <= 4608:
             b = _grid_best(lambda s, l: BKRRRegressor(sigma=s, lam=l, n_partitions=1,
                                                       device="cpu"), Xtr, ytr, Xte, yte)
@@ -146,7 +147,7 @@ def accuracy_seeds(quick):
                "BKM-nearest": ("bkm", "nearest")}
     rows = []
     for seed in (0, 1, 2):
-        Xtr, Xte, ytr, yte = _california(n_train, n_test, seed=seed)
+        Xtr, Xte, ytr, yte = california(n_train, n_test, seed=seed)
         for P in Ps:
             row = {"seed": seed, "P": P}
             for name, (part, combine) in methods.items():
@@ -176,7 +177,7 @@ def accuracy_seeds(quick):
 def fit_time(quick):
     rows = []
     n = 4608 if quick else 18432
-    Xtr, Xte, ytr, yte = _california(n, 2208)
+    Xtr, Xte, ytr, yte = california(n, 2208)
     sigma, lam = 1.0, 1e-5
     warm = BKRRRegressor(n_partitions=4, device="cpu", random_state=0)
     warm.fit(Xtr[:1000], ytr[:1000])  # numba compile of the K-balance fill
@@ -238,7 +239,7 @@ def exact_point(quick):
     (best of 5) right before and right after the one exact fit, in the same process.
     """
     n = 4608 if quick else 18432
-    Xtr, Xte, ytr, yte = _california(n, 552 if quick else 2208)
+    Xtr, Xte, ytr, yte = california(n, 552 if quick else 2208)
     sigma, lam = 2.0, 1e-5
     bkrr2 = BKRRRegressor(sigma=sigma, lam=lam, n_partitions=16, device="cpu", random_state=0)
     before = timeit(lambda: bkrr2.fit(Xtr, ytr), repeat=5, warmup=1)
@@ -268,7 +269,7 @@ def cv_search(quick):
     jobs on the shared machine hits both alike.
     """
     n = 1500 if quick else 4000
-    Xtr, _, ytr, _ = _california(n, 100)
+    Xtr, _, ytr, _ = california(n, 100)
     sigmas = np.geomspace(0.25, 8.0, 5 if quick else 10).tolist()
     lams = np.geomspace(1e-7, 1e-2, 5 if quick else 10).tolist()
     folds = KFold(5, shuffle=True, random_state=0)
@@ -338,7 +339,7 @@ def gpu_bench(quick):
                      "cpu_s": t_cpu, "speedup": t_cpu / t_gpu,
                      "gpu_GFLOPs": P * m**3 / 3 / t_gpu / 1e9})
     n = 4608 if quick else 18432
-    Xtr, _, ytr, _ = _california(n, 2208)
+    Xtr, _, ytr, _ = california(n, 2208)
     est = BKRRRegressor(sigma=1.0, lam=1e-5, n_partitions=1, device="cuda")
     Xd, yd = cp.asarray(Xtr), cp.asarray(ytr)
     t_gpu = timeit(lambda: est.fit(Xd, yd), warmup=1, repeat=3, sync=sync)

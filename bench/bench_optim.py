@@ -55,7 +55,8 @@ def bert_large_shapes(layers: int = 24, hidden: int = 1024, vocab: int = 30522,
     return shapes
 
 
-def _numel(shapes) -> int:
+def numel(shapes) -> int:
+    """Number of parameters in tensors of these shapes."""
     n = 0
     for s in shapes:
         k = 1
@@ -65,7 +66,8 @@ def _numel(shapes) -> int:
     return n
 
 
-def _make(shapes, device):
+def make_params(shapes, device):
+    """fp32 parameters of these shapes with gradients (seeded: every call gives the same)."""
     gen = torch.Generator(device="cpu").manual_seed(0)
     params = [torch.nn.Parameter(torch.randn(s, generator=gen).to(device)) for s in shapes]
     for p in params:
@@ -73,7 +75,14 @@ def _make(shapes, device):
     return params
 
 
-def _variants(gpu: bool):
+def variants(gpu: bool, **options):
+    """``(optimizer, path, make)`` for LAMB and LARS on each path, and torch's AdamW.
+
+    ``make(params)`` builds the optimizer with this benchmark's settings: LAMB
+    lr=1e-3 (defaults otherwise: max_grad_norm=1.0), LARS lr=1.0 and
+    weight_decay=1e-4, AdamW lr=1e-3 (fused on the GPU, foreach on the CPU).
+    ``options`` go to LAMB and LARS only (for instance ``master_weights=True``).
+    """
     from gpuml.optim import LAMB, LARS
 
     impls = {"loop": dict(foreach=False), "foreach": dict(foreach=True)}
@@ -81,6 +90,7 @@ def _variants(gpu: bool):
         impls["fused"] = dict(fused=True)
     out = []
     for name, kw in impls.items():
+        kw = {**kw, **options}
         out.append(("LAMB", name, lambda ps, kw=kw: LAMB(ps, lr=1e-3, **kw)))
         out.append(("LARS", name, lambda ps, kw=kw: LARS(ps, lr=1.0, weight_decay=1e-4,
                                                           **kw)))
@@ -93,12 +103,12 @@ def _variants(gpu: bool):
 def _bench_model(model: str, shapes, gpu: bool, quick: bool) -> list[dict]:
     device = "cuda" if gpu else "cpu"
     sync = torch.cuda.synchronize if gpu else None
-    n = _numel(shapes)
-    params = _make(shapes, device)
+    n = numel(shapes)
+    params = make_params(shapes, device)
     rounds = 3 if quick else 5
     # Interleaved rounds (every variant once per round, best round kept), so that load from
     # other processes on a shared machine hits all variants alike.
-    opts = {(opt_name, impl): make(params) for opt_name, impl, make in _variants(gpu)}
+    opts = {(opt_name, impl): make(params) for opt_name, impl, make in variants(gpu)}
     for key, opt in opts.items():
         timeit(opt.step, repeat=1, warmup=2 if key[1] == "fused" else 0, sync=sync)
     times: dict[tuple[str, str], float] = {k: float("inf") for k in opts}
