@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import scipy.sparse as sp
 from sklearn.datasets import load_breast_cancer, load_digits
-from sklearn.exceptions import NotFittedError
+from sklearn.exceptions import ConvergenceWarning, NotFittedError
 from sklearn.preprocessing import StandardScaler
 from sklearn.svm import SVC
 from sklearn.utils.estimator_checks import parametrize_with_checks
@@ -163,7 +163,9 @@ def test_more_workers_than_samples_and_max_updates():
     y = np.array([0, 1, 0, 1, 0, 1])
     clf = AsyGCDSVC(n_workers=16, device="cpu", random_state=0).fit(X, y)
     assert clf.n_workers_ == 16 and clf.max_violation_[0] < 1e-3
-    capped = AsyGCDSVC(n_workers=1, max_updates=5, tol=1e-8, device="cpu").fit(X_BC, Y_BC)
+    with pytest.warns(ConvergenceWarning, match=r"stopped 1 of 1 binary problems at the "
+                      r"update cap.*raise max_updates"):
+        capped = AsyGCDSVC(n_workers=1, max_updates=5, tol=1e-8, device="cpu").fit(X_BC, Y_BC)
     assert capped.n_updates_[0] == 5 and capped.max_violation_[0] > 1e-8
 
 
@@ -202,6 +204,17 @@ def test_bad_data():
         AsyGCDSVC().predict(X_BC)
     with pytest.raises(ValueError, match="square"):
         AsyGCDSVC(kernel="precomputed", device="cpu").fit(X_BC, Y_BC)
+
+
+def test_default_cache_and_update_cap(monkeypatch):
+    from gpuml.kernels import _cpu, gcd_default_cache_bytes
+
+    assert AsyGCDSVC().cache_size is None and gcd_default_cache_bytes(X_BC) == 1 << 30
+    # No cap given: the solver's default cap ends the fit, which warns.
+    monkeypatch.setattr(_cpu.gcd, "default_max_updates", lambda n: 7)
+    with pytest.warns(ConvergenceWarning, match="stopped 6 of 6 binary problems"):
+        clf = AsyGCDSVC(n_workers=1, tol=1e-6, device="cpu").fit(X_DIG, Y_DIG)
+    assert np.all(clf.n_updates_ == 7)
 
 
 def test_unbalanced_kmeans_blocks_warn():

@@ -332,3 +332,133 @@ def test_multi_worker_solve_works_in_a_forked_child():
 
 def _child_objective(kernel, C):
     return gcd_solve(X_BC, Y_BC, C, kernel, _split(len(Y_BC), 2), tol=1e-4).objective
+
+
+def _lockstep(Q, C, blocks, damped, rounds, tol=1e-4):
+    """A synchronous model of W GPU blocks in lockstep (greedy Asy-GCD, Alg 14).
+
+    Every round each block picks the largest movable violator of its block and
+    steps from the same gradient, as blocks running side by side do; all steps
+    land before the next round. ``damped``: each block's step factor follows
+    the shipped rule (:func:`damped_step_factor`), looking again at its last
+    coordinate at its next scan, as gcd.cu does. Returns (rounds run, alpha).
+    """
+    n = len(C)
+    q = np.diag(Q)
+    alpha, g = np.zeros(n), -np.ones(n)
+    members = [np.flatnonzero(blocks == b) for b in np.unique(blocks)]
+    eta = np.ones(len(members))
+    last = [None] * len(members)
+    for r in range(rounds):
+        pg = np.abs(alpha - np.clip(alpha - g, 0.0, C))
+        if pg.max() < tol:
+            return r, alpha
+        picks, steps = [], []
+        for w, m in enumerate(members):
+            if damped and last[w] is not None:
+                eta[w] = cpu_gcd.damped_step_factor(eta[w], g[last[w][0]], last[w][1])
+                last[w] = None
+            i = m[np.argmax(pg[m])]
+            if pg[i] < tol:
+                continue
+            step = np.clip(alpha[i] - eta[w] * g[i] / q[i], 0.0, C[i]) - alpha[i]
+            picks.append(i)
+            steps.append(step)
+            last[w] = (i, g[i])
+        picks, steps = np.array(picks), np.array(steps)
+        alpha[picks] += steps
+        g += Q[:, picks] @ steps
+    return rounds, alpha
+
+
+def test_damped_steps_stop_the_lockstep_oscillation(digits_reference):
+    # The hang seen on an H100 (greedy, 8 blocks, digits): blocks in lockstep take exact
+    # steps from one gradient on correlated coordinates and overshoot together, forever.
+    kernel = make_kernel("rbf", "scale", 3, 0.0, X_DIG)
+    C = np.ones(len(Y_DIG))
+    Q = _q_matrix(kernel, X_DIG, Y_DIG)
+    f_star = gcd_solve(X_DIG, Y_DIG, C, kernel, np.zeros(len(Y_DIG), dtype=np.int64),
+                       tol=1e-8).objective
+    assert f_star == pytest.approx(-217.7601, abs=1e-4)
+    blocks = _split(len(Y_DIG), 8)
+    rounds, alpha = _lockstep(Q, C, blocks, damped=False, rounds=3000)
+    assert rounds == 3000 and _objective(Q, alpha) > 0.5 * f_star  # nowhere near
+    rounds, alpha = _lockstep(Q, C, blocks, damped=True, rounds=3000)
+    assert rounds < 3000
+    assert abs(_objective(Q, alpha) - f_star) <= 1e-5 * abs(f_star)
+
+
+def test_damped_step_factor_rule():
+    rule = cpu_gcd.damped_step_factor
+    assert rule(1.0, -0.6, 1.0) == 0.5  # sign flipped, over half kept: overshoot
+    assert rule(1.0, -0.4, 1.0) == 1.0  # a small flip is rounding or the others' progress
+    assert rule(0.5, 0.3, -2.0) == pytest.approx(0.55)
+    assert rule(0.5, 1.2, -1.0) == 0.25
+    assert rule(cpu_gcd.ETA_MIN, -5.0, 1.0) == cpu_gcd.ETA_MIN
+    assert rule(1.0, 1e-17, 0.3) == 1.0  # after one worker's exact step g_i is about 0
+
+
+@pytest.mark.parametrize("selection", ["greedy", "random"])
+def test_many_workers_reach_the_exact_objective_on_digits(selection):
+    # More workers than cores here: the threads interleave, and damping must not cost accuracy.
+    kernel = make_kernel("rbf", "scale", 3, 0.0, X_DIG)
+    C = np.ones(len(Y_DIG))
+    Q = _q_matrix(kernel, X_DIG, Y_DIG)
+    for workers in (8, 16):
+        res = gcd_solve(X_DIG, Y_DIG, C, kernel, _split(len(Y_DIG), workers), tol=1e-4,
+                        selection=selection, random_state=0, cache_bytes=8 << 20)
+        assert res.converged and res.n_workers == workers and res.max_violation < 1e-4
+        assert _objective(Q, res.alpha) == pytest.approx(-217.7601, abs=3e-3)
+        assert np.abs(res.gradient - (Q @ res.alpha - 1.0)).max() <= 1e-10
+
+
+def test_scan_passes_over_variables_that_cannot_move():
+    # Variable 1 violates most but its exact step (g / Q_ii = 1e-20 on a_i = 0.5) rounds to
+    # zero: picking it would stall the worker, and it must not keep the block from certifying.
+    g = np.array([0.2, -1.0, 5e-4])
+    alpha = np.array([0.0, 0.5, 0.0])
+    C = np.ones(3)
+    qdiag = np.array([1.0, 1e20, 1.0])
+    assert cpu_gcd._scan(g, alpha, C, qdiag, 0, 3) == (-1, 0.0)  # 0: at its bound, pg = 0
+    g[0] = -0.2
+    assert cpu_gcd._scan(g, alpha, C, qdiag, 0, 3) == (0, pytest.approx(0.2))
+    counters = np.zeros(3, dtype=np.int64)
+    quiet = np.full(1, -1, dtype=np.int64)
+    g[0] = 0.2
+    assert cpu_gcd._certify(0, g, alpha, C, qdiag, 0, 3, 1e-3, counters, quiet)
+    assert counters[cpu_gcd.STOP] == cpu_gcd.CERTIFIED
+
+
+def test_default_update_cap_ends_every_run(monkeypatch):
+    assert cpu_gcd.default_max_updates(10) == 10**7
+    assert cpu_gcd.default_max_updates(200_000) == 20_000_000
+    monkeypatch.setattr(cpu_gcd, "default_max_updates", lambda n: 40)
+    kernel = make_kernel("rbf", "scale", 3, 0.0, X_DIG)
+    for workers in (1, 3):
+        res = gcd_solve(X_DIG, Y_DIG, np.ones(len(Y_DIG)), kernel, _split(len(Y_DIG), workers),
+                        tol=1e-6)
+        assert res.n_updates == 40 and not res.converged and res.max_violation > 1e-6
+
+
+def test_batch_equals_problem_by_problem():
+    from gpuml.kernels import GCDProblem, gcd_solve_batch
+
+    kernel = make_kernel("rbf", "scale", 3, 0.0, X_DIG)
+    digit = load_digits().target
+    problems = []
+    for a, b in ((0, 1), (2, 7), (3, 8)):
+        rows = np.flatnonzero((digit == a) | (digit == b))
+        y = np.where(digit[rows] == b, 1.0, -1.0)
+        problems.append(GCDProblem(rows, y, np.full(len(rows), 0.5),
+                                   np.zeros(len(rows), dtype=np.int64), random_state=a))
+    for n_jobs in (1, 2):
+        batch = gcd_solve_batch(X_DIG, kernel, problems, tol=1e-5, n_jobs=n_jobs)
+        for p, res in zip(problems, batch):
+            alone = gcd_solve(X_DIG[p.rows], p.y, p.C, kernel, p.blocks, tol=1e-5,
+                              random_state=p.random_state)
+            np.testing.assert_array_equal(res.alpha, alone.alpha)
+            assert res.converged and res.n_updates == alone.n_updates
+    K = kernel.matrix(X_DIG)
+    pre = gcd_solve_batch(K, Kernel("precomputed"), problems, tol=1e-5)
+    for res, ref in zip(pre, batch):
+        assert res.objective == pytest.approx(ref.objective, rel=1e-9)

@@ -6,21 +6,19 @@ import warnings
 from numbers import Integral, Real
 
 import numpy as np
-from joblib import Parallel, delayed
 from sklearn.base import BaseEstimator, ClassifierMixin, _fit_context
+from sklearn.exceptions import ConvergenceWarning
 from sklearn.utils import check_random_state
 from sklearn.utils._param_validation import Interval, StrOptions
 from sklearn.utils.validation import check_is_fitted
 
 from .._backend import resolve, to_numpy, to_output
 from .._validation import validate_X
-from ..kernels import gcd_plan, gcd_solve
+from ..kernels import GCDProblem, gcd_plan, gcd_solve_batch
 from ..partition import assign_nearest, kmeans, partition
 from ._partitioned import KERNEL_CONSTRAINTS
 from ._svm import KernelSVMMixin, class_pairs, ovo_votes, ovr_decision
 
-#: Default kernel-column cache in MB, shared by all workers (each gets an equal part).
-DEFAULT_CACHE_SIZE = 1024.0
 #: k-means for the variable blocks runs on at most this many samples (§4.4).
 KMEANS_SUBSAMPLE = 20_000
 #: Fewest variables per worker: smaller blocks buy more contention on g than parallelism.
@@ -51,7 +49,13 @@ class AsyGCDSVC(KernelSVMMixin, ClassifierMixin, BaseEstimator):
     decision value is :math:`f(x) = \sum_i \alpha_i y_i K(x_i, x)`.
 
     Multiclass problems are split one-vs-one, as SVC does: one binary problem
-    per pair of classes, each solved by all workers, predictions by voting.
+    per pair of classes, predictions by voting. On a GPU all pairs run in one
+    kernel launch (each pair its own thread blocks, counters and stop flag).
+
+    Workers that step at the same time damp their steps when the others'
+    concurrent steps overshoot their coordinate (our addition to Alg 14, which
+    keeps GPU thread blocks running in near lockstep from oscillating; see
+    :mod:`gpuml.kernels._cpu.gcd`); one worker is exactly Alg 13.
 
     Reproducibility: with ``n_workers=1`` a fit is deterministic (given
     ``random_state``). With several workers the order of updates depends on
@@ -69,13 +73,15 @@ class AsyGCDSVC(KernelSVMMixin, ClassifierMixin, BaseEstimator):
     degree : int, default=3
     coef0 : float, default=0.0
     n_workers : int or None, default=None
-        Asynchronous workers (variable blocks) per binary problem; problems
-        run one after another. None: for two classes, the usable CPU cores
-        (or the GPU's streaming multiprocessors); for more classes on the
-        CPU, one worker per one-vs-one problem with the problems spread over
-        the cores (independent problems need no atomic adds: letter, 26
-        classes, 15,000 samples on 2 cores fitted in 1.0 s this way against
-        6.1 s with 2 workers per problem; see :func:`gpuml.kernels.gcd_plan`).
+        Asynchronous workers (variable blocks) per binary problem. On the CPU
+        an explicit value runs the problems one after another; on a GPU all
+        problems run at once. None: for two classes, the usable CPU cores (or
+        the GPU's streaming multiprocessors); for more classes on the CPU, one
+        worker per one-vs-one problem with the problems spread over the cores
+        (independent problems need no atomic adds: letter, 26 classes, 15,000
+        samples on 2 cores fitted in 1.0 s this way against 6.1 s with 2
+        workers per problem), on a GPU ``ceil(SMs / n_pairs)`` workers per
+        problem (see :func:`gpuml.kernels.gcd_plan`).
         A binary problem of m samples uses ``max(1, min(n_workers, m // 256))``
         workers: blocks of fewer than 256 variables cost more in contention on
         the shared gradient than they gain in parallelism.
@@ -86,11 +92,17 @@ class AsyGCDSVC(KernelSVMMixin, ClassifierMixin, BaseEstimator):
     tol : float, default=1e-3
         Stop when the largest projected gradient over all variables is below it.
     max_updates : int or None, default=None
-        Stop each binary problem after this many coordinate updates.
-    cache_size : float, default=1024.0
-        Kernel-column cache in MB over all workers, each worker owning an
-        equal contiguous part (at least one column). On a GPU, the whole
-        matrix Q is precomputed when it fits in this size.
+        Stop each binary problem after this many coordinate updates; None:
+        ``max(10**7, 100 m)`` for a problem of m samples (LIBSVM's cap on SMO
+        steps), so no fit runs forever. A problem stopped by the cap before
+        reaching ``tol`` raises a :class:`~sklearn.exceptions.ConvergenceWarning`.
+    cache_size : float or None, default=None
+        Kernel cache in MB. CPU: kernel columns over all workers, each worker
+        owning an equal contiguous part (at least one column). GPU: the
+        matrices Q of the problems of a launch are precomputed when they fit
+        in this size and in free device memory, else kernel values are
+        computed on the fly. None: 1024 MB on the CPU, a quarter of the free
+        device memory on a GPU.
     block_partition : {"kmeans", "kbalance", "random"}, default="kmeans"
         How variables are split among workers. k-means (§4.4, the default as
         in the paper) keeps related variables in one block but can make very
@@ -159,7 +171,7 @@ class AsyGCDSVC(KernelSVMMixin, ClassifierMixin, BaseEstimator):
         "selection": [StrOptions({"greedy", "random"})],
         "tol": [Interval(Real, 0.0, None, closed="neither")],
         "max_updates": [Interval(Integral, 1, None, closed="left"), None],
-        "cache_size": [Interval(Real, 0.0, None, closed="neither")],
+        "cache_size": [Interval(Real, 0.0, None, closed="neither"), None],
         "block_partition": [StrOptions({"kmeans", "kbalance", "random"})],
         "class_weight": [StrOptions({"balanced"}), dict, None],
         "device": [str],
@@ -169,7 +181,7 @@ class AsyGCDSVC(KernelSVMMixin, ClassifierMixin, BaseEstimator):
 
     def __init__(self, C=1.0, kernel="rbf", gamma="scale", degree=3, coef0=0.0,
                  n_workers=None, selection="greedy", tol=1e-3, max_updates=None,
-                 cache_size=DEFAULT_CACHE_SIZE, block_partition="kmeans", class_weight=None,
+                 cache_size=None, block_partition="kmeans", class_weight=None,
                  device="auto", random_state=None, verbose=0):
         self.C = C
         self.kernel = kernel
@@ -249,51 +261,60 @@ class AsyGCDSVC(KernelSVMMixin, ClassifierMixin, BaseEstimator):
         pairs = class_pairs(n_classes)
         # One seed per pair, drawn up front: the same fit whether pairs run in turn or at once.
         seeds = rng.randint(2**31 - 1, size=len(pairs))
-
-        def solve_pair(a, b, seed):
+        problems, largest = [], []
+        for (a, b), seed in zip(pairs, seeds):
             pair_rng = np.random.RandomState(seed)
             rows = np.flatnonzero((y_idx == a) | (y_idx == b))
             signs = np.where(y_idx[rows] == b, 1.0, -1.0)
-            rows_d = backend.asarray(rows)
-            Xp = X[rows_d][:, rows_d] if self.kernel == "precomputed" else X[rows_d]
             workers = max(1, min(self.n_workers_, len(rows) // MIN_BLOCK_SIZE))
-            blocks = self._blocks(Xp, workers, pair_rng)
-            res = gcd_solve(Xp, backend.asarray(signs), backend.asarray(sample_C[rows]),
-                            self._kernel, blocks, selection=self.selection, tol=self.tol,
-                            max_updates=self.max_updates,
-                            cache_bytes=int(self.cache_size * 2**20) // concurrent,
-                            random_state=pair_rng.randint(2**31 - 1))
+            if workers > 1:
+                rows_d = backend.asarray(rows)
+                Xp = X[rows_d][:, rows_d] if self.kernel == "precomputed" else X[rows_d]
+                blocks = self._blocks(Xp, workers, pair_rng)
+            else:
+                blocks = np.zeros(len(rows), dtype=np.int64)
+            problems.append(GCDProblem(rows, signs, sample_C[rows], blocks,
+                                       pair_rng.randint(2**31 - 1)))
+            largest.append((np.bincount(blocks).max() / len(rows), workers))
+        cache = None if self.cache_size is None else int(self.cache_size * 2**20)
+        results = gcd_solve_batch(X, self._kernel, problems, selection=self.selection,
+                                  tol=self.tol, max_updates=self.max_updates,
+                                  cache_bytes=cache, n_jobs=concurrent)
+        for (a, b), problem, res in zip(pairs, problems, results):
             if self.verbose:
                 print(f"[AsyGCDSVC] classes ({self.classes_[a]}, {self.classes_[b]}): "
-                      f"{len(rows)} variables, {res.n_workers} workers, {res.n_updates} updates,"
-                      f" objective {res.objective:.6g}, max violation {res.max_violation:.2e}")
-            largest = np.bincount(blocks).max() / len(rows)
-            return rows, signs * to_numpy(res.alpha).astype(np.float64), res, workers, largest
-
-        jobs = (delayed(solve_pair)(a, b, seed) for (a, b), seed in zip(pairs, seeds))
-        results = Parallel(n_jobs=concurrent, prefer="threads")(jobs)
+                      f"{len(problem.rows)} variables, {res.n_workers} workers, "
+                      f"{res.n_updates} updates, objective {res.objective:.6g}, "
+                      f"max violation {res.max_violation:.2e}")
+        capped = [res for res in results if not res.converged]
+        if capped:
+            warnings.warn(f"Asy-GCD stopped {len(capped)} of {len(results)} binary problems at "
+                          f"the update cap before every projected gradient was below "
+                          f"tol={self.tol:g} (largest left: "
+                          f"{max(r.max_violation for r in capped):.3g}); raise max_updates or "
+                          "tol", ConvergenceWarning, stacklevel=4)
         # Unequal blocks: the largest holds over twice the mean share (over 90% with two
         # workers); then one worker does most of the work while the others idle.
         most_unbalanced, worst = 0.0, (0.0, 0)
-        for _, _, _, workers, largest in results:
-            if workers > 1 and largest / min(0.9, 2.0 / workers) > most_unbalanced:
-                most_unbalanced = largest / min(0.9, 2.0 / workers)
-                worst = (largest, workers)
+        for share, workers in largest:
+            if workers > 1 and share / min(0.9, 2.0 / workers) > most_unbalanced:
+                most_unbalanced = share / min(0.9, 2.0 / workers)
+                worst = (share, workers)
         if most_unbalanced > 1.0:
             warnings.warn(f"k-means gave very unequal variable blocks (the largest held "
                           f"{worst[0]:.1%} of a problem's variables, {worst[1]} workers), so "
                           "the workers cannot share the work; block_partition='kbalance' "
                           "keeps the k-means locality with equal blocks (recommended), "
-                          "'random' splits evenly", UserWarning, stacklevel=3)
+                          "'random' splits evenly", UserWarning, stacklevel=4)
         coef_full = np.zeros((len(pairs), len(y_idx)))
-        for p, (rows, coef, *_) in enumerate(results):
-            coef_full[p, rows] = coef
+        for p, (problem, res) in enumerate(zip(problems, results)):
+            coef_full[p, problem.rows] = problem.y * to_numpy(res.alpha).astype(np.float64)
         self.support_ = np.flatnonzero(np.any(coef_full != 0, axis=0))
         self.dual_coef_ = coef_full[:, self.support_]
         self.n_support_ = np.bincount(y_idx[self.support_], minlength=n_classes).astype(np.int32)
-        self.objective_ = np.array([r[2].objective for r in results])
-        self.max_violation_ = np.array([r[2].max_violation for r in results])
-        self.n_updates_ = np.array([r[2].n_updates for r in results], dtype=np.int64)
+        self.objective_ = np.array([r.objective for r in results])
+        self.max_violation_ = np.array([r.max_violation for r in results])
+        self.n_updates_ = np.array([r.n_updates for r in results], dtype=np.int64)
 
     def _pair_values(self, X):
         """Decision value of every pair for every row: ``K(X, SV) @ dual_coef_.T``."""

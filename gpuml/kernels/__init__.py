@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from .._backend import is_cupy_array, namespace_of, to_numpy
-from ._cpu.gcd import GCDResult
+from ._cpu.gcd import GCDProblem, GCDResult
 from ._cpu.smo import SMOProblem, SMOResult
 from .krr import (
     NotPositiveDefiniteError,
@@ -37,12 +37,15 @@ from .pairwise import (
 )
 
 __all__ = [
+    "GCDProblem",
     "GCDResult",
+    "gcd_default_cache_bytes",
     "gcd_default_workers",
     "gcd_plan",
     "gcd_gradient",
     "gcd_objectives",
     "gcd_solve",
+    "gcd_solve_batch",
     "SMOProblem",
     "SMOResult",
     "smo_solve",
@@ -160,15 +163,30 @@ def smo_solve(kernel, X, y, C=1.0, *, tol=1e-3, max_iter=-1, cache_size=1024.0,
     return result
 
 
+def _gcd_seed(random_state) -> int:
+    from sklearn.utils import check_random_state
+
+    return int(check_random_state(random_state).randint(2**31 - 1))
+
+
+def _check_gcd_options(selection, tol):
+    if selection not in ("greedy", "random"):
+        raise ValueError(f"selection must be 'greedy' or 'random', got {selection!r}")
+    if not tol > 0:
+        raise ValueError(f"tol must be positive, got {tol!r}")
+
+
 def gcd_solve(X, y, C, kernel, blocks, *, selection="greedy", tol=1e-3, max_updates=None,
-              cache_bytes=256 << 20, random_state=None, trace_interval=None, time_limit=None):
-    """Asy-GCD for the bias-free kernel SVM dual (seed 001, Alg 13 and 14), CPU or GPU.
+              cache_bytes=None, random_state=None, trace_interval=None, time_limit=None):
+    """Asy-GCD for the bias-free kernel SVM dual (You, 2020, ch. 4, Alg 13 and 14), CPU or GPU.
 
     Solves ``min 1/2 a'Qa - e'a`` s.t. ``0 <= a <= C``, ``Q_ij = y_i y_j K(x_i, x_j)``
     (eq. 4.9) with one worker per block of variables, the workers sharing the
     gradient through atomic adds and never waiting for each other. NumPy input
     runs on CPU threads (numba, outside the GIL); CuPy input runs one persistent
-    CUDA thread block per worker on X's device.
+    CUDA thread block per worker on X's device. Each worker damps its steps
+    when the others' concurrent steps overshoot its coordinate (our addition to
+    Alg 14, see :mod:`gpuml.kernels._cpu.gcd`); one worker is exactly Alg 13.
 
     Parameters
     ----------
@@ -181,15 +199,19 @@ def gcd_solve(X, y, C, kernel, blocks, *, selection="greedy", tol=1e-3, max_upda
         non-empty block gets one worker, so one block is serial GCD (Alg 13)
     selection : {"greedy", "random"}
         Largest projected gradient in the block (eq. 4.11), or a uniformly
-        random variable (asynchronous stochastic coordinate descent, PSCD).
+        random variable (asynchronous stochastic coordinate descent, PSCD);
+        a random pick already within ``tol`` is skipped.
     tol : float > 0
         Stop once the largest projected gradient over all variables is below it.
     max_updates : int or None
-        Stop after this many coordinate updates (over all workers).
-    cache_bytes : int
+        Stop after this many coordinate updates (over all workers); None:
+        ``max(10**7, 100 n)`` (LIBSVM's cap on SMO steps), so every run ends.
+    cache_bytes : int or None
         CPU: kernel-column cache over all workers (each gets an equal share,
         at least one column). GPU: the whole Q is precomputed on the device
-        when it fits in this many bytes, else columns are computed on the fly.
+        when it fits in this many bytes and in free device memory, else
+        columns are computed on the fly. None: 1 GiB on the CPU, a quarter of
+        the free device memory on a GPU (:func:`gcd_default_cache_bytes`).
     random_state : int, RandomState or None
         Seeds the per-worker generators of ``selection="random"``.
     trace_interval : float or None
@@ -202,9 +224,10 @@ def gcd_solve(X, y, C, kernel, blocks, *, selection="greedy", tol=1e-3, max_upda
     Returns
     -------
     GCDResult
-        ``alpha`` in X's namespace, objective, max violation, update count; on
-        CPU also the maintained gradient (check it with :func:`gcd_gradient`)
-        and the trace.
+        ``alpha`` in X's namespace, objective, max violation, update count,
+        the maintained gradient (check it with :func:`gcd_gradient`), whether
+        the run stopped on its certificate (``converged``) rather than the
+        update cap; on CPU also the trace.
 
     Examples
     --------
@@ -216,15 +239,12 @@ def gcd_solve(X, y, C, kernel, blocks, *, selection="greedy", tol=1e-3, max_upda
     >>> res.converged, round(res.objective, 4)
     (True, -1.4723)
     """
-    from sklearn.utils import check_random_state
-
-    if selection not in ("greedy", "random"):
-        raise ValueError(f"selection must be 'greedy' or 'random', got {selection!r}")
-    if not tol > 0:
-        raise ValueError(f"tol must be positive, got {tol!r}")
-    seed = int(check_random_state(random_state).randint(2**31 - 1))
+    _check_gcd_options(selection, tol)
+    seed = _gcd_seed(random_state)
     if hasattr(X, "toarray"):
         X = X.toarray()
+    if cache_bytes is None:
+        cache_bytes = gcd_default_cache_bytes(X)
     if is_cupy_array(X):
         from ._cuda.gcd import solve as solve_cuda
 
@@ -236,6 +256,65 @@ def gcd_solve(X, y, C, kernel, blocks, *, selection="greedy", tol=1e-3, max_upda
                      selection=selection, tol=tol, max_updates=max_updates,
                      cache_bytes=cache_bytes, random_state=seed, trace_interval=trace_interval,
                      time_limit=time_limit)
+
+
+def gcd_solve_batch(X, kernel, problems, *, selection="greedy", tol=1e-3, max_updates=None,
+                    cache_bytes=None, n_jobs=1):
+    """Asy-GCD for a batch of independent problems on rows of one X (one-vs-one pairs).
+
+    Parameters
+    ----------
+    X : array of shape (n, d), NumPy or CuPy, or the (n, n) kernel matrix for
+        ``kernel.name == "precomputed"``
+    kernel : Kernel
+    problems : list of :class:`GCDProblem`
+        Each names its rows of X, labels, bounds, variable blocks (one worker
+        per non-empty block) and random state.
+    selection, tol, max_updates : as :func:`gcd_solve`, for every problem.
+    cache_bytes : int or None
+        CPU: split evenly over the ``n_jobs`` problems that run at once. GPU:
+        for the Q matrices of all problems of one launch. None: as
+        :func:`gcd_solve`.
+    n_jobs : int
+        CPU: problems solved at once, in threads. On a GPU every problem runs
+        in one launch (a thread block per worker, each problem with its own
+        counters and stop flag); problems needing more blocks than the GPU
+        keeps resident are split into launches that fit, one after another.
+
+    Returns
+    -------
+    list of GCDResult, one per problem, in order; a problem of one block is
+    solved exactly as :func:`gcd_solve` solves it on the same device.
+    """
+    import dataclasses
+
+    _check_gcd_options(selection, tol)
+    seeds = [_gcd_seed(p.random_state) for p in problems]
+    on_gpu = is_cupy_array(X)
+    if hasattr(X, "toarray") and (on_gpu or kernel.name != "precomputed"):
+        X = X.toarray()
+    if cache_bytes is None:
+        cache_bytes = gcd_default_cache_bytes(X)
+    if on_gpu:
+        from ._cuda.gcd import solve_batch as solve_cuda
+
+        return solve_cuda(X, kernel, problems, selection=selection, tol=tol,
+                          max_updates=max_updates, cache_bytes=cache_bytes, seeds=seeds)
+    from ._cpu.gcd import solve_batch as solve_cpu
+
+    seeded = [dataclasses.replace(p, random_state=s) for p, s in zip(problems, seeds)]
+    return solve_cpu(X, kernel, seeded, n_jobs=n_jobs, cache_bytes=cache_bytes,
+                     selection=selection, tol=tol, max_updates=max_updates)
+
+
+def gcd_default_cache_bytes(like=None) -> int:
+    """Asy-GCD's default kernel cache where ``like`` lives: 1 GiB on the CPU; on a GPU a
+    quarter of the free device memory (free plus CuPy's pool), so it scales with the card."""
+    if like is not None and is_cupy_array(like):
+        from ._cuda.gcd import default_cache_bytes
+
+        return default_cache_bytes(like.device.id)
+    return 1 << 30
 
 
 def _support(coef):
@@ -292,19 +371,28 @@ def gcd_objectives(X, y, kernel, alphas):
 def gcd_plan(like, n_problems: int, n_workers=None) -> tuple[int, int]:
     """``(workers per problem, problems solved at once)`` for a batch of Asy-GCD problems.
 
-    An explicit ``n_workers`` runs the problems one after another with that many
-    workers each (the paper's setting). With ``None`` on the CPU and several
+    CPU: an explicit ``n_workers`` runs the problems one after another with
+    that many workers each (the paper's setting). With ``None`` and several
     problems (one-vs-one pairs), each problem gets one worker and the problems
     spread over the cores: independent problems need no atomic adds on a shared
     gradient, which on small problems cost more than a second worker gains
     (letter 15,000, 325 pairs, 2 cores: 2 workers per pair 5.3-6.1 s, 1 worker
-    per pair in turn 1.6 s, pairs spread over the cores 1.0 s; SVC 1.5 s). On
-    a GPU the problems run one after another on all its SMs.
+    per pair in turn 1.6 s, pairs spread over the cores 1.0 s; SVC 1.5 s).
+
+    GPU: every problem runs at once, in one launch (:func:`gcd_solve_batch`).
+    With ``None``, one problem gets one worker per SM; several share the SMs,
+    ``ceil(SMs / n_problems)`` workers each (letter's 325 pairs on 132 SMs:
+    one block each, all resident at once, instead of 325 launches of about 4
+    blocks each).
     """
     cores = gcd_default_workers(like)
+    on_gpu = like is not None and is_cupy_array(like)
+    at_once = n_problems if on_gpu else 1
     if n_workers is not None:
-        return int(n_workers), 1
-    if n_problems > 1 and not is_cupy_array(like):
+        return int(n_workers), at_once
+    if on_gpu:
+        return max(1, -(-cores // max(n_problems, 1))), at_once
+    if n_problems > 1:
         return 1, min(cores, n_problems)
     return cores, 1
 
