@@ -83,6 +83,7 @@ from __future__ import annotations
 import contextlib
 import math
 import weakref
+from operator import attrgetter
 from typing import NamedTuple
 
 import torch
@@ -105,6 +106,7 @@ _ADAPT, _DECAY = 1, 2
 
 _data_ptr = Tensor.data_ptr
 _is_contiguous = Tensor.is_contiguous
+_device_of, _dtype_of = attrgetter("device"), attrgetter("dtype")
 
 
 class Tables(NamedTuple):
@@ -256,14 +258,6 @@ def _buckets(params: list[Tensor], masters: list) -> list[tuple[tuple, list[int]
     for i, k in enumerate(keys):
         out.setdefault(k, []).append(i)
     return list(out.items())
-
-
-def _device_of(t: Tensor) -> torch.device:
-    return t.device
-
-
-def _dtype_of(t: Tensor) -> torch.dtype:
-    return t.dtype
 
 
 def _pick(xs: list, idx: list[int]) -> list:

@@ -12,7 +12,10 @@ import math
 import pytest
 import torch
 
-from gpuml.optim import LAMB, LARS, FusedLAMB, FusedLARS, _triton
+from gpuml.optim import LAMB, LARS, FusedLAMB, FusedLARS
+
+# gpuml.optim._triton is imported inside the tests: importing it here, at collection,
+# would fix Triton's mode before test_optim_paths switches on the interpreter on CPU.
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
@@ -68,6 +71,8 @@ def test_fused_matches_loop_on_cuda(cls, kw):
 def test_fused_unaligned_views_on_cuda(cls, kw, dtype):
     """Views that start one element into their storage run in the launch without alignment
     claims (a row is aligned only if all its addresses are), and agree with the loop."""
+    from gpuml.optim import _triton
+
     ref, got = make(dtype, offset=1), make(dtype, offset=1)
     assert all(p.data_ptr() % 16 for p in got)
     kw = dict(kw, master_weights=dtype != torch.float32)
@@ -121,6 +126,8 @@ def test_cuda_graph_capture(cls, evict):
     tensors between capture and replay fill the cache of kernel tables past full, so
     that tables it dropped would have their memory handed to new tables (and a graph
     still reading them would update the other tensors instead)."""
+    from gpuml.optim import _triton
+
     ps = make()
     set_grads(ps, 0)
     kw = {"lr": torch.tensor(1e-3 if cls is FusedLAMB else 1.0, device="cuda"),
@@ -160,6 +167,8 @@ def test_launches_run_under_the_parameters_device(monkeypatch):
     """Triton launches on the current device: every launch runs under the guard of its
     tensors' device (on one GPU this checks that the guard is taken; the case of another
     device is the two-GPU test below)."""
+    from gpuml.optim import _triton
+
     guarded, launched_on = [], []
     guard = _triton._device_guard
 
