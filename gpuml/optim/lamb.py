@@ -171,19 +171,8 @@ class LAMB(C.LayerwiseOptimizer):
         state["exp_avg_sq"] = torch.zeros_like(state["exp_avg"])
 
     def _init_group(self, group, impl):
-        params, grads, ms, vs, masters, steps, adapt, decay = [], [], [], [], [], [], [], []
-        for p in group["params"]:
-            if p.grad is None:
-                continue
-            state, adapt_p, decay_p = self._tensor_state(group, p, impl)
-            params.append(p)
-            grads.append(p.grad)
-            ms.append(state["exp_avg"])
-            vs.append(state["exp_avg_sq"])
-            masters.append(state.get("master_param"))
-            steps.append(state["step"])
-            adapt.append(adapt_p)
-            decay.append(decay_p)
+        params, grads, (ms, vs), masters, steps, adapt, decay = self._gather(
+            group, impl, ("exp_avg", "exp_avg_sq"))
         return params, grads, ms, vs, masters, steps, adapt, decay
 
     def _update(self, plan, grad_scale, found_inf) -> None:

@@ -152,18 +152,8 @@ class LARS(C.LayerwiseOptimizer):
                                                         memory_format=torch.preserve_format)
 
     def _init_group(self, group, impl):
-        params, grads, bufs, masters, steps, adapt, decay = [], [], [], [], [], [], []
-        for p in group["params"]:
-            if p.grad is None:
-                continue
-            state, adapt_p, decay_p = self._tensor_state(group, p, impl)
-            params.append(p)
-            grads.append(p.grad)
-            bufs.append(state.get("momentum_buffer"))
-            masters.append(state.get("master_param"))
-            steps.append(state["step"])
-            adapt.append(adapt_p)
-            decay.append(decay_p)
+        params, grads, (bufs,), masters, steps, adapt, decay = self._gather(
+            group, impl, ("momentum_buffer",))
         return params, grads, bufs, masters, steps, adapt, decay
 
     def _update(self, plan, grad_scale, found_inf) -> None:

@@ -6,6 +6,7 @@ The fused path runs on CUDA when there is a GPU, else in the Triton interpreter 
 """
 
 import copy
+import math
 import os
 
 import pytest
@@ -354,3 +355,86 @@ def test_fused_channels_last_and_layout_mismatch(cls):
 
     assert not dense_layout(ps[0], ps[0].grad)
     assert not dense_layout(torch.ones(4, 4).t())
+
+
+# ---- fused path: alignment, table cache, CUDA-graph capture ----------------------------
+
+def offset_views(dtype=torch.float32, seed=0):
+    """Parameters that start one element into their storage (as views into a flat
+    buffer can): no address is 16-byte aligned."""
+    g = torch.Generator().manual_seed(seed)
+    return [torch.nn.Parameter(torch.randn(1 + math.prod(s), generator=g).to(DEV, dtype)[1:]
+                               .view(s)) for s in SHAPES]
+
+
+@pytest.mark.parametrize("cls,kw", [(LAMB, {"lr": 0.05}), (LARS, {"lr": 1.0}),
+                                    (LARS, {"lr": 1.0, "mode": "normalized"})])
+def test_fused_unaligned_tensors_take_the_path_without_alignment_claims(cls, kw):
+    aligned = params()
+    mixed = offset_views()[:2] + aligned[2:]  # two unaligned views, three aligned
+    assert all(p.data_ptr() % _triton.ALIGN for p in mixed[:2])
+    ref = [torch.nn.Parameter(p.detach().clone()) for p in mixed]
+    train(cls, "loop", kw=kw, ps=ref)
+    _triton._recent.clear()
+    got, _ = train(cls, "fused", kw=kw, ps=mixed)
+    assert_same(got, ref)
+    kinds = {aligned for t in _triton._recent.values() for _, _, aligned in t.launches}
+    assert kinds == {True, False}  # one launch per kind in each pass
+
+
+def test_fused_tables_are_cached_by_address():
+    ps, opt = train(LAMB, "fused", steps=1)
+    _triton._recent.clear()
+    opt.step()  # same gradients: two tables (global norm, step), built once
+    first = dict(_triton._recent)
+    opt.step()
+    assert len(first) == 2 and set(_triton._recent) == set(first)
+    assert all(_triton._recent[k] is v for k, v in first.items())
+    for p in ps:
+        p.grad = p.grad.clone()  # new addresses: new tables
+    opt.step()
+    assert len(_triton._recent) == 4
+
+
+@pytest.mark.parametrize("cls", [LAMB, LARS])
+def test_tables_used_under_capture_are_held_while_the_state_lives(cls, monkeypatch):
+    """A table used while a CUDA graph is captured must outlive the cache of recent
+    tables (the graph reads it at every replay) and go with the optimizer's state. The
+    capture is simulated: the cache's policy does not depend on the device."""
+    import gc
+
+    ps, opt = train(cls, "fused", steps=1)
+    opt.step()  # the warm-up step: tables for these exact tensors
+    monkeypatch.setattr(_triton, "_capturing", lambda device: True)
+    opt.step()
+    monkeypatch.setattr(_triton, "_capturing", lambda device: False)
+    anchor = opt.state[ps[0]]["step"]
+    held = dict(_triton._captured[id(anchor)])
+    assert len(held) == 1 and set(held) <= set(_triton._recent)
+    for k in range(_triton.RECENT_TABLES + 1):  # fill the cache of recent tables past full
+        for p, g in zip(ps, grads_for(ps, k)):
+            p.grad = g
+        opt.step()
+    assert not set(held) & set(_triton._recent)
+    still = _triton._captured[id(anchor)]
+    assert set(still) == set(held) and all(still[k] is v for k, v in held.items())
+    key = id(anchor)
+    del opt, anchor
+    gc.collect()
+    assert key not in _triton._captured
+
+
+def test_capture_with_unseen_tensors_is_a_clear_error(monkeypatch):
+    ps, opt = train(LAMB, "fused", steps=1)
+    monkeypatch.setattr(_triton, "_capturing", lambda device: True)
+    for p, g in zip(ps, grads_for(ps, 5)):
+        p.grad = g
+    with pytest.raises(RuntimeError, match="eager step"):
+        opt.step()
+
+
+def test_block_and_chunk_sizes_are_checked():
+    with pytest.raises(ValueError, match="power of two"):
+        _triton._sizes(1000, 100)
+    with pytest.raises(ValueError, match="multiple"):
+        _triton._sizes(1000, 256)

@@ -1,6 +1,8 @@
 """Compile the fused kernels for real GPUs (sm_80, sm_90) without one: Triton's ahead-of-time
 path down to a cubin with its bundled ptxas. Catches GPU-only compile errors (types, casts,
-control flow) that the CPU interpreter used by the other tests cannot see.
+control flow) that the CPU interpreter used by the other tests cannot see, and checks that
+the launches for 16-byte-aligned tensors move whole blocks with 16-byte accesses
+(``ld.global.v4.b32`` / ``st.global.v4.b32`` in the PTX) while the others make no such claim.
 
 Runs in a subprocess because the other test modules switch on ``TRITON_INTERPRET``.
 """
@@ -15,7 +17,7 @@ import pytest
 pytest.importorskip("triton")
 
 SCRIPT = textwrap.dedent('''
-    import itertools, sys
+    import sys
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
@@ -23,6 +25,8 @@ SCRIPT = textwrap.dedent('''
 
     PTR = {"fp32": "*fp32", "bf16": "*bf16", "fp16": "*fp16"}
     FP32_PTRS = ("partials", "f_w", "coef", "found_inf", "lr_ptr")
+    STORES = {"_sumsq_kernel": False, "_lamb_pass1": True, "_lamb_pass2": True,
+              "_lars_pass1": None, "_lars_pass2": True}  # None: stores when NORMALIZED
 
     def build(kern, pdt, constexprs, target):
         sig = {}
@@ -39,27 +43,39 @@ SCRIPT = textwrap.dedent('''
                 sig[n] = PTR[pdt]
             else:
                 sig[n] = "fp32"
-        triton.compile(ASTSource(fn=kern, signature=sig, constexprs=constexprs), target=target)
+        ptx = triton.compile(ASTSource(fn=kern, signature=sig, constexprs=constexprs),
+                             target=target).asm["ptx"]
+        # A launch for aligned tensors must move whole blocks 16 bytes at a time; the
+        # other launch makes no alignment claim and must not.
+        name = kern.fn.__name__
+        stores = STORES[name] if STORES[name] is not None else constexprs["NORMALIZED"]
+        wide = ("ld.global.v4.b32" in ptx, "st.global.v4.b32" in ptx)
+        want = (True, stores) if constexprs["ALIGNED"] else (False, False)
+        if wide != want:
+            sys.exit(f"{name} {pdt} {constexprs}: 16-byte (loads, stores) {wide}, want {want}")
 
     n = 0
     for cc, pdt in [(90, "fp32"), (90, "bf16"), (80, "fp16")]:
         t = GPUTarget("cuda", cc, 32)
         low = pdt != "fp32"
-        base = dict(NCOL=10, CHUNK=65536, BLOCK=1024, HAS_COEF=True, HAS_INF=True,
-                    HAS_MASTER=low)
-        build(K._sumsq_kernel, pdt, dict(NCOL=10, CHUNK=65536, BLOCK=1024), t)
-        for variant in (0, 2):
-            lamb = dict(base, BIAS_CORRECTION=True, VARIANT=variant, EPS_INSIDE=variant == 0)
-            build(K._lamb_pass1, pdt, lamb, t)
-            build(K._lamb_pass2, pdt, dict(lamb, LR_IS_PTR=variant == 2, PBLOCK=128,
-                                           PARAM_BF16=pdt == "bf16"), t)
-        for normalized in (False, True):
-            lars = dict(base, NORMALIZED=normalized)
-            build(K._lars_pass1, pdt, lars, t)
-            build(K._lars_pass2, pdt, dict(lars, LR_IS_PTR=True, HAS_MOMENTUM=True,
-                                           NESTEROV=not normalized, CLIP=True, PBLOCK=128,
-                                           PARAM_BF16=pdt == "bf16"), t)
-        n += 9
+        for aligned in (True, False):
+            base = dict(NCOL=10, CHUNK=65536, BLOCK=1024, HAS_COEF=True, HAS_INF=True,
+                        HAS_MASTER=low, ALIGNED=aligned)
+            build(K._sumsq_kernel, pdt, dict(NCOL=10, CHUNK=65536, BLOCK=1024,
+                                             ALIGNED=aligned), t)
+            for variant in (0, 2):
+                lamb = dict(base, BIAS_CORRECTION=True, VARIANT=variant,
+                            EPS_INSIDE=variant == 0)
+                build(K._lamb_pass1, pdt, lamb, t)
+                build(K._lamb_pass2, pdt, dict(lamb, LR_IS_PTR=variant == 2, PBLOCK=128,
+                                               PARAM_BF16=pdt == "bf16"), t)
+            for normalized in (False, True):
+                lars = dict(base, NORMALIZED=normalized)
+                build(K._lars_pass1, pdt, lars, t)
+                build(K._lars_pass2, pdt, dict(lars, LR_IS_PTR=True, HAS_MOMENTUM=True,
+                                               NESTEROV=not normalized, CLIP=True,
+                                               PBLOCK=128, PARAM_BF16=pdt == "bf16"), t)
+            n += 9
     print("compiled", n)
 ''')
 
@@ -75,4 +91,4 @@ def test_fused_kernels_compile_for_sm80_and_sm90():
                                  or "GPUTarget" in proc.stderr and "ImportError" in proc.stderr):
         pytest.skip("this Triton cannot compile ahead of time here: " + proc.stderr[-300:])
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "compiled 27" in proc.stdout
+    assert "compiled 54" in proc.stdout
