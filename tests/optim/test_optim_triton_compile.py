@@ -14,6 +14,9 @@ import pytest
 
 pytest.importorskip("triton")
 
+# GPU code, checked on every machine: part of the GPU selection (see tests/conftest.py).
+pytestmark = pytest.mark.cuda_also
+
 SCRIPT = textwrap.dedent('''
     import itertools, sys
     import triton
