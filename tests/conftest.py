@@ -27,30 +27,13 @@ import pytest
 from gpuml._backend import cuda_available
 
 
-def _gpu_problems() -> list[str]:
-    """Why this process has no usable GPU, or ``[]``."""
-    problems = []
-    if not cuda_available():
-        try:
-            import cupy  # noqa: F401
-
-            problems.append("CuPy sees no CUDA device")
-        except Exception as e:  # ImportError, or a broken CUDA install raising at import
-            problems.append(f"CuPy does not import ({type(e).__name__}: {e})")
-    try:
-        import torch
-    except ImportError:
-        torch = None
-    if torch is not None and not torch.cuda.is_available():
-        problems.append("torch.cuda.is_available() is False")
-    return problems
-
-
 def pytest_sessionstart(session):
     if os.environ.get("GPUML_REQUIRE_GPU", "") not in ("", "0"):
-        problems = _gpu_problems()
+        from bench.gpu_check import gpu_problems
+
+        problems = gpu_problems()
         if problems:
-            pytest.exit("GPUML_REQUIRE_GPU=1 but no usable GPU: " + "; ".join(problems)
+            pytest.exit("GPUML_REQUIRE_GPU=1 but no CUDA device answers: " + ", ".join(problems)
                         + " (a run that skipped every GPU test would look green)",
                         returncode=pytest.ExitCode.USAGE_ERROR)
 
