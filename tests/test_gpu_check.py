@@ -37,10 +37,12 @@ def _has_gpu() -> bool:
     return not gpu_check.gpu_problems()
 
 
-def _make(*args, **env):
+def _make(*args):
+    # Not the settings of a make this suite may run under (`make test`): MAKEFLAGS would
+    # carry its command-line variables into ours.
+    env = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL")}
     return subprocess.run([MAKE, "--no-print-directory", *args, f"PYTHON={sys.executable}"],
-                          cwd=ROOT, capture_output=True, text=True, timeout=300,
-                          env=dict(os.environ, **env))
+                          cwd=ROOT, capture_output=True, text=True, timeout=300, env=env)
 
 
 def test_guard_is_one_line_without_gpu(monkeypatch, capsys):
