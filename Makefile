@@ -72,6 +72,10 @@ GPU_BENCH ?= gpu kernels:quick partition:quick optim:quick
 # the rest go on) and per benchmark (each runs in a child process killed after this long).
 TEST_TIMEOUT ?= 180
 BENCH_TIMEOUT ?= 300
+# For each half as a whole: when it is spent, what runs is stopped and the files are written,
+# inside the GPU machine's 10 minutes per command.
+TEST_BUDGET ?= 540
+BENCH_BUDGET ?= 540
 DRY_RUN ?=
 # The dry run uses this checkout's .venv when there is one and PYTHON was not given.
 GPU_PYTHON := $(if $(and $(DRY_RUN),$(filter file,$(origin PYTHON)),$(wildcard $(PY))),$(PY),$(PYTHON))
@@ -100,6 +104,7 @@ gpu-check-tests: $(GPU_GUARD)
 	@mkdir -p $(OUT) && rm -f $(OUT)/pytest.log $(OUT)/junit.xml $(OUT)/environment.json $(OUT)/summary.md
 	@status=0; \
 	$(GPU_TEST_ENV) $(GPU_RUN) -m bench.gpu_check tests $(OUT) --timeout $(TEST_TIMEOUT) \
+		--budget $(TEST_BUDGET) \
 		-- -m "$(GPU_MARKERS)" $(GPU_TESTS) || status=$$?; \
 	$(GPU_RUN) -m bench.gpu_check summary $(OUT) || status=1; \
 	exit $$status
@@ -110,7 +115,7 @@ gpu-check-bench: $(GPU_GUARD)
 		"\`make gpu-data\` where the packages are, and carry bench/data): real-data benchmarks will fail"
 	@status=0; \
 	$(GPU_RUN) -m bench.run $(GPU_BENCH) $(GPU_BENCH_FLAGS) --out $(OUT) \
-		--timeout $(BENCH_TIMEOUT) || status=$$?; \
+		--timeout $(BENCH_TIMEOUT) --budget $(BENCH_BUDGET) || status=$$?; \
 	$(GPU_RUN) -m bench.gpu_check summary $(OUT) || status=1; \
 	exit $$status
 

@@ -18,7 +18,7 @@ summary.md          ``summary``: all of the above as one Markdown page
 Six files at most, whatever the number of benchmark tables. The commands::
 
     python -m bench.gpu_check guard                  # one line and status 1 without a GPU
-    python -m bench.gpu_check tests OUT [--timeout S] -- PYTEST_ARGS...
+    python -m bench.gpu_check tests OUT [--timeout S] [--budget S] -- PYTEST_ARGS...
     python -m bench.gpu_check summary OUT [--probe]
     python -m bench.gpu_check unpack OUT/bench_results.json FOLDER
 
@@ -27,7 +27,9 @@ per-test limit (thread method: a test stuck inside a GPU kernel cannot be
 interrupted, so the whole process is stopped after its stacks are printed). A
 test that never reports (killed by the limit, or a crash) is recorded as failed
 and pytest is started again without the tests already done, so one hang costs
-one test, not the run. Its exit status is nonzero if any test failed or errored.
+one test, not the run. ``--budget`` bounds the whole run: when it is spent, pytest
+is stopped and the files are written all the same. Its exit status is nonzero if any
+test failed or errored, or did not report.
 
 ``summary`` probes the machine once per ``OUT`` (``environment.json``; ``--probe``
 probes again) and reads whatever of the other files are there, so two halves
@@ -55,12 +57,15 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
 LOG, JUNIT, SUMMARY, ENVIRONMENT = "pytest.log", "junit.xml", "summary.md", "environment.json"
 STATUS, RESULTS = "bench_status.json", "bench_results.json"
+#: The repository root: ``-p bench.gpu_check`` must import from any working directory.
+REPO = Path(__file__).resolve().parents[1]
 
 
 # -- the GPU -------------------------------------------------------------------------------
@@ -145,18 +150,34 @@ def pytest_collection_modifyitems(config, items):
 
 # -- tests -----------------------------------------------------------------------------------
 
-def _tee(cmd: list[str], log, env: dict) -> tuple[int, list[str]]:
-    """Run ``cmd``, copying its output to ``log`` and stdout; its status and last lines."""
+def _tee(cmd: list[str], log, env: dict,
+         limit: float | None = None) -> tuple[int, list[str], bool]:
+    """Run ``cmd``, copying its output to ``log`` and stdout, killed after ``limit`` seconds;
+    its status, last lines, and whether the limit killed it."""
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env,
                             text=True, errors="replace", bufsize=1)
+    fired = threading.Event()
+
+    def stop():
+        fired.set()
+        proc.kill()
+
+    timer = threading.Timer(max(limit, 0), stop) if limit is not None else None
+    if timer:
+        timer.start()
     tail: list[str] = []
-    for line in proc.stdout:
-        log.write(line)
-        log.flush()
-        sys.stdout.write(line)
-        sys.stdout.flush()
-        tail = (tail + [line.rstrip("\n")])[-60:]
-    return proc.wait(), tail
+    try:
+        for line in proc.stdout:
+            log.write(line)
+            log.flush()
+            sys.stdout.write(line)
+            sys.stdout.flush()
+            tail = (tail + [line.rstrip("\n")])[-60:]
+        code = proc.wait()
+    finally:
+        if timer:
+            timer.cancel()
+    return code, tail, fired.is_set()
 
 
 def _read_progress(path: Path) -> list[dict]:
@@ -170,9 +191,15 @@ def _read_progress(path: Path) -> list[dict]:
     return events
 
 
-def run_tests(out: Path, pytest_args: list[str], timeout: float = 0,
+def run_tests(out: Path, pytest_args: list[str], timeout: float = 0, budget: float = 0,
               max_passes: int = 20) -> int:
-    """Run pytest into ``out/pytest.log`` and ``out/junit.xml``, going on after a killed test."""
+    """Run pytest into ``out/pytest.log`` and ``out/junit.xml``, going on after a killed test.
+
+    ``timeout``: per test (pytest-timeout, when importable). ``budget``: for the whole run;
+    when it runs out, pytest is stopped and what finished is written, so that the files
+    come back from a machine whose command limit would otherwise cut everything off.
+    """
+    deadline = time.monotonic() + budget if budget else None
     out.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix="gpuml-tests-"))
     deselect = work / "deselect.txt"
@@ -185,17 +212,22 @@ def run_tests(out: Path, pytest_args: list[str], timeout: float = 0,
         notes.append(f"per-test timeout {timeout:g} s (pytest-timeout, thread method)")
     elif timeout:
         notes.append("pytest-timeout is not installed: no per-test timeout")
+    if budget:
+        notes.append(f"time budget {budget:g} s for the whole run")
     suites, reported, killed, status = [], [], [], 0
     with open(out / LOG, "w") as log:
         for n in range(1, max_passes + 1):
             progress, junit = work / f"progress-{n}.txt", work / f"junit-{n}.xml"
-            env = dict(os.environ, GPUML_PROGRESS=str(progress), GPUML_DESELECT=str(deselect))
+            env = dict(os.environ, GPUML_PROGRESS=str(progress), GPUML_DESELECT=str(deselect),
+                       PYTHONPATH=os.pathsep.join(filter(None, [str(REPO),
+                                                                os.environ.get("PYTHONPATH")])))
             cmd = base + [f"--junitxml={junit}"] + pytest_args
             header = f"=== gpu-check tests, pass {n}: {' '.join(cmd[1:])}"
             header += (f" ({'; '.join(notes)})" if notes else "") + "\n"
             log.write(header)
             sys.stdout.write(header)
-            code, tail = _tee(cmd, log, env)
+            left = deadline - time.monotonic() if deadline else None
+            code, tail, out_of_time = _tee(cmd, log, env, left)
             events = _read_progress(progress)
             started = [e["nodeid"] for e in events if e["event"] == "start"]
             finished = {e["nodeid"] for e in events if e["event"] == "end"}
@@ -209,16 +241,23 @@ def run_tests(out: Path, pytest_args: list[str], timeout: float = 0,
                 break
             # pytest never wrote its junit.xml: the outcomes come from the progress log
             reported += [e for e in events if e["event"] == "report"]
-            killed += [(nodeid, code, tail) for nodeid in lost]
+            killed += [(nodeid, code, tail, out_of_time) for nodeid in lost]
             with open(deselect, "a") as f:
                 f.write("".join(nodeid + "\n" for nodeid in started))
-            msg = (f"=== gpu-check tests: pass {n} ended (status {code}) inside {lost}; "
-                   "recorded as failed, going on with the tests not yet run\n")
+            if out_of_time:
+                msg = (f"=== gpu-check tests: the time budget of {budget:g} s ran out inside "
+                       f"{lost}; the tests after it did not run\n")
+            else:
+                msg = (f"=== gpu-check tests: pass {n} ended (status {code}) inside {lost}; "
+                       "recorded as failed, going on with the tests not yet run\n")
             log.write(msg)
             sys.stdout.write(msg)
+            if out_of_time or (deadline and time.monotonic() >= deadline):
+                status = status or 1
+                break
         else:
             status = status or 1
-    _merge_junit(suites, reported, killed, out / JUNIT, timeout)
+    _merge_junit(suites, reported, killed, out / JUNIT, timeout, budget)
     shutil.rmtree(work, ignore_errors=True)
     return 1 if killed and status == 0 else status
 
@@ -233,7 +272,8 @@ def _classname(nodeid: str) -> tuple[str, str]:
     return classname, name
 
 
-def _merge_junit(paths, reported, killed, target: Path, timeout: float) -> None:
+def _merge_junit(paths, reported, killed, target: Path, timeout: float,
+                 budget: float = 0) -> None:
     """One junit.xml: pytest's own files, the outcomes of passes that were cut short (from
     the progress log), and a failure for each test that never reported."""
     root = ET.Element("testsuites")
@@ -243,7 +283,7 @@ def _merge_junit(paths, reported, killed, target: Path, timeout: float) -> None:
         except ET.ParseError:
             continue
         root.extend(tree.iter("testsuite") if tree.tag == "testsuites" else [tree])
-    lost = {nodeid for nodeid, _, _ in killed}
+    lost = {nodeid for nodeid, _, _, _ in killed}
     cases: dict[str, dict] = {}
     for e in reported:
         if e["nodeid"] in lost:
@@ -270,12 +310,17 @@ def _merge_junit(paths, reported, killed, target: Path, timeout: float) -> None:
                 child.text = case["text"]
         why = (f"killed by the per-test timeout of {timeout:g} s, or crashed" if timeout
                else "crashed")
-        for nodeid, code, tail in killed:
+        for nodeid, code, tail, out_of_time in killed:
             classname, name = _classname(nodeid)
             el = ET.SubElement(suite, "testcase", classname=classname, name=name, time="0")
-            failure = ET.SubElement(el, "failure", message=(
-                f"no result: the test process died during this test ({why}; pytest exit "
-                f"status {code}); the output's tail follows, all of it is in pytest.log"))
+            if out_of_time:
+                message = (f"no result: the run's time budget of {budget:g} s ran out during "
+                           "this test, and the tests after it did not run")
+            else:
+                message = (f"no result: the test process died during this test ({why}; pytest "
+                           f"exit status {code}); the output's tail follows, all of it is in "
+                           "pytest.log")
+            failure = ET.SubElement(el, "failure", message=message)
             failure.text = "\n".join(tail)
     ET.ElementTree(root).write(target, encoding="utf-8", xml_declaration=True)
 
@@ -524,6 +569,8 @@ def main(argv=None) -> int:
     t.add_argument("out", type=Path)
     t.add_argument("--timeout", type=float, default=0,
                    help="per-test limit in seconds (needs pytest-timeout; 0: none)")
+    t.add_argument("--budget", type=float, default=0,
+                   help="limit for the whole run in seconds (0: none)")
     t.add_argument("pytest_args", nargs="*", help="after --: pytest's arguments")
     s = sub.add_parser("summary", help="OUT/summary.md from the files in OUT")
     s.add_argument("out", type=Path)
@@ -539,7 +586,7 @@ def main(argv=None) -> int:
     if args.command == "guard":
         return guard()
     if args.command == "tests":
-        return run_tests(args.out, args.pytest_args + extra, args.timeout)
+        return run_tests(args.out, args.pytest_args + extra, args.timeout, args.budget)
     if args.command == "summary":
         args.out.mkdir(parents=True, exist_ok=True)
         path = write_summary(args.out, args.probe)

@@ -27,6 +27,9 @@ usual ``<record>.json`` / ``<record>.md`` files.
 ``--timeout S`` runs each benchmark in a child process and kills it after S
 seconds (a GPU kernel that never returns cannot be interrupted from Python);
 Python's stacks are dumped shortly before, so the log shows where it hung.
+``--budget S`` bounds the whole run the same way: the running benchmark is
+killed when it runs out, and the ones after it are reported as not run, so
+that the status and results are written before a machine's command limit.
 """
 
 from __future__ import annotations
@@ -95,7 +98,7 @@ def _run_child(spec: str, gpu: bool, timeout: float, env: dict) -> str | None:
     """Run one benchmark in a child process; an error text, or None when it succeeded."""
     cmd = [sys.executable, "-m", "bench.run", spec, "--child"] + (["--gpu"] if gpu else [])
     error_file = Path(tempfile.mkdtemp(prefix="gpuml-bench-")) / "error.txt"
-    env = dict(env, GPUML_BENCH_DUMP_AFTER=str(max(timeout - 10, timeout * 0.9)),
+    env = dict(env, GPUML_BENCH_DUMP_AFTER=str(max(timeout - 10, timeout * 0.9, 0.01)),
                GPUML_BENCH_ERROR=str(error_file))
     # Same process group as this one: whoever stops the whole run stops the child too.
     proc = subprocess.Popen(cmd, env=env)
@@ -104,7 +107,7 @@ def _run_child(spec: str, gpu: bool, timeout: float, env: dict) -> str | None:
     except subprocess.TimeoutExpired:
         proc.kill()
         proc.wait()
-        return f"TimeoutError: killed after {timeout:g} s (Python's stacks are in the log above)"
+        return f"TimeoutError: killed after {timeout:.1f} s (Python's stacks are in the log above)"
     text = error_file.read_text() if error_file.exists() else ""
     shutil.rmtree(error_file.parent, ignore_errors=True)
     if code == 0:
@@ -148,6 +151,9 @@ def main(argv=None) -> int:
                         help="gather the results into DIR (bench_status.json, bench_results.json)")
     parser.add_argument("--timeout", type=float, metavar="S",
                         help="run each benchmark in a child process, killed after S seconds")
+    parser.add_argument("--budget", type=float, metavar="S",
+                        help="the whole run's limit: benchmarks in child processes, the one "
+                             "running when it is spent is killed, the rest do not start")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     try:
@@ -183,6 +189,7 @@ def main(argv=None) -> int:
                                                           else sys.argv[1:]),
             "gpu": args.gpu, "time": time.strftime("%Y-%m-%d %H:%M:%S")}
     statuses = []
+    deadline = time.monotonic() + args.budget if args.budget else None
     for name, quick in specs:
         flags = (" --quick" if quick else "") + (" --gpu" if args.gpu else "")
         command = f"python -m bench.run {name}{flags}"
@@ -193,11 +200,18 @@ def main(argv=None) -> int:
         print(f"=== bench_{name}{' (quick)' if quick else ''} ===", flush=True)
         t0 = time.perf_counter()
         error = None
+        limit = args.timeout
+        if deadline is not None:
+            left = deadline - time.monotonic()
+            limit = min(limit, left) if limit else left
         try:
-            if args.timeout:
+            if limit is not None and limit <= 0:
+                error = f"not run: the time budget of {args.budget:g} s was spent"
+                print(error, flush=True)
+            elif limit:
                 env = dict(os.environ, GPUML_BENCH_COMMAND=command)
                 error = _run_child(f"{name}:{'quick' if quick else 'full'}", args.gpu,
-                                   args.timeout, env)
+                                   limit, env)
             else:
                 _harness.COMMAND = command
                 run_one(name, quick, args.gpu)

@@ -175,11 +175,26 @@ def test_bench_guard_gathers_and_unpacks(tmp_path, monkeypatch):
     assert got["rows"] == want["rows"] and got["meta"]["command"] == want["meta"]["command"]
 
 
-def test_bench_timeout_kills_and_goes_on(tmp_path, monkeypatch):
+def test_bench_timeout_and_budget(tmp_path, monkeypatch):
     monkeypatch.setenv("GPUML_PROBE", "hang")
     out = tmp_path / "out"
     probe = str(ROOT / "tests" / "_bench_probe.py")
-    code = bench_run.main([f"{probe}:quick", "--out", str(out), "--timeout", "3"])
+    code = bench_run.main([f"{probe}:quick", probe, "--out", str(out), "--timeout", "60",
+                           "--budget", "3"])
     assert code == 1
-    (status,) = json.loads((out / "bench_status.json").read_text())["benchmarks"]
-    assert status["error"].startswith("TimeoutError") and status["records"] == ["probe_a"]
+    hung, late = json.loads((out / "bench_status.json").read_text())["benchmarks"]
+    assert hung["error"].startswith("TimeoutError") and hung["records"] == ["probe_a"]
+    assert hung["seconds"] < 30
+    assert late["error"].startswith("not run: the time budget") and late["records"] == []
+
+
+def test_runner_budget_stops_and_writes(tmp_path):
+    (tmp_path / "test_slow.py").write_text(
+        "import time\n\ndef test_a():\n    pass\n\ndef test_slow():\n    time.sleep(120)\n"
+        "\ndef test_b():\n    pass\n")
+    out = tmp_path / "out"
+    assert gpu_check.run_tests(out, [str(tmp_path / "test_slow.py")], budget=5) == 1
+    report = gpu_check.read_junit(out / "junit.xml")
+    assert [(c["id"].split("::")[-1], c["outcome"]) for c in report["cases"]] == [
+        ("test_a", "passed"), ("test_slow", "failed")]
+    assert "time budget of 5 s ran out" in report["cases"][1]["message"]
