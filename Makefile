@@ -79,7 +79,8 @@ BENCH_BUDGET ?= 540
 DRY_RUN ?=
 # The dry run uses this checkout's .venv when there is one and PYTHON was not given.
 GPU_PYTHON := $(if $(and $(DRY_RUN),$(filter file,$(origin PYTHON)),$(wildcard $(PY))),$(PY),$(PYTHON))
-GPU_RUN := PYTHONPATH=. $(GPU_PYTHON)
+# Unbuffered: what a killed process printed last is what says where it was.
+GPU_RUN := PYTHONUNBUFFERED=1 PYTHONPATH=. $(GPU_PYTHON)
 ifeq ($(DRY_RUN),)
 GPU_GUARD := gpu-check-guard
 GPU_TEST_ENV := GPUML_REQUIRE_GPU=1
