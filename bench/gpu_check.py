@@ -41,8 +41,9 @@ copying both folders into one and running ``summary`` there.
 :func:`bench._harness.record` writes, e.g. into ``bench/results/<gpu-name>/``.
 
 The module is also a pytest plugin (``-p bench.gpu_check``, used by ``tests``):
-it logs each test's start and end to ``$GPUML_PROGRESS`` and deselects the
-node ids listed in ``$GPUML_DESELECT``.
+it logs each test's start, outcome and end to ``$GPUML_PROGRESS``, deselects the
+node ids listed in ``$GPUML_DESELECT`` and runs the tests under the path prefixes in
+``$GPUML_RUN_LAST`` after the others.
 """
 
 from __future__ import annotations
@@ -137,6 +138,11 @@ def _progress(entry: dict) -> None:
 
 
 def pytest_collection_modifyitems(config, items):
+    # Tests under the prefixes in $GPUML_RUN_LAST run after the others (kept in order): a
+    # module that may hang then costs only its own tests when the time budget runs out.
+    last = os.environ.get("GPUML_RUN_LAST", "").split()
+    if last:
+        items.sort(key=lambda item: any(item.nodeid.startswith(p) for p in last))
     path = os.environ.get("GPUML_DESELECT")
     if not path or not os.path.exists(path):
         return

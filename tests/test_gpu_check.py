@@ -72,7 +72,7 @@ def test_make_wiring():
     real = _make("-n", "gpu-check").stdout.splitlines()
     assert "bench.gpu_check guard" in real[0]
     assert any("GPUML_REQUIRE_GPU=1" in line and 'bench.gpu_check tests gpu-out' in line
-               for line in real)
+               and 'GPUML_RUN_LAST="tests/test_gcd_gpu.py"' in line for line in real)
     assert any('-m "gpu or cuda_also" tests' in line for line in real)
     assert any("bench.run gpu kernels:quick partition:quick optim:quick --gpu --out gpu-out"
                in line for line in real)
