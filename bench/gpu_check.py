@@ -54,6 +54,7 @@ import importlib.util
 import json
 import os
 import platform
+import shlex
 import shutil
 import subprocess
 import sys
@@ -228,7 +229,7 @@ def run_tests(out: Path, pytest_args: list[str], timeout: float = 0, budget: flo
                        PYTHONPATH=os.pathsep.join(filter(None, [str(REPO),
                                                                 os.environ.get("PYTHONPATH")])))
             cmd = base + [f"--junitxml={junit}"] + pytest_args
-            header = f"=== gpu-check tests, pass {n}: {' '.join(cmd[1:])}"
+            header = f"=== gpu-check tests, pass {n}: {shlex.join(cmd[1:])}"
             header += (f" ({'; '.join(notes)})" if notes else "") + "\n"
             log.write(header)
             sys.stdout.write(header)
