@@ -108,8 +108,9 @@ def _run_child(spec: str, gpu: bool, timeout: float, env: dict) -> str | None:
         proc.kill()
         proc.wait()
         return f"TimeoutError: killed after {timeout:.1f} s (Python's stacks are in the log above)"
-    text = error_file.read_text() if error_file.exists() else ""
-    shutil.rmtree(error_file.parent, ignore_errors=True)
+    finally:
+        text = error_file.read_text() if error_file.exists() else ""
+        shutil.rmtree(error_file.parent, ignore_errors=True)
     if code == 0:
         return None
     if code < 0:
