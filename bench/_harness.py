@@ -2,7 +2,10 @@
 
 Every benchmark runs gpuml and its baseline in the same process on the same
 data and reports ratios; absolute seconds on these shared machines are noisy.
-Results go to ``bench/results/<machine>/<name>.json`` plus a Markdown table.
+Results go to ``bench/results/<machine>/<name>.json`` plus a Markdown table,
+or, when the environment variable ``GPUML_BENCH_OUT`` names a folder (``bench.run
+--out DIR`` sets it; ``make gpu-check`` uses it to bring results back from a
+remote GPU machine), to ``$GPUML_BENCH_OUT/<name>.json`` and ``.md``, flat.
 """
 
 from __future__ import annotations
@@ -16,6 +19,9 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 RESULTS = Path(__file__).resolve().parent / "results"
+
+#: Environment variable naming the folder :func:`record` writes to instead of ``RESULTS``.
+OUT_ENV = "GPUML_BENCH_OUT"
 
 #: The command line that is running, set by ``bench.run``; the default for :func:`record`.
 COMMAND: str | None = None
@@ -98,9 +104,12 @@ def markdown_table(rows: Sequence[dict]) -> str:
 
 def record(name: str, rows: Sequence[dict], *, gpu: bool = False, title: str = "",
            notes: str = "", command: str | None = None) -> Path:
-    """Print ``rows`` as a table and write them to bench/results/<machine>/<name>.{json,md}."""
+    """Print ``rows`` as a table and write them to bench/results/<machine>/<name>.{json,md}.
+
+    With ``$GPUML_BENCH_OUT`` set, the two files go to that folder instead.
+    """
     machine = machine_name(gpu)
-    out = RESULTS / machine
+    out = Path(os.environ[OUT_ENV]) if os.environ.get(OUT_ENV) else RESULTS / machine
     out.mkdir(parents=True, exist_ok=True)
     command = command or COMMAND or "python -m bench.run " + name
     meta = {

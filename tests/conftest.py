@@ -1,8 +1,41 @@
-"""Test configuration: tests marked ``gpu`` skip cleanly where no CUDA device answers."""
+"""Test configuration and the GPU test selection.
+
+Two markers (registered in pyproject.toml) say which tests matter on a GPU machine:
+
+* ``gpu``: needs a CUDA device. Skipped where none answers (CI, laptops).
+* ``cuda_also``: runs everywhere, and exercises GPU code where a GPU is: the nvcc
+  compile checks of every ``.cu`` file (``tests/test_cuda_sources.py``), Triton's
+  ahead-of-time compile of the fused optimizer kernels
+  (``tests/optim/test_optim_triton_compile.py``), and the optimizer path tests that run
+  on CUDA when it is there and in Triton's interpreter on the CPU otherwise
+  (``tests/optim/test_optim_paths.py``). They must keep running in CI, so they cannot
+  carry ``gpu``.
+
+The GPU machine runs ``pytest -m "gpu or cuda_also"`` (``make gpu-check-tests``);
+CI runs everything (``make test``), where the ``gpu`` tests skip.
+
+On the GPU machine a missing GPU must not pass for a green run that tested nothing
+(a broken CuPy would skip every ``gpu`` test): with the environment variable
+``GPUML_REQUIRE_GPU=1`` the session stops at once with a nonzero status unless CuPy
+sees a CUDA device and, where torch imports, ``torch.cuda.is_available()`` is true.
+"""
+
+import os
 
 import pytest
 
 from gpuml._backend import cuda_available
+
+
+def pytest_sessionstart(session):
+    if os.environ.get("GPUML_REQUIRE_GPU", "") not in ("", "0"):
+        from bench.gpu_check import gpu_problems
+
+        problems = gpu_problems()
+        if problems:
+            pytest.exit("GPUML_REQUIRE_GPU=1 but no CUDA device answers: " + ", ".join(problems)
+                        + " (a run that skipped every GPU test would look green)",
+                        returncode=pytest.ExitCode.USAGE_ERROR)
 
 
 def pytest_collection_modifyitems(config, items):

@@ -9,6 +9,9 @@ from gpuml.kernels._cuda import loader
 
 NVCC = shutil.which("nvcc")
 
+# GPU code, checked on every machine: part of the GPU selection (see tests/conftest.py).
+pytestmark = pytest.mark.cuda_also
+
 
 def test_sources_ship_as_package_data():
     from pathlib import Path

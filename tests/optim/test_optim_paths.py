@@ -21,6 +21,9 @@ DEV = "cuda" if torch.cuda.is_available() else "cpu"
 SHAPES = [(7, 5), (5,), (70, 100), (3, 1, 4), (1,)]
 IMPLS = {"loop": dict(foreach=False), "foreach": dict(foreach=True), "fused": dict(fused=True)}
 
+# On CUDA where there is a GPU: part of the GPU selection (see tests/conftest.py).
+pytestmark = pytest.mark.cuda_also
+
 
 @pytest.fixture(autouse=True)
 def small_chunks(monkeypatch):

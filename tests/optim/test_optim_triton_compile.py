@@ -16,6 +16,9 @@ import pytest
 
 pytest.importorskip("triton")
 
+# GPU code, checked on every machine: part of the GPU selection (see tests/conftest.py).
+pytestmark = pytest.mark.cuda_also
+
 SCRIPT = textwrap.dedent('''
     import sys
     import triton
