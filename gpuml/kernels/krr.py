@@ -52,16 +52,14 @@ _SYEVJ_BATCHED_MAX = 32
 
 #: Largest block size m for which equal-size parts are factored together by one
 #: ``potrfBatched`` call; larger blocks get one single-matrix ``potrf`` each.
-#: The two costs cross somewhere in the hundreds. ``potrfBatched`` is built for
-#: many small matrices: an exact-KRR fit at n = 18,432, one block through it,
-#: took 1.6 s warm on an H100, about 1.3 TFLOP/s if the factorisation were all
-#: of it, where one ``potrf`` of that size should take ~0.05 s; its cost per flop
-#: is high once a block is large. A single ``potrf`` issues a fixed chain of
-#: panel steps (tens of launches) whatever m, so below a few hundred rows g
-#: blocks one after another cost g times that latency while one batched call
-#: costs about one. ``bench/profile_bkrr_gpu.py`` times both over m and g on the
-#: GPU; set this from its crossover.
-POTRF_BATCHED_MAX = 512
+#: Measured on an H100 (float64, 16 equal blocks, ``bench/profile_bkrr_gpu.py``,
+#: bench/results/h100-80gb-hbm3/profile_bkrr.txt): batched vs one ``potrf`` per
+#: block 1.5 vs 2.8 ms at m = 64, 3.2 vs 6.1 ms at 512, 11.8 vs 12.3 ms at 1,152,
+#: 30.5 vs 19.9 ms at 2,048; at g = 144 blocks of m <= 256 batched is 7-8x faster.
+#: ``potrfBatched`` is built for many small matrices: one 18,432 block through it
+#: took 1.6 s where one ``potrf`` takes 0.056 s. The crossover lies between 1,152
+#: and 2,048.
+POTRF_BATCHED_MAX = 1536
 
 #: Kernel blocks built and factored by one call are at most this large together
 #: (a group of many equal-size parts is cut into chunks of this size; one block
