@@ -45,3 +45,21 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def diabetes():
+    """scikit-learn's diabetes regression set, features standardised (shared by the KRR tests)."""
+    from sklearn.datasets import load_diabetes
+    from sklearn.preprocessing import StandardScaler
+
+    X, y = load_diabetes(return_X_y=True)
+    return StandardScaler().fit_transform(X), y
+
+
+@pytest.fixture(scope="session")
+def cp():
+    """CuPy, for tests that only run where a GPU answers (marked ``gpu``)."""
+    import cupy
+
+    return cupy

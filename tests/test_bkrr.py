@@ -6,7 +6,6 @@ import numpy as np
 import pytest
 import scipy.sparse as sp
 from sklearn.base import clone
-from sklearn.datasets import load_diabetes
 from sklearn.kernel_ridge import KernelRidge
 from sklearn.model_selection import GridSearchCV
 from sklearn.pipeline import make_pipeline
@@ -25,12 +24,6 @@ from gpuml.kernels import (
     gram_batch,
     krr_solve_parts,
 )
-
-
-@pytest.fixture(scope="module")
-def diabetes():
-    X, y = load_diabetes(return_X_y=True)
-    return StandardScaler().fit_transform(X), y
 
 
 def _rel(a, b):

@@ -2,22 +2,14 @@
 
 import numpy as np
 import pytest
-from sklearn.datasets import load_diabetes
 from sklearn.kernel_ridge import KernelRidge
 from sklearn.metrics import r2_score
 from sklearn.model_selection import GridSearchCV, KFold
-from sklearn.preprocessing import StandardScaler
 
 from gpuml.estimators.bkrr import BKRRRegressor, BKRRRegressorCV, _r2_scores
 
 SIGMAS = [0.5, 1.5, 4.0]
 LAMS = [1e-6, 1e-4, 1e-2]
-
-
-@pytest.fixture(scope="module")
-def diabetes():
-    X, y = load_diabetes(return_X_y=True)
-    return StandardScaler().fit_transform(X), y
 
 
 @pytest.mark.parametrize("partition, combine", [("kbalance", "nearest"), ("random", "average"),

@@ -4,8 +4,6 @@ import pickle
 
 import numpy as np
 import pytest
-from sklearn.datasets import load_diabetes
-from sklearn.preprocessing import StandardScaler
 
 from gpuml._backend import cuda_available
 from gpuml.estimators.bkrr import BKRRRegressor, BKRRRegressorCV
@@ -21,19 +19,6 @@ from gpuml.kernels.krr import tridiagonal_batch
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not cuda_available(), reason="needs a CUDA device")]
-
-
-@pytest.fixture(scope="module")
-def cp():
-    import cupy
-
-    return cupy
-
-
-@pytest.fixture(scope="module")
-def diabetes():
-    X, y = load_diabetes(return_X_y=True)
-    return StandardScaler().fit_transform(X), y
 
 
 @pytest.mark.parametrize("sizes", [(40, 40, 39, 39), (7, 50, 23), (16, 16, 16)])

@@ -7,9 +7,7 @@ these tests hold that path to LAPACK and to scikit-learn's KernelRidge.
 
 import numpy as np
 import pytest
-from sklearn.datasets import load_diabetes
 from sklearn.kernel_ridge import KernelRidge
-from sklearn.preprocessing import StandardScaler
 
 from gpuml._backend import cuda_available
 from gpuml.estimators import bkrr as bkrr_module
@@ -25,19 +23,6 @@ from gpuml.kernels import (
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not cuda_available(), reason="needs a CUDA device")]
-
-
-@pytest.fixture(scope="module")
-def cp():
-    import cupy
-
-    return cupy
-
-
-@pytest.fixture(scope="module")
-def diabetes():
-    X, y = load_diabetes(return_X_y=True)
-    return StandardScaler().fit_transform(X), y
 
 
 def _rel(a, b):
