@@ -7,8 +7,9 @@ from sklearn.cluster import KMeans
 from sklearn.datasets import load_breast_cancer, load_digits
 from sklearn.utils import check_random_state
 
-from gpuml.kernels import fill_nearest_open, nearest_centres
+from gpuml.kernels import fill_nearest_open, nearest_centres, part_sums
 from gpuml.kernels import nearest as nearest_module
+from gpuml.kernels.pairwise import squared_norms
 from gpuml.partition import PARTITIONERS, assign_nearest, kmeans, partition
 
 _BC = load_breast_cancer().data[:540]
@@ -221,6 +222,29 @@ def test_unknown_method():
         partition(DIGITS, 2, "spectral")
 
 
+# --- the GPU path's logic, run on NumPy: what a GPU run does differently must not change results
+
+@pytest.mark.parametrize("P", [3, 64])
+def test_one_hot_gemm_sums_match_the_sparse_product(P, monkeypatch):
+    # The dense-GPU sums (one-hot GEMM per row block into the distance buffer), run on
+    # NumPy with blocks of 50 rows: labels as the plain GEMM pass, sums and counts as
+    # the sparse one-hot product and a plain loop.
+    monkeypatch.setattr(nearest_module, "BLOCK_BYTES", 50 * P * 8)
+    centers = SMALL[np.random.default_rng(P).choice(len(SMALL), P, replace=False)] + 0.1
+    plain = np.array([np.argmin([euclid(x, c) for c in centers]) for x in SMALL])
+    labels, sums, counts = nearest_module._blocked_nearest_sums(
+        SMALL, centers, squared_norms(centers), np.empty(len(SMALL), dtype=np.int64))
+    dense_sums, dense_counts = nearest_module._dense_part_sums(SMALL, plain, P)
+    sparse_sums, sparse_counts = part_sums(SMALL, plain, P)
+    np.testing.assert_array_equal(labels, plain)
+    for s, c in ((sums, counts), (dense_sums, dense_counts)):
+        assert c.dtype == np.int64
+        np.testing.assert_array_equal(c, sparse_counts)
+        np.testing.assert_allclose(s, sparse_sums, rtol=1e-12, atol=1e-12)
+        np.testing.assert_allclose(s, [SMALL[plain == j].sum(0) for j in range(P)],
+                                   rtol=1e-12, atol=1e-12)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("method", sorted(PARTITIONERS))
 def test_gpu_matches_cpu(method):
@@ -233,3 +257,24 @@ def test_gpu_matches_cpu(method):
     np.testing.assert_allclose(centers.get(), cpu_centers, rtol=1e-9)
     routed = assign_nearest(cp.asarray(DIGITS[:50]), centers)
     np.testing.assert_array_equal(routed.get(), assign_nearest(DIGITS[:50], cpu_centers))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_gpu_one_hot_gemm_sums_match_cpu(dtype, monkeypatch):
+    # Several row blocks (50 rows each) through the dense-GPU pass and part_sums.
+    import cupy as cp
+
+    monkeypatch.setattr(nearest_module, "BLOCK_BYTES", 50 * 10 * 8)
+    X = SMALL.astype(dtype)
+    centers = X[np.random.default_rng(0).choice(len(X), 10, replace=False)] + dtype(0.1)
+    labels, sums, counts = nearest_centres(cp.asarray(X), cp.asarray(centers), with_sums=True)
+    labels = labels.get()
+    assert labels.dtype == np.int64 and counts.dtype == np.int64 and sums.dtype == dtype
+    if dtype == np.float64:  # float32 distances may order near-ties differently on the GPU
+        np.testing.assert_array_equal(labels, nearest_centres(X, centers))
+    rtol = 1e-12 if dtype == np.float64 else 1e-5
+    expected_sums, expected_counts = part_sums(X, labels, 10)
+    for s, c in ((sums, counts), part_sums(cp.asarray(X), cp.asarray(labels), 10)):
+        np.testing.assert_array_equal(c.get(), expected_counts)
+        np.testing.assert_allclose(s.get(), expected_sums, rtol=rtol, atol=rtol * 10)
