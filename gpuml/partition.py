@@ -31,6 +31,8 @@ reproduces ``labels``.
 
 from __future__ import annotations
 
+from collections import deque
+
 import numpy as np
 from sklearn.utils import check_random_state
 
@@ -40,6 +42,8 @@ from .kernels import (
     fill_nearest_open,
     nearest_centres,
     part_sums,
+    read_lag,
+    read_later,
     row_blocks,
     shifted_sq_distances,
     sq_distances,
@@ -56,10 +60,11 @@ def _divide(sums, counts, fallback=None):
     """``sums / counts`` per part; a part with no members keeps ``fallback[j]``."""
     xp = namespace_of(sums)
     means = sums / xp.maximum(counts, 1)[:, None].astype(sums.dtype)
-    empty = counts == 0
-    if fallback is not None and bool(empty.any()):
-        means[empty] = fallback[empty]
-    return means
+    if fallback is None:
+        return means
+    # A select, not a masked assignment: asking whether any part is empty would
+    # read a device value back (a synchronisation in every Lloyd pass).
+    return xp.where((counts == 0)[:, None], fallback, means)
 
 
 def _capacities(n: int, n_parts: int, larger_first=None) -> np.ndarray:
@@ -155,14 +160,38 @@ def _kmeans(X, n_parts, rng, max_iter=100, tol=1e-4, **_):
     # Each pass assigns every sample to its nearest centre and sums the parts,
     # so the next centres cost no second sweep over X.
     labels, sums, counts = nearest_centres(X, centers, with_sums=True)
+    # Pass i stops the loop if the centres moved by at most the threshold
+    # before it. On a GPU that shift is read only after later passes are
+    # queued (read_lag), so the device never idles while the host decides;
+    # passes run past the stop are dropped and the stopping one returned, so
+    # every device stops where the host does.
+    lag = read_lag(X)
+    unread = deque()
     for _ in range(max_iter):
         new_centers = _divide(sums, counts, fallback=centers)
-        shift = float(((new_centers - centers) ** 2).sum())
+        shift = read_later(((new_centers - centers) ** 2).sum())
         centers = new_centers
         labels, sums, counts = nearest_centres(X, centers, with_sums=True)
-        if shift <= threshold:
-            break
+        unread.append((shift, labels, centers))
+        if len(unread) > lag:
+            stopped = _stopped(unread, threshold)
+            if stopped:
+                return stopped
+    # max_iter passes ran; the last is returned whatever its shift, but an
+    # earlier unread pass may be where the host stopped.
+    while len(unread) > 1:
+        stopped = _stopped(unread, threshold)
+        if stopped:
+            return stopped
     return labels, xp.ascontiguousarray(centers)
+
+
+def _stopped(unread, threshold):
+    """Read the oldest unread pass: ``(labels, centers)`` if the loop stops there, else None."""
+    shift, labels, centers = unread.popleft()
+    if shift() <= threshold:
+        return labels, namespace_of(centers).ascontiguousarray(centers)
+    return None
 
 
 def _kbalance(X, n_parts, rng, max_iter=100, tol=1e-4, **_):

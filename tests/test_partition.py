@@ -7,7 +7,8 @@ from sklearn.cluster import KMeans
 from sklearn.datasets import load_breast_cancer, load_digits
 from sklearn.utils import check_random_state
 
-from gpuml.kernels import fill_nearest_open, nearest_centres, part_sums
+import gpuml.partition as partition_module
+from gpuml.kernels import fill_nearest_open, nearest_centres, part_sums, read_lag, read_later
 from gpuml.kernels import nearest as nearest_module
 from gpuml.kernels.pairwise import squared_norms
 from gpuml.partition import PARTITIONERS, assign_nearest, kmeans, partition
@@ -224,6 +225,40 @@ def test_unknown_method():
 
 # --- the GPU path's logic, run on NumPy: what a GPU run does differently must not change results
 
+def _count_passes(monkeypatch):
+    passes = []
+    original = partition_module.nearest_centres
+
+    def counted(*args, **kwargs):
+        passes.append(1)
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(partition_module, "nearest_centres", counted)
+    return passes
+
+
+@pytest.mark.parametrize("lag", [1, 3])
+@pytest.mark.parametrize("max_iter, tol", [(100, 1e-4), (30, 1e-4), (31, 1e-4), (32, 1e-4),
+                                           (1, 1e-4), (0, 1e-4), (100, 0.0), (100, 1e9)])
+def test_lloyd_reading_behind_stops_where_the_host_does(lag, max_iter, tol, monkeypatch):
+    # DIGITS, P = 8, random_state=2 stops after 31 Lloyd passes (past the first) at tol=1e-4;
+    # a loop reading its shifts `lag` passes late must return the very same labels and
+    # centres, whether it stops on the tolerance or on max_iter, and run at most `lag`
+    # passes more.
+    passes = _count_passes(monkeypatch)
+    labels, centers = kmeans(DIGITS, 8, random_state=2, max_iter=max_iter, tol=tol)
+    host_passes = len(passes)
+    monkeypatch.setattr(partition_module, "read_lag", lambda like: lag)
+    passes.clear()
+    lag_labels, lag_centers = kmeans(DIGITS, 8, random_state=2, max_iter=max_iter, tol=tol)
+    np.testing.assert_array_equal(lag_labels, labels)
+    np.testing.assert_array_equal(lag_centers, centers)
+    assert lag_centers.flags.c_contiguous
+    assert host_passes <= len(passes) <= min(host_passes + lag, max_iter + 1)
+    if (max_iter, tol) == (100, 1e-4):
+        assert host_passes == 32
+
+
 @pytest.mark.parametrize("P", [3, 64])
 def test_one_hot_gemm_sums_match_the_sparse_product(P, monkeypatch):
     # The dense-GPU sums (one-hot GEMM per row block into the distance buffer), run on
@@ -243,6 +278,24 @@ def test_one_hot_gemm_sums_match_the_sparse_product(P, monkeypatch):
         np.testing.assert_allclose(s, sparse_sums, rtol=1e-12, atol=1e-12)
         np.testing.assert_allclose(s, [SMALL[plain == j].sum(0) for j in range(P)],
                                    rtol=1e-12, atol=1e-12)
+
+
+def test_means_of_empty_parts_keep_the_fallback_without_a_mask():
+    sums = np.array([[2.0, 4.0], [0.0, 0.0], [3.0, 3.0]])
+    counts = np.array([2, 0, 3])
+    fallback = np.array([[9.0, 9.0], [7.0, 8.0], [9.0, 9.0]])
+    means = partition_module._divide(sums, counts, fallback)
+    np.testing.assert_array_equal(means, [[1.0, 2.0], [7.0, 8.0], [1.0, 1.0]])
+    np.testing.assert_array_equal(partition_module._divide(sums, counts),
+                                  [[1.0, 2.0], [0.0, 0.0], [1.0, 1.0]])
+
+
+def test_reads_on_the_host_are_immediate():
+    x = np.array(2.5)
+    reader = read_later(x)
+    x[...] = 7.0  # read when asked for, not when called
+    assert reader() == 2.5 and isinstance(reader(), float)
+    assert read_lag(x) == 0
 
 
 @pytest.mark.gpu
@@ -278,3 +331,19 @@ def test_gpu_one_hot_gemm_sums_match_cpu(dtype, monkeypatch):
     for s, c in ((sums, counts), part_sums(cp.asarray(X), cp.asarray(labels), 10)):
         np.testing.assert_array_equal(c.get(), expected_counts)
         np.testing.assert_allclose(s.get(), expected_sums, rtol=rtol, atol=rtol * 10)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+@pytest.mark.parametrize("max_iter", [100, 31, 32, 3])
+def test_gpu_reading_behind_is_bitwise_reading_at_once(dtype, max_iter, monkeypatch):
+    # On one GPU: seeding ahead + Lloyd reading one pass late against seeding in turn +
+    # reading every shift at once (read_lag 0): the same labels and centres, bit for bit.
+    import cupy as cp
+
+    X = cp.asarray(DIGITS.astype(dtype))
+    labels, centers = kmeans(X, 8, random_state=2, max_iter=max_iter)
+    monkeypatch.setattr(partition_module, "read_lag", lambda like: 0)
+    at_once_labels, at_once_centers = kmeans(X, 8, random_state=2, max_iter=max_iter)
+    np.testing.assert_array_equal(labels.get(), at_once_labels.get())
+    np.testing.assert_array_equal(centers.get(), at_once_centers.get())
