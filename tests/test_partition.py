@@ -244,7 +244,7 @@ def test_lloyd_reading_behind_stops_where_the_host_does(lag, max_iter, tol, monk
     # DIGITS, P = 8, random_state=2 stops after 31 Lloyd passes (past the first) at tol=1e-4;
     # a loop reading its shifts `lag` passes late must return the very same labels and
     # centres, whether it stops on the tolerance or on max_iter, and run at most `lag`
-    # passes more.
+    # passes more. (The patched read_lag also takes the seeding-ahead path.)
     passes = _count_passes(monkeypatch)
     labels, centers = kmeans(DIGITS, 8, random_state=2, max_iter=max_iter, tol=tol)
     host_passes = len(passes)
@@ -257,6 +257,39 @@ def test_lloyd_reading_behind_stops_where_the_host_does(lag, max_iter, tol, monk
     assert host_passes <= len(passes) <= min(host_passes + lag, max_iter + 1)
     if (max_iter, tol) == (100, 1e-4):
         assert host_passes == 32
+
+
+@pytest.mark.parametrize("P", [1, 2, 10, 64, 600])
+def test_seeding_ahead_draws_what_seeding_in_turn_draws(P):
+    # The device seeding draws every uniform first and picks with total * u; on float64
+    # input that is the host's rng.uniform(0, total) pick for pick, and the generator
+    # ends in the same state.
+    x_norms = squared_norms(DIGITS)
+    rng_turn, rng_ahead = check_random_state(4), check_random_state(4)
+    first = int(rng_turn.randint(len(DIGITS)))
+    assert int(rng_ahead.randint(len(DIGITS))) == first
+    in_turn = partition_module._kmeans_pp_in_turn(DIGITS, P, rng_turn, first, x_norms)
+    ahead = partition_module._kmeans_pp_ahead(DIGITS, P, rng_ahead, first, x_norms)
+    np.testing.assert_array_equal(ahead, in_turn)
+    assert rng_ahead.randint(2**31) == rng_turn.randint(2**31)
+
+
+def test_seeding_ahead_falls_back_when_the_host_would_draw_otherwise(monkeypatch):
+    # Three distinct points, five parts: from the fourth pick on every distance is 0 and
+    # the host draws randint instead of uniform. The speculative picks are dropped and
+    # the seeding repeated in turn from the saved state: same centres, same generator.
+    X = np.repeat([[0.0, 0.0], [1.0, 0.0], [0.0, 2.0]], 4, axis=0)  # exact distances
+    x_norms = squared_norms(X)
+    assert partition_module._kmeans_pp_ahead(X, 5, check_random_state(0), 0, x_norms) is None
+    host_rng, lag_rng = check_random_state(9), check_random_state(9)
+    expected = partition_module._kmeans_pp(X, 5, host_rng)
+    monkeypatch.setattr(partition_module, "read_lag", lambda like: 1)
+    np.testing.assert_array_equal(partition_module._kmeans_pp(X, 5, lag_rng), expected)
+    assert lag_rng.randint(2**31) == host_rng.randint(2**31)
+    # distances that overflow: the host raises on uniform(0, nan); so must the fallback
+    huge = np.array([[1e200, 0.0], [0.0, 1e200], [1.0, 1.0]] * 3)
+    with np.errstate(all="ignore"), pytest.raises(OverflowError):
+        partition_module._kmeans_pp(huge, 3, check_random_state(0))
 
 
 @pytest.mark.parametrize("P", [3, 64])
@@ -347,3 +380,15 @@ def test_gpu_reading_behind_is_bitwise_reading_at_once(dtype, max_iter, monkeypa
     at_once_labels, at_once_centers = kmeans(X, 8, random_state=2, max_iter=max_iter)
     np.testing.assert_array_equal(labels.get(), at_once_labels.get())
     np.testing.assert_array_equal(centers.get(), at_once_centers.get())
+
+
+@pytest.mark.gpu
+def test_gpu_seeding_ahead_falls_back_like_the_host():
+    import cupy as cp
+
+    X = np.repeat([[0.0, 0.0], [1.0, 0.0], [0.0, 2.0]], 4, axis=0)
+    host_rng, gpu_rng = check_random_state(9), check_random_state(9)
+    expected = partition_module._kmeans_pp(X, 5, host_rng)
+    np.testing.assert_array_equal(partition_module._kmeans_pp(cp.asarray(X), 5, gpu_rng).get(),
+                                  expected)
+    assert gpu_rng.randint(2**31) == host_rng.randint(2**31)
