@@ -31,6 +31,8 @@ reproduces ``labels``.
 
 from __future__ import annotations
 
+from collections import deque
+
 import numpy as np
 from sklearn.utils import check_random_state
 
@@ -40,6 +42,8 @@ from .kernels import (
     fill_nearest_open,
     nearest_centres,
     part_sums,
+    read_lag,
+    read_later,
     row_blocks,
     shifted_sq_distances,
     sq_distances,
@@ -56,10 +60,11 @@ def _divide(sums, counts, fallback=None):
     """``sums / counts`` per part; a part with no members keeps ``fallback[j]``."""
     xp = namespace_of(sums)
     means = sums / xp.maximum(counts, 1)[:, None].astype(sums.dtype)
-    empty = counts == 0
-    if fallback is not None and bool(empty.any()):
-        means[empty] = fallback[empty]
-    return means
+    if fallback is None:
+        return means
+    # A select, not a masked assignment: asking whether any part is empty would
+    # read a device value back (a synchronisation in every Lloyd pass).
+    return xp.where((counts == 0)[:, None], fallback, means)
 
 
 def _capacities(n: int, n_parts: int, larger_first=None) -> np.ndarray:
@@ -106,17 +111,38 @@ def _fcfs(X, n_parts, rng, **_):
 
 
 def _kmeans_pp(X, n_parts, rng):
-    """k-means++ seeding (Arthur & Vassilvitskii, 2007): D^2-weighted sampling."""
-    xp = namespace_of(X)
+    """k-means++ seeding (Arthur & Vassilvitskii, 2007): D^2-weighted sampling.
+
+    Each pick draws ``uniform(0, total)`` with ``total`` the sum of the
+    current squared distances, so read naively every pick waits for the
+    device. Where reads are costly (dense GPU input, :func:`read_lag`) the
+    picks are made on the device from uniforms drawn up front instead,
+    which is the same draw (see :func:`_kmeans_pp_ahead`).
+    """
     n = X.shape[0]
     first = int(rng.randint(n))
-    centers = [_dense_rows(X, [first])[0]]
     x_norms = squared_norms(X)
+    if read_lag(X) and not hasattr(X, "tocsr"):
+        state = rng.get_state()
+        centers = _kmeans_pp_ahead(X, n_parts, rng, first, x_norms)
+        if centers is not None:
+            return centers
+        rng.set_state(state)
+    return _kmeans_pp_in_turn(X, n_parts, rng, first, x_norms)
 
-    def sq_distances_to(c):
-        return xp.maximum(shifted_sq_distances(X, c[None, :])[:, 0] + x_norms, 0.0)
 
-    closest = sq_distances_to(centers[0])
+def _closest_sq_distances(X, x_norms, c):
+    """Squared distances of the rows of ``X`` to the centre ``c`` (a row), clamped at 0."""
+    xp = namespace_of(X)
+    return xp.maximum(shifted_sq_distances(X, c[None, :])[:, 0] + x_norms, 0.0)
+
+
+def _kmeans_pp_in_turn(X, n_parts, rng, first, x_norms):
+    """k-means++ picks one after another, each read back to the host."""
+    xp = namespace_of(X)
+    n = X.shape[0]
+    centers = [_dense_rows(X, [first])[0]]
+    closest = _closest_sq_distances(X, x_norms, centers[0])
     for _ in range(1, n_parts):
         cumulative = xp.cumsum(closest)
         total = float(cumulative[-1])
@@ -127,8 +153,42 @@ def _kmeans_pp(X, n_parts, rng):
             pick = min(pick, n - 1)
         c = _dense_rows(X, [pick])[0]
         centers.append(c)
-        xp.minimum(closest, sq_distances_to(c), out=closest)
+        xp.minimum(closest, _closest_sq_distances(X, x_norms, c), out=closest)
     return namespace_of(centers[0]).stack(centers)
+
+
+def _kmeans_pp_ahead(X, n_parts, rng, first, x_norms):
+    """The picks of :func:`_kmeans_pp_in_turn` with one read-back instead of one per pick.
+
+    ``rng.uniform(0, total)`` is ``0 + total * u`` with ``u`` the generator's
+    next double, and ``rng.random_sample`` draws the same doubles: so the
+    ``n_parts - 1`` values of ``u`` are drawn first, and each pick is found on
+    the device as ``searchsorted(cumulative, total * u)``, with ``total`` a
+    device scalar (float64, as the Python float the host path passes). The
+    totals are read back once at the end: if any is not positive and finite
+    (the host path would then have drawn ``randint`` instead, or raised), this
+    returns None and the caller repeats the seeding in turn from the saved
+    generator state, so results and the generator's final state are always
+    those of the host path. Dense input only.
+    """
+    xp = namespace_of(X)
+    n = X.shape[0]
+    u = rng.random_sample(n_parts - 1)
+    centers = [_dense_rows(X, [first])[0]]
+    closest = _closest_sq_distances(X, x_norms, centers[0])
+    totals = []
+    for k in range(n_parts - 1):
+        cumulative = xp.cumsum(closest)
+        total = cumulative[-1:].astype(np.float64)
+        totals.append(total)
+        pick = xp.minimum(xp.searchsorted(cumulative, total * float(u[k])), n - 1)
+        c = X[pick][0]
+        centers.append(c)
+        xp.minimum(closest, _closest_sq_distances(X, x_norms, c), out=closest)
+    totals = to_numpy(xp.concatenate(totals)) if totals else np.ones(1)
+    if not (np.isfinite(totals).all() and (totals > 0).all()):
+        return None
+    return xp.stack(centers)
 
 
 def kmeans(X, n_parts, random_state=None, *, max_iter=100, tol=1e-4):
@@ -155,14 +215,38 @@ def _kmeans(X, n_parts, rng, max_iter=100, tol=1e-4, **_):
     # Each pass assigns every sample to its nearest centre and sums the parts,
     # so the next centres cost no second sweep over X.
     labels, sums, counts = nearest_centres(X, centers, with_sums=True)
+    # Pass i stops the loop if the centres moved by at most the threshold
+    # before it. On a GPU that shift is read only after later passes are
+    # queued (read_lag), so the device never idles while the host decides;
+    # passes run past the stop are dropped and the stopping one returned, so
+    # every device stops where the host does.
+    lag = read_lag(X)
+    unread = deque()
     for _ in range(max_iter):
         new_centers = _divide(sums, counts, fallback=centers)
-        shift = float(((new_centers - centers) ** 2).sum())
+        shift = read_later(((new_centers - centers) ** 2).sum())
         centers = new_centers
         labels, sums, counts = nearest_centres(X, centers, with_sums=True)
-        if shift <= threshold:
-            break
+        unread.append((shift, labels, centers))
+        if len(unread) > lag:
+            stopped = _stopped(unread, threshold)
+            if stopped:
+                return stopped
+    # max_iter passes ran; the last is returned whatever its shift, but an
+    # earlier unread pass may be where the host stopped.
+    while len(unread) > 1:
+        stopped = _stopped(unread, threshold)
+        if stopped:
+            return stopped
     return labels, xp.ascontiguousarray(centers)
+
+
+def _stopped(unread, threshold):
+    """Read the oldest unread pass: ``(labels, centers)`` if the loop stops there, else None."""
+    shift, labels, centers = unread.popleft()
+    if shift() <= threshold:
+        return labels, namespace_of(centers).ascontiguousarray(centers)
+    return None
 
 
 def _kbalance(X, n_parts, rng, max_iter=100, tol=1e-4, **_):

@@ -7,8 +7,10 @@ from sklearn.cluster import KMeans
 from sklearn.datasets import load_breast_cancer, load_digits
 from sklearn.utils import check_random_state
 
-from gpuml.kernels import fill_nearest_open, nearest_centres
+import gpuml.partition as partition_module
+from gpuml.kernels import fill_nearest_open, nearest_centres, part_sums, read_lag, read_later
 from gpuml.kernels import nearest as nearest_module
+from gpuml.kernels.pairwise import squared_norms
 from gpuml.partition import PARTITIONERS, assign_nearest, kmeans, partition
 
 _BC = load_breast_cancer().data[:540]
@@ -221,6 +223,114 @@ def test_unknown_method():
         partition(DIGITS, 2, "spectral")
 
 
+# --- the GPU path's logic, run on NumPy: what a GPU run does differently must not change results
+
+def _count_passes(monkeypatch):
+    passes = []
+    original = partition_module.nearest_centres
+
+    def counted(*args, **kwargs):
+        passes.append(1)
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(partition_module, "nearest_centres", counted)
+    return passes
+
+
+@pytest.mark.parametrize("lag", [1, 3])
+@pytest.mark.parametrize("max_iter, tol", [(100, 1e-4), (30, 1e-4), (31, 1e-4), (32, 1e-4),
+                                           (1, 1e-4), (0, 1e-4), (100, 0.0), (100, 1e9)])
+def test_lloyd_reading_behind_stops_where_the_host_does(lag, max_iter, tol, monkeypatch):
+    # DIGITS, P = 8, random_state=2 stops after 31 Lloyd passes (past the first) at tol=1e-4;
+    # a loop reading its shifts `lag` passes late must return the very same labels and
+    # centres, whether it stops on the tolerance or on max_iter, and run at most `lag`
+    # passes more. (The patched read_lag also takes the seeding-ahead path.)
+    passes = _count_passes(monkeypatch)
+    labels, centers = kmeans(DIGITS, 8, random_state=2, max_iter=max_iter, tol=tol)
+    host_passes = len(passes)
+    monkeypatch.setattr(partition_module, "read_lag", lambda like: lag)
+    passes.clear()
+    lag_labels, lag_centers = kmeans(DIGITS, 8, random_state=2, max_iter=max_iter, tol=tol)
+    np.testing.assert_array_equal(lag_labels, labels)
+    np.testing.assert_array_equal(lag_centers, centers)
+    assert lag_centers.flags.c_contiguous
+    assert host_passes <= len(passes) <= min(host_passes + lag, max_iter + 1)
+    if (max_iter, tol) == (100, 1e-4):
+        assert host_passes == 32
+
+
+@pytest.mark.parametrize("P", [1, 2, 10, 64, 600])
+def test_seeding_ahead_draws_what_seeding_in_turn_draws(P):
+    # The device seeding draws every uniform first and picks with total * u; on float64
+    # input that is the host's rng.uniform(0, total) pick for pick, and the generator
+    # ends in the same state.
+    x_norms = squared_norms(DIGITS)
+    rng_turn, rng_ahead = check_random_state(4), check_random_state(4)
+    first = int(rng_turn.randint(len(DIGITS)))
+    assert int(rng_ahead.randint(len(DIGITS))) == first
+    in_turn = partition_module._kmeans_pp_in_turn(DIGITS, P, rng_turn, first, x_norms)
+    ahead = partition_module._kmeans_pp_ahead(DIGITS, P, rng_ahead, first, x_norms)
+    np.testing.assert_array_equal(ahead, in_turn)
+    assert rng_ahead.randint(2**31) == rng_turn.randint(2**31)
+
+
+def test_seeding_ahead_falls_back_when_the_host_would_draw_otherwise(monkeypatch):
+    # Three distinct points, five parts: from the fourth pick on every distance is 0 and
+    # the host draws randint instead of uniform. The speculative picks are dropped and
+    # the seeding repeated in turn from the saved state: same centres, same generator.
+    X = np.repeat([[0.0, 0.0], [1.0, 0.0], [0.0, 2.0]], 4, axis=0)  # exact distances
+    x_norms = squared_norms(X)
+    assert partition_module._kmeans_pp_ahead(X, 5, check_random_state(0), 0, x_norms) is None
+    host_rng, lag_rng = check_random_state(9), check_random_state(9)
+    expected = partition_module._kmeans_pp(X, 5, host_rng)
+    monkeypatch.setattr(partition_module, "read_lag", lambda like: 1)
+    np.testing.assert_array_equal(partition_module._kmeans_pp(X, 5, lag_rng), expected)
+    assert lag_rng.randint(2**31) == host_rng.randint(2**31)
+    # distances that overflow: the host raises on uniform(0, nan); so must the fallback
+    huge = np.array([[1e200, 0.0], [0.0, 1e200], [1.0, 1.0]] * 3)
+    with np.errstate(all="ignore"), pytest.raises(OverflowError):
+        partition_module._kmeans_pp(huge, 3, check_random_state(0))
+
+
+@pytest.mark.parametrize("P", [3, 64])
+def test_one_hot_gemm_sums_match_the_sparse_product(P, monkeypatch):
+    # The dense-GPU sums (one-hot GEMM per row block into the distance buffer), run on
+    # NumPy with blocks of 50 rows: labels as the plain GEMM pass, sums and counts as
+    # the sparse one-hot product and a plain loop.
+    monkeypatch.setattr(nearest_module, "BLOCK_BYTES", 50 * P * 8)
+    centers = SMALL[np.random.default_rng(P).choice(len(SMALL), P, replace=False)] + 0.1
+    plain = np.array([np.argmin([euclid(x, c) for c in centers]) for x in SMALL])
+    labels, sums, counts = nearest_module._blocked_nearest_sums(
+        SMALL, centers, squared_norms(centers), np.empty(len(SMALL), dtype=np.int64))
+    dense_sums, dense_counts = nearest_module._dense_part_sums(SMALL, plain, P)
+    sparse_sums, sparse_counts = part_sums(SMALL, plain, P)
+    np.testing.assert_array_equal(labels, plain)
+    for s, c in ((sums, counts), (dense_sums, dense_counts)):
+        assert c.dtype == np.int64
+        np.testing.assert_array_equal(c, sparse_counts)
+        np.testing.assert_allclose(s, sparse_sums, rtol=1e-12, atol=1e-12)
+        np.testing.assert_allclose(s, [SMALL[plain == j].sum(0) for j in range(P)],
+                                   rtol=1e-12, atol=1e-12)
+
+
+def test_means_of_empty_parts_keep_the_fallback_without_a_mask():
+    sums = np.array([[2.0, 4.0], [0.0, 0.0], [3.0, 3.0]])
+    counts = np.array([2, 0, 3])
+    fallback = np.array([[9.0, 9.0], [7.0, 8.0], [9.0, 9.0]])
+    means = partition_module._divide(sums, counts, fallback)
+    np.testing.assert_array_equal(means, [[1.0, 2.0], [7.0, 8.0], [1.0, 1.0]])
+    np.testing.assert_array_equal(partition_module._divide(sums, counts),
+                                  [[1.0, 2.0], [0.0, 0.0], [1.0, 1.0]])
+
+
+def test_reads_on_the_host_are_immediate():
+    x = np.array(2.5)
+    reader = read_later(x)
+    x[...] = 7.0  # read when asked for, not when called
+    assert reader() == 2.5 and isinstance(reader(), float)
+    assert read_lag(x) == 0
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("method", sorted(PARTITIONERS))
 def test_gpu_matches_cpu(method):
@@ -233,3 +343,52 @@ def test_gpu_matches_cpu(method):
     np.testing.assert_allclose(centers.get(), cpu_centers, rtol=1e-9)
     routed = assign_nearest(cp.asarray(DIGITS[:50]), centers)
     np.testing.assert_array_equal(routed.get(), assign_nearest(DIGITS[:50], cpu_centers))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_gpu_one_hot_gemm_sums_match_cpu(dtype, monkeypatch):
+    # Several row blocks (50 rows each) through the dense-GPU pass and part_sums.
+    import cupy as cp
+
+    monkeypatch.setattr(nearest_module, "BLOCK_BYTES", 50 * 10 * 8)
+    X = SMALL.astype(dtype)
+    centers = X[np.random.default_rng(0).choice(len(X), 10, replace=False)] + dtype(0.1)
+    labels, sums, counts = nearest_centres(cp.asarray(X), cp.asarray(centers), with_sums=True)
+    labels = labels.get()
+    assert labels.dtype == np.int64 and counts.dtype == np.int64 and sums.dtype == dtype
+    if dtype == np.float64:  # float32 distances may order near-ties differently on the GPU
+        np.testing.assert_array_equal(labels, nearest_centres(X, centers))
+    rtol = 1e-12 if dtype == np.float64 else 1e-5
+    expected_sums, expected_counts = part_sums(X, labels, 10)
+    for s, c in ((sums, counts), part_sums(cp.asarray(X), cp.asarray(labels), 10)):
+        np.testing.assert_array_equal(c.get(), expected_counts)
+        np.testing.assert_allclose(s.get(), expected_sums, rtol=rtol, atol=rtol * 10)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+@pytest.mark.parametrize("max_iter", [100, 31, 32, 3])
+def test_gpu_reading_behind_is_bitwise_reading_at_once(dtype, max_iter, monkeypatch):
+    # On one GPU: seeding ahead + Lloyd reading one pass late against seeding in turn +
+    # reading every shift at once (read_lag 0): the same labels and centres, bit for bit.
+    import cupy as cp
+
+    X = cp.asarray(DIGITS.astype(dtype))
+    labels, centers = kmeans(X, 8, random_state=2, max_iter=max_iter)
+    monkeypatch.setattr(partition_module, "read_lag", lambda like: 0)
+    at_once_labels, at_once_centers = kmeans(X, 8, random_state=2, max_iter=max_iter)
+    np.testing.assert_array_equal(labels.get(), at_once_labels.get())
+    np.testing.assert_array_equal(centers.get(), at_once_centers.get())
+
+
+@pytest.mark.gpu
+def test_gpu_seeding_ahead_falls_back_like_the_host():
+    import cupy as cp
+
+    X = np.repeat([[0.0, 0.0], [1.0, 0.0], [0.0, 2.0]], 4, axis=0)
+    host_rng, gpu_rng = check_random_state(9), check_random_state(9)
+    expected = partition_module._kmeans_pp(X, 5, host_rng)
+    np.testing.assert_array_equal(partition_module._kmeans_pp(cp.asarray(X), 5, gpu_rng).get(),
+                                  expected)
+    assert gpu_rng.randint(2**31) == host_rng.randint(2**31)

@@ -35,6 +35,7 @@ from .pairwise import (
     sq_distances,
     squared_norms,
 )
+from .readback import read_lag, read_later
 
 __all__ = [
     "GCDProblem",
@@ -64,6 +65,8 @@ __all__ = [
     "fill_nearest_open",
     "nearest_centres",
     "part_sums",
+    "read_lag",
+    "read_later",
     "row_blocks",
     "kernel_matrix",
     "make_kernel",

@@ -8,8 +8,12 @@ Two implementations with one result:
   ``2 * MIN_ROWS_PER_THREAD`` rows on, row chunks run on the cores at once
   (the loop releases the GIL) and their partial sums are added.
 * **blocked GEMM** (everything else: CuPy, CSR, many centres or features):
-  row blocks of ``||c||^2 - 2 x.c`` by one GEMM each, an ``argmin`` per row;
-  the sums are one sparse one-hot product.
+  row blocks of ``||c||^2 - 2 x.c`` by one GEMM each, an ``argmin`` per row.
+  On the host and for CSR the sums are one sparse one-hot product. For dense
+  CuPy input each block's one-hot matrix overwrites its distance block and
+  one more GEMM adds ``onehot.T @ X_block`` into the sums, so a Lloyd pass
+  builds no sparse matrix and reads nothing back to the host (building a
+  sparse matrix and CuPy's ``bincount`` each synchronise with the device).
 
 Which one runs depends only on the type and the shapes of ``X`` and the
 centres, so k-means labels and later routing of the same rows always agree.
@@ -23,7 +27,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-from .._backend import namespace_of, sparse_module
+from .._backend import is_cupy_array, namespace_of, sparse_module
 from .pairwise import shifted_sq_distances, squared_norms
 
 #: Bound on each temporary (rows x P) distance block of the GEMM path.
@@ -69,8 +73,54 @@ def _fused_applies(X, centers) -> bool:
             and centers.shape[0] * centers.shape[1] <= FUSED_MAX_ENTRIES)
 
 
+def _dense_device(X) -> bool:
+    return is_cupy_array(X) and not hasattr(X, "tocsr")
+
+
+def _gemm_tn_accumulate(a, b, out):
+    """``out += a.T @ b`` (cuBLAS with beta = 1 on a GPU: one launch, no temporary)."""
+    if is_cupy_array(out):
+        import cupy.cublas
+
+        cupy.cublas.gemm("T", "N", a, b, out=out, alpha=1.0, beta=1.0)
+    else:
+        out += a.T @ b
+
+
+def _add_block_sums(onehot, block_labels, parts, X_block, sums, counts):
+    """Add one row block into the per-part ``sums`` and ``counts``, in place.
+
+    ``onehot`` is a (rows, P) buffer of X's dtype that is overwritten with the
+    block's one-hot matrix (a distance block no longer needed). The sums are
+    exact products by 0 and 1 added in cuBLAS's fixed order, so the same
+    labels always give the same sums; the counts are integer sums.
+    """
+    xp = namespace_of(onehot)
+    xp.equal(block_labels[:, None], parts[None, :], out=onehot)
+    _gemm_tn_accumulate(onehot, X_block, sums)
+    counts += onehot.sum(axis=0, dtype=np.int64)
+
+
+def _dense_part_sums(X, labels, n_parts: int):
+    """Per-part sums and counts of dense ``X`` by blocked one-hot GEMMs (no sparse matrix)."""
+    xp = namespace_of(X)
+    sums = xp.zeros((n_parts, X.shape[1]), dtype=X.dtype)
+    counts = xp.zeros(n_parts, dtype=np.int64)
+    parts = xp.arange(n_parts, dtype=labels.dtype)
+    for start, stop in row_blocks(X.shape[0], n_parts):
+        onehot = xp.empty((stop - start, n_parts), dtype=X.dtype)
+        _add_block_sums(onehot, labels[start:stop], parts, X[start:stop], sums, counts)
+    return sums, counts
+
+
 def part_sums(X, labels, n_parts: int):
-    """Per-part sums of the rows of ``X`` and per-part counts (one sparse one-hot product)."""
+    """Per-part sums of the rows of ``X`` and per-part counts.
+
+    One sparse one-hot product on the host and for CSR; blocked one-hot GEMMs
+    for dense CuPy input, which read nothing back to the host.
+    """
+    if _dense_device(X):
+        return _dense_part_sums(X, labels, n_parts)
     xp = namespace_of(labels)
     n = X.shape[0]
     onehot = sparse_module(xp).coo_matrix(
@@ -129,11 +179,32 @@ def nearest_centres(X, centers, *, with_sums: bool = False):
     xp = namespace_of(centers)
     c_norms = squared_norms(centers)
     labels = xp.empty(X.shape[0], dtype=np.int64)
+    if with_sums and _dense_device(X) and centers.dtype == X.dtype:
+        return _blocked_nearest_sums(X, centers, c_norms, labels)
     for start, stop in row_blocks(X.shape[0], n_parts):
         labels[start:stop] = shifted_sq_distances(X[start:stop], centers, c_norms).argmin(axis=1)
     if not with_sums:
         return labels
     return (labels, *part_sums(X, labels, n_parts))
+
+
+def _blocked_nearest_sums(X, centers, c_norms, labels):
+    """The blocked GEMM pass with the sums taken block by block from the distance buffer.
+
+    The labels come from the same block GEMMs and ``argmin`` as without sums;
+    nothing is read back to the host, so a Lloyd loop can queue pass after
+    pass on the GPU.
+    """
+    xp = namespace_of(centers)
+    n_parts = centers.shape[0]
+    sums = xp.zeros((n_parts, X.shape[1]), dtype=X.dtype)
+    counts = xp.zeros(n_parts, dtype=np.int64)
+    parts = xp.arange(n_parts, dtype=labels.dtype)
+    for start, stop in row_blocks(X.shape[0], n_parts):
+        D = shifted_sq_distances(X[start:stop], centers, c_norms)
+        labels[start:stop] = D.argmin(axis=1)
+        _add_block_sums(D, labels[start:stop], parts, X[start:stop], sums, counts)
+    return labels, sums, counts
 
 
 __all__ = ["BLOCK_BYTES", "FUSED_MAX_ENTRIES", "nearest_centres", "part_sums", "row_blocks"]
