@@ -236,7 +236,18 @@ def resolve_devices(devices) -> tuple[Backend, ...] | None:
     if repeated:
         raise ValueError(f"devices names GPU {repeated[0]} more than once ({list(devices)!r}); "
                          "each GPU is one rank")
-    return tuple(CPU if g is None else _gpu_backend(g) for g in ordinals)
+    if gpus:
+        n = gpu_count()
+        if n == 0:
+            why = "CuPy is not installed" if _cupy() is None else "no CUDA device answers"
+            raise RuntimeError(f"devices={list(devices)!r} names GPUs but {why}; install "
+                               "gpuml[cuda12] or gpuml[cuda13] on a machine with NVIDIA GPUs, "
+                               "or use devices=None")
+        absent = [g for g in gpus if g >= n]
+        if absent:
+            raise RuntimeError(f"devices={list(devices)!r} names GPU {absent[0]}, which does not "
+                               f"exist: this machine has {n} GPU(s)")
+    return tuple(CPU if g is None else Backend(_cupy(), g) for g in ordinals)
 
 
 def namespace_of(a) -> ModuleType:
