@@ -144,8 +144,11 @@ class DeviceGroup:
     def spmd(self, fn) -> list:
         """``fn(comm, backend)`` on every device in its own thread, with a communicator.
 
-        A rank that fails aborts the communicator, so the others leave their
-        collectives with :class:`CommunicatorAborted` instead of waiting forever.
+        On a GPU the rank works on a stream of its own (non-blocking), so its
+        kernels and collectives are ordered with each other and never wait on
+        the legacy default stream. A rank that fails aborts the communicator, so
+        the others leave their collectives with :class:`CommunicatorAborted`
+        instead of waiting forever.
         """
         with communicators(self.backends, timeout=self.timeout) as comms:
 
@@ -153,5 +156,13 @@ class DeviceGroup:
                 for c in comms:
                     c.abort(reason)
 
-            return run_on_devices(lambda r, b: fn(comms[r], b), self.backends,
-                                  on_error=abort)
+            def rank(r, backend):
+                if not backend.is_gpu:
+                    return fn(comms[r], backend)
+                stream = backend.xp.cuda.Stream(non_blocking=True)
+                with stream:
+                    out = fn(comms[r], backend)
+                stream.synchronize()
+                return out
+
+            return run_on_devices(rank, self.backends, on_error=abort)
