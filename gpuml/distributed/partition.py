@@ -185,7 +185,10 @@ def _fill(shard, centers, counts, caps, rows=None) -> np.ndarray:
         block_rank = rank_of[start:stop]
         mine = np.flatnonzero(block_rank == comm.rank)
         local = rows[start:stop][mine] - shard.offset
-        D = shifted_sq_distances(X[xp.asarray(local)], centers, c_norms)
+        if local.size:
+            D = shifted_sq_distances(X[xp.asarray(local)], centers, c_norms)
+        else:  # no rows of this block here (indexing a device CSR by nothing is not portable)
+            D = xp.empty((0, centers.shape[0]), dtype=centers.dtype)
         blocks = comm.allgather(D)
         filled = np.empty(stop - start, dtype=np.int64)
         if comm.rank == 0:

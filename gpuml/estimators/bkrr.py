@@ -607,7 +607,9 @@ class BKRRRegressor(_BKRRBase):
                                    part_ids=ids)
 
         fits, part_device = fit_on_devices(group, partitioning, placement, fit_local)
-        host = [KRRPartFit(to_numpy(f.X), to_numpy(f.dual_coef)) for f in fits]
+        # Only the coefficients come back: the training rows are on the host already.
+        host = [KRRPartFit(_take(np, X, rows), to_numpy(f.dual_coef))
+                for rows, f in zip(partitioning.parts, fits)]
         self._store_fit(CPU, partitioning, host, self.sigma, self.lam)
         self.devices_ = group.devices
         self.part_device_ = part_device
