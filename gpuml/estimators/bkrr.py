@@ -569,6 +569,7 @@ class BKRRRegressor(_BKRRBase):
         """
         self._validate_params()
         group = device_group(self)
+        # A refit invalidates the device copies of the previous model's arrays.
         for name in ("devices_", "part_device_", "_device_cache"):
             self.__dict__.pop(name, None)
         if group is not None:

@@ -294,7 +294,8 @@ class CASVMClassifier(KernelSVMMixin, ClassifierMixin, BaseEstimator):
         if self.kernel == "precomputed" and group is not None:
             raise ValueError("kernel='precomputed' fits on one device: use devices=None")
         self._gamma = self._kernel.gamma
-        for name in ("devices_", "part_device_"):
+        # A refit invalidates the device copies of the previous model's arrays.
+        for name in ("devices_", "part_device_", "_device_cache"):
             self.__dict__.pop(name, None)
 
         if group is None:
