@@ -10,6 +10,8 @@ Rules
   the GPU when CuPy imports and a CUDA device answers; otherwise the CPU.
 * ``device="cpu"``, ``"cuda"`` (current GPU, normally 0) or ``"cuda:N"``.
   Asking for a GPU that is not there raises :class:`RuntimeError`.
+* ``devices`` (several devices, :func:`resolve_devices`): ``"all"`` GPUs, or a
+  list of GPU ids / names, or of ``"cpu"`` ranks.
 * Outputs follow the input: a CuPy input gives CuPy outputs, anything else
   (NumPy, pandas, lists, SciPy sparse) gives NumPy outputs, wherever the
   computation ran.
@@ -179,6 +181,73 @@ def resolve(device="auto", *arrays) -> Backend:
         dev = cupy_inputs[0].device
         return _gpu_backend(int(getattr(dev, "id", dev)))
     return _gpu_backend(None) if cuda_available() else CPU
+
+
+def resolve_devices(devices) -> tuple[Backend, ...] | None:
+    """The backends of a multi-device fit, from an estimator's ``devices`` parameter.
+
+    ``None``: one device (the estimator's ``device`` decides). ``"all"``: every GPU
+    that answers. A list or tuple: GPU ids (``0``, ``1``) or names (``"cuda:0"``),
+    each GPU at most once; or ``"cpu"`` entries, each one CPU rank (a thread of this
+    process: the multi-device code path on the CPU). GPUs and CPU ranks do not mix.
+    Every check runs before any work: a malformed entry raises ValueError; a GPU
+    that is not there, or any GPU without CuPy, raises RuntimeError.
+
+    Examples
+    --------
+    >>> from gpuml._backend import resolve_devices
+    >>> [b.device for b in resolve_devices(["cpu", "cpu"])]
+    ['cpu', 'cpu']
+    """
+    if devices is None:
+        return None
+    if isinstance(devices, str):
+        if devices != "all":
+            raise ValueError(f"devices must be None, 'all' or a list of devices, got {devices!r}; "
+                             "for a single device use device=...")
+        n = gpu_count()
+        if n == 0:
+            why = "CuPy is not installed" if _cupy() is None else "no CUDA device answers"
+            raise RuntimeError(f"devices='all' asks for every GPU but {why}; use devices=None "
+                               "(one device), or devices=['cpu', 'cpu'] for CPU ranks")
+        return tuple(Backend(_cupy(), g) for g in range(n))
+    if not isinstance(devices, (list, tuple)) or len(devices) == 0:
+        raise ValueError("devices must be None, 'all' or a non-empty list of GPU ids (0, 1, ...), "
+                         f"'cuda:N' names or 'cpu' ranks, got {devices!r}")
+    ordinals = []
+    for entry in devices:
+        if isinstance(entry, (bool, np.bool_)) or not isinstance(entry, (int, np.integer, str)):
+            raise ValueError(f"devices entries are GPU ids (int), 'cuda:N' or 'cpu'; got {entry!r}")
+        if isinstance(entry, str):
+            kind, ordinal = parse_device(entry)
+            if kind == "auto" or (kind == "cuda" and ordinal is None):
+                raise ValueError(f"devices entries name one device ('cuda:0', 0, 'cpu'), "
+                                 f"got {entry!r}")
+        else:
+            kind, ordinal = "cuda", int(entry)
+            if ordinal < 0:
+                raise ValueError(f"a GPU id is >= 0, got {entry!r} in devices")
+        ordinals.append(None if kind == "cpu" else ordinal)
+    gpus = [g for g in ordinals if g is not None]
+    if gpus and len(gpus) != len(ordinals):
+        raise ValueError(f"devices mixes GPUs and CPU ranks ({list(devices)!r}); use GPUs only, "
+                         "or 'cpu' entries only")
+    repeated = sorted({g for g in gpus if gpus.count(g) > 1})
+    if repeated:
+        raise ValueError(f"devices names GPU {repeated[0]} more than once ({list(devices)!r}); "
+                         "each GPU is one rank")
+    if gpus:
+        n = gpu_count()
+        if n == 0:
+            why = "CuPy is not installed" if _cupy() is None else "no CUDA device answers"
+            raise RuntimeError(f"devices={list(devices)!r} names GPUs but {why}; install "
+                               "gpuml[cuda12] or gpuml[cuda13] on a machine with NVIDIA GPUs, "
+                               "or use devices=None")
+        absent = [g for g in gpus if g >= n]
+        if absent:
+            raise RuntimeError(f"devices={list(devices)!r} names GPU {absent[0]}, which does not "
+                               f"exist: this machine has {n} GPU(s)")
+    return tuple(CPU if g is None else Backend(_cupy(), g) for g in ordinals)
 
 
 def namespace_of(a) -> ModuleType:

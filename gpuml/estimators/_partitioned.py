@@ -6,9 +6,21 @@ CA-SVM (seed 001, Alg 5) and BKRR2 (Alg 10) have the same shape:
 2. fit one independent local model per part (no communication);
 3. send every new sample to the model of its nearest centre.
 
-Steps 1 and 3 live here; step 2 is each estimator's own, through a batched
-solver in :mod:`gpuml.kernels` that runs the P local problems at once (joblib
-threads on the CPU, one launch on a GPU).
+Steps 1 and 3 live here; step 2 is each estimator's own, in two halves that
+this module connects:
+
+* ``_fit_parts`` fits the local models of a given list of parts on the current
+  device, as one batch (joblib threads on the CPU, one launch on a GPU), into
+  small per-part results;
+* ``_assemble`` (``_store_fit`` for BKRR) turns the per-part results, in part
+  order, and the centres into the fitted attributes.
+
+On one device ``_fit_parts`` gets every part. With several devices (the
+estimators' ``devices`` parameter) the data is sharded for partitioning
+(:mod:`gpuml.distributed.partition`), the parts are placed on the devices by
+cost (:func:`gpuml.distributed.balance`), each device fits its parts in its
+own host thread (:func:`fit_on_devices`), and prediction sends each row to its
+part's device (:func:`route_on_devices`, :func:`predict_on_devices`).
 """
 
 from __future__ import annotations
@@ -19,8 +31,10 @@ from numbers import Integral, Real
 import numpy as np
 from sklearn.utils._param_validation import Interval, StrOptions
 
-from .._backend import namespace_of, to_numpy
+from .._backend import namespace_of, resolve_devices, sparse_module, to_numpy
 from .._validation import check_n_partitions
+from ..distributed import DeviceGroup, partition_on_devices
+from ..distributed.placement import shard_bounds
 from ..kernels import KERNELS
 from ..partition import PARTITIONERS, assign_nearest, partition
 
@@ -37,6 +51,7 @@ PARTITION_CONSTRAINTS = {
     "n_partitions": [Interval(Integral, 1, None, closed="left")],
     "partition": [StrOptions(set(PARTITIONERS))],
     "device": [str],
+    "devices": [None, StrOptions({"all"}), list, tuple],
     "n_jobs": [Integral, None],
     "random_state": ["random_state"],
 }
@@ -54,6 +69,14 @@ class Partitioning:
     def sizes(self) -> np.ndarray:
         return np.array([len(p) for p in self.parts], dtype=np.int64)
 
+    @classmethod
+    def from_labels(cls, labels, centers, n_parts: int) -> Partitioning:
+        """Parts from labels: each part's sample indices, ascending."""
+        labels = to_numpy(labels)
+        order = np.argsort(labels, kind="stable")
+        bounds = np.cumsum(np.bincount(labels, minlength=n_parts))[:-1]
+        return cls(labels, centers, np.split(order, bounds))
+
 
 def split(X, n_partitions, method, random_state) -> Partitioning:
     """Partition ``X`` (step 1). With one part, no clustering is run at all."""
@@ -64,10 +87,108 @@ def split(X, n_partitions, method, random_state) -> Partitioning:
         center = xp.asarray(X.mean(axis=0)).reshape(1, -1)
         return Partitioning(np.zeros(n, dtype=np.int64), center, [np.arange(n)])
     labels, centers = partition(X, n_partitions, method, random_state=random_state)
-    labels = to_numpy(labels)
-    order = np.argsort(labels, kind="stable")
-    bounds = np.cumsum(np.bincount(labels, minlength=n_partitions))[:-1]
-    return Partitioning(labels, centers, np.split(order, bounds))
+    return Partitioning.from_labels(labels, centers, n_partitions)
+
+
+def split_on_devices(group, X, n_partitions, method, random_state) -> Partitioning:
+    """Step 1 with the rows of host ``X`` sharded over ``group``: the same parts as :func:`split`.
+
+    The centres come back to the host.
+    """
+    n = X.shape[0]
+    n_partitions = check_n_partitions(n_partitions, n)
+    if n_partitions == 1:
+        center = np.asarray(X.mean(axis=0)).reshape(1, -1)
+        return Partitioning(np.zeros(n, dtype=np.int64), center, [np.arange(n)])
+    labels, centers = partition_on_devices(group, X, n_partitions, method,
+                                           random_state=random_state)
+    return Partitioning.from_labels(labels, centers, n_partitions)
+
+
+def device_group(estimator) -> DeviceGroup | None:
+    """The estimator's ``devices`` as a :class:`DeviceGroup`, or None for one device.
+
+    Validated before any work (see :func:`gpuml._backend.resolve_devices`).
+    """
+    backends = resolve_devices(estimator.devices)
+    if backends is None:
+        return None
+    if estimator.device != "auto":
+        raise ValueError(f"give device= for one device or devices= for several, not both "
+                         f"(device={estimator.device!r}, devices={estimator.devices!r})")
+    return DeviceGroup(backends)
+
+
+def prediction_group(devices) -> DeviceGroup | None:
+    """The devices a model fitted on several devices predicts on.
+
+    None for a one-device model, and where those devices are not there (a model
+    unpickled on another machine): it then predicts on one device from its host
+    arrays.
+    """
+    if devices is None:
+        return None
+    try:
+        return DeviceGroup(resolve_devices(list(devices)))
+    except RuntimeError:
+        return None
+
+
+def fit_on_devices(group, partitioning, placement, fit_local):
+    """Step 2 over several devices: each device fits its placed parts, in its own thread.
+
+    ``placement[r]`` lists the parts of device ``r`` (:func:`gpuml.distributed.balance`).
+    ``fit_local(backend, part_ids, rows, local_rows)`` runs with the device
+    current: ``rows`` are the parts' sample indices laid end to end (gather the
+    data with them) and ``local_rows[k]`` the positions of part ``part_ids[k]``
+    within ``rows``; it returns one result per part, in that order.
+
+    Returns the results in part order and the device index of every part.
+    """
+    def work(rank, backend):
+        ids = placement[rank]
+        if ids.size == 0:
+            return []
+        blocks = [partitioning.parts[p] for p in ids.tolist()]
+        rows = np.concatenate(blocks)
+        ends = np.cumsum([len(b) for b in blocks])
+        local = [np.arange(hi - len(b), hi) for b, hi in zip(blocks, ends.tolist())]
+        return fit_local(backend, ids, rows, local)
+
+    per_device = group.run(work)
+    fits = [None] * len(partitioning.parts)
+    part_device = np.empty(len(partitioning.parts), dtype=np.int64)
+    for rank, (ids, results) in enumerate(zip(placement, per_device)):
+        for p, result in zip(ids.tolist(), results):
+            fits[p] = result
+            part_device[p] = rank
+    return fits, part_device
+
+
+def stack_rows(blocks):
+    """Row blocks (dense or CSR, one namespace) stacked into one matrix."""
+    if len(blocks) == 1:
+        return blocks[0]
+    if hasattr(blocks[0], "tocsr"):
+        return sparse_module(namespace_of(blocks[0])).vstack(blocks, format="csr")
+    return namespace_of(blocks[0]).concatenate(blocks)
+
+
+def on_device(estimator, backend, key, make, *args):
+    """``make(*args)`` run with ``backend`` current and cached on the estimator per device.
+
+    For fitted arrays copied to a GPU for prediction: a cache, not part of the
+    model (the estimators drop ``_device_cache`` when pickled). On the CPU
+    the result of ``make(*args)`` is returned as is.
+    """
+    if not backend.is_gpu:
+        return make(*args)
+    cache = estimator.__dict__.setdefault("_device_cache", {})
+    key = (backend.device,) + tuple(key)
+    if key not in cache:
+        with backend.use():
+            cache[key] = make(*args)
+    return cache[key]
 
 
 def route(X, centers):
@@ -75,3 +196,45 @@ def route(X, centers):
     if centers.shape[0] == 1:
         return np.zeros(X.shape[0], dtype=np.int64)
     return to_numpy(assign_nearest(X, centers))
+
+
+def route_on_devices(group, X, centers) -> np.ndarray:
+    """Part index of every row of host ``X``, routed in row shards, one per device (host)."""
+    if centers.shape[0] == 1:
+        return np.zeros(X.shape[0], dtype=np.int64)
+    bounds = shard_bounds(X.shape[0], group.size)
+
+    def work(rank, backend):
+        lo, hi = int(bounds[rank]), int(bounds[rank + 1])
+        if hi == lo:
+            return np.zeros(0, dtype=np.int64)
+        return route(backend.asarray(X[lo:hi]), backend.asarray(centers))
+
+    return np.concatenate(group.run(work))
+
+
+def predict_on_devices(group, X, owner, part_device, predict_local) -> np.ndarray:
+    """Step 3 over several devices: rows grouped by their part's device, results in row order.
+
+    ``predict_local(backend, X_rows, owner_rows)`` gets one device's rows (on
+    that device) and their parts, and returns their values; every device runs
+    once, in its own thread. The result is a host array.
+    """
+    device_of_row = np.asarray(part_device)[owner]
+
+    def work(rank, backend):
+        rows = np.flatnonzero(device_of_row == rank)
+        if rows.size == 0:
+            return rows, None
+        values = predict_local(backend, backend.asarray(X[rows]), owner[rows])
+        return rows, to_numpy(values)
+
+    out = None
+    for rows, values in group.run(work):
+        if values is None:
+            continue
+        if out is None:
+            out = np.empty((X.shape[0],) + values.shape[1:], dtype=values.dtype)
+        out[rows] = values
+    return out
+

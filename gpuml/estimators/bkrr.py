@@ -10,6 +10,7 @@ or with the average of all parts (DC-KRR). :class:`BKRRRegressorCV` searches
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from numbers import Integral, Real
 
 import numpy as np
@@ -29,6 +30,7 @@ from .._backend import (
     to_output,
 )
 from .._validation import check_n_partitions, validate_X, validate_X_y
+from ..distributed import balance, cholesky_cost
 from ..kernels import (
     Kernel,
     NotPositiveDefiniteError,
@@ -39,7 +41,19 @@ from ..kernels import (
     tridiagonal_batch,
 )
 from ..kernels.krr import GPU_HEADROOM_BYTES
-from ._partitioned import PARTITION_CONSTRAINTS, route, split
+from ._partitioned import (
+    PARTITION_CONSTRAINTS,
+    device_group,
+    fit_on_devices,
+    on_device,
+    predict_on_devices,
+    prediction_group,
+    route,
+    route_on_devices,
+    split,
+    split_on_devices,
+    stack_rows,
+)
 
 #: ``n_partitions="auto"`` makes parts of at most this many samples. Fit time
 #: is ``P (n/P)^3`` and the error grows with P (bench/bench_bkrr.py, california_housing,
@@ -128,6 +142,17 @@ def _gpu_search_bytes(sizes, itemsize: int) -> int:
     return blocks * itemsize + GPU_HEADROOM_BYTES
 
 
+@dataclass
+class KRRPartFit:
+    """The fitted local model of one part: its training rows and dual coefficients.
+
+    Arrays on the device that fitted the part (NumPy on the CPU); picklable.
+    """
+
+    X: object
+    dual_coef: object
+
+
 def _take(xp, A, idx):
     """Rows ``idx`` (host indices) of ``A`` on A's device."""
     return A[xp.asarray(idx)]
@@ -143,9 +168,9 @@ class _BKRRBase(RegressorMixin, BaseEstimator):
         return tags
 
     # -- fitting helpers -------------------------------------------------
-    def _prepare(self, X, y):
-        """Validated X, y on the computing device in the computing dtype."""
-        backend = resolve(self.device, X, y)
+    def _prepare(self, X, y, backend=None):
+        """Validated X, y on the computing device (or ``backend``) in the computing dtype."""
+        backend = resolve(self.device, X, y) if backend is None else backend
         X, y = validate_X_y(self, X, y, y_numeric=True, multi_output=True)
         dtype = np.dtype(self.dtype) if self.dtype is not None else float_dtype(X)
         with backend.use():
@@ -216,11 +241,35 @@ class _BKRRBase(RegressorMixin, BaseEstimator):
     def _kernel(self, gamma: float) -> Kernel:
         return Kernel(self.kernel, gamma, int(self.degree), float(self.coef0))
 
-    def _store_fit(self, backend, X, partitioning, alphas, sigma, lam):
+    def _fit_parts(self, backend, X, y, part_rows, sigma, lam, part_ids=None) -> list[KRRPartFit]:
+        """Step 2 for the given parts: ``(K_j + lam*m_j*I) a_j = y_j`` (eq. 3.6, Alg 10 line 12).
+
+        ``X`` and ``y`` are on the current device, ``part_rows[k]`` the rows of
+        the k-th part (``part_ids[k]`` names it in errors). One batched solve
+        for all of them; one :class:`KRRPartFit` per part, in order.
+        """
         xp = backend.xp
-        order = np.concatenate(partitioning.parts)
-        self.X_fit_ = _take(xp, X, order)
-        self.dual_coef_ = xp.concatenate(alphas)
+        parts = [_take(xp, X, idx) for idx in part_rows]
+        targets = [_take(xp, y, idx) for idx in part_rows]
+        shifts = [lam * len(idx) for idx in part_rows]
+        kernel = self._kernel(1.0 / (2.0 * sigma**2))
+        try:
+            alphas = krr_solve_parts(kernel, parts, targets, shifts, n_jobs=self.n_jobs)
+        except NotPositiveDefiniteError as err:
+            which = ("one part" if err.part is None else
+                     f"part {err.part if part_ids is None else int(part_ids[err.part])}")
+            raise ValueError(
+                f"the system (K + lam*m*I) alpha = y of {which} is not positive definite "
+                f"(kernel={self.kernel!r}, lam={lam!r}): with lam=0 this happens when a part "
+                "holds duplicate or nearly duplicate samples, and the sigmoid kernel is not "
+                "positive semi-definite; use lam > 0 or another kernel"
+            ) from None
+        return [KRRPartFit(Xj, a) for Xj, a in zip(parts, alphas)]
+
+    def _store_fit(self, backend, partitioning, fits, sigma, lam):
+        """The fitted attributes from the per-part fits (in part order) and the centres."""
+        self.X_fit_ = stack_rows([f.X for f in fits])
+        self.dual_coef_ = backend.xp.concatenate([f.dual_coef for f in fits])
         self.centers_ = partitioning.centers
         self.part_sizes_ = partitioning.sizes
         self.part_offsets_ = np.concatenate([[0], np.cumsum(self.part_sizes_)])
@@ -229,25 +278,6 @@ class _BKRRBase(RegressorMixin, BaseEstimator):
         self.lam_ = float(lam)
         self.gamma_ = 1.0 / (2.0 * float(sigma) ** 2)
         self.device_ = backend.device
-
-    def _solve(self, backend, X, y, partitioning, sigma, lam):
-        """Step 2: the P systems ``(K_j + lam*m_j*I) a_j = y_j`` (eq. 3.6, Alg 10 line 12)."""
-        xp = backend.xp
-        self._check_memory(partitioning.sizes, X.dtype.itemsize, backend)
-        parts = [_take(xp, X, idx) for idx in partitioning.parts]
-        targets = [_take(xp, y, idx) for idx in partitioning.parts]
-        shifts = [lam * len(idx) for idx in partitioning.parts]
-        kernel = self._kernel(1.0 / (2.0 * sigma**2))
-        try:
-            return krr_solve_parts(kernel, parts, targets, shifts, n_jobs=self.n_jobs)
-        except NotPositiveDefiniteError as err:
-            which = "one part" if err.part is None else f"part {err.part}"
-            raise ValueError(
-                f"the system (K + lam*m*I) alpha = y of {which} is not positive definite "
-                f"(kernel={self.kernel!r}, lam={lam!r}): with lam=0 this happens when a part "
-                "holds duplicate or nearly duplicate samples, and the sigmoid kernel is not "
-                "positive semi-definite; use lam > 0 or another kernel"
-            ) from None
 
     # -- prediction --------------------------------------------------------
     def _fitted_backend(self) -> Backend:
@@ -279,8 +309,55 @@ class _BKRRBase(RegressorMixin, BaseEstimator):
                 Xj, self.X_fit_[lo:hi], self.dual_coef_[lo:hi])
         return out
 
+    def _part_on_device(self, backend, j):
+        """Part ``j``'s training rows and coefficients on ``backend`` (cached for GPUs)."""
+        lo, hi = self.part_offsets_[j], self.part_offsets_[j + 1]
+
+        def upload():
+            return backend.asarray(self.X_fit_[lo:hi]), backend.asarray(self.dual_coef_[lo:hi])
+
+        return on_device(self, backend, ("part", j), upload)
+
+    def _predict_on_devices(self, group, X):
+        """Step 3 on the devices of the fit: rows to their part's device, or all parts summed."""
+        kernel = self._kernel(self.gamma_)
+        if self.combine == "average":
+            def partial_sum(rank, backend):
+                ids = np.flatnonzero(self.part_device_ == rank).tolist()
+                if not ids:
+                    return None
+                Xd = backend.asarray(X)
+                total = None
+                for j in ids:
+                    value = kernel.dot(Xd, *self._part_on_device(backend, j))
+                    total = value if total is None else total + value
+                return to_numpy(total)
+
+            out = None
+            for value in group.run(partial_sum):
+                if value is not None:
+                    out = value if out is None else out + value
+            return out / self.n_partitions_
+
+        def predict_local(backend, Xd, parts):
+            out = backend.xp.empty((Xd.shape[0],) + tuple(self.dual_coef_.shape[1:]),
+                                   dtype=self.dual_coef_.dtype)
+            for j in np.unique(parts).tolist():
+                sel = backend.asarray(np.flatnonzero(parts == j))
+                out[sel] = kernel.dot(_take(backend.xp, Xd, sel),
+                                      *self._part_on_device(backend, j))
+            return out
+
+        owner = route_on_devices(group, X, self.centers_)
+        return predict_on_devices(group, X, owner, self.part_device_, predict_local)
+
     def _predict(self, X):
         check_is_fitted(self, "dual_coef_")
+        group = prediction_group(getattr(self, "devices_", None))
+        if group is not None:
+            like = X
+            X = CPU.asarray(validate_X(self, X, reset=False), self.X_fit_.dtype)
+            return to_output(self._predict_on_devices(group, X), like)
         backend = self._fitted_backend()
         like = X
         X = validate_X(self, X, reset=False)
@@ -291,7 +368,8 @@ class _BKRRBase(RegressorMixin, BaseEstimator):
 
     # -- pickling: fitted device arrays travel as NumPy ---------------------
     def __getstate__(self):
-        state = super().__getstate__()
+        # Device copies for multi-device prediction are a cache, not part of the model.
+        state = {k: v for k, v in super().__getstate__().items() if k != "_device_cache"}
         return {k: (to_numpy(v) if is_cupy_array(v) else v) for k, v in state.items()}
 
     def __setstate__(self, state):
@@ -382,6 +460,20 @@ class BKRRRegressor(_BKRRBase):
         (:func:`gpuml.kernels.gpu_solve_plan`). A fit whose blocks would not
         fit in the device's free memory is refused before it starts, with the
         ``n_partitions`` that would fit.
+    devices : None, "all" or list, default=None
+        Several devices (docs/scale-out.md). None: one device, ``device``.
+        ``"all"``: every GPU; or a list of GPU ids / ``"cuda:N"`` names. The
+        rows are sharded over the devices for partitioning (the Lloyd steps'
+        sums through NCCL), the parts placed on the devices balanced by their
+        ``m^3/3 + m^2 d`` cost, each device solves its parts in one batch in its
+        own host thread (each checked against that device's free memory first),
+        and prediction sends each row to its part's device (with
+        ``combine="average"`` every device sums its parts' predictions). The
+        fitted arrays are gathered on the host (``device_ == "cpu"``); each
+        device keeps a copy of its parts for prediction. A list of ``"cpu"``
+        entries runs that many CPU ranks (threads of this process) through
+        the same code: for trying a multi-device setup without GPUs, not for
+        speed. Leave ``device="auto"`` when giving ``devices``.
     n_jobs : int or None, default=None
         Threads over parts on the CPU (joblib); each part's LAPACK call is
         itself multi-threaded by BLAS.
@@ -391,7 +483,8 @@ class BKRRRegressor(_BKRRBase):
     Attributes
     ----------
     X_fit_ : array of shape (n_samples, n_features)
-        Training samples, grouped part by part, on the fitting device.
+        Training samples, grouped part by part, on the fitting device (on the
+        host after a fit with ``devices``).
     dual_coef_ : array of shape (n_samples,) or (n_samples, n_targets)
         The α of every part, aligned with ``X_fit_``.
     centers_ : array of shape (n_partitions_, n_features)
@@ -406,6 +499,11 @@ class BKRRRegressor(_BKRRBase):
         Device holding the fitted arrays. A model fitted on a GPU pickles its
         arrays as NumPy; unpickled where that GPU exists they go back to it,
         elsewhere the model loads on the CPU and predicts there.
+    devices_ : tuple of str
+        Only after a fit with ``devices``: the devices, in rank order.
+    part_device_ : ndarray of shape (n_partitions_,)
+        Only after a fit with ``devices``: the index in ``devices_`` of the
+        device each part was fitted on and predicts on.
     n_features_in_ : int
     feature_names_in_ : ndarray of str
         Only when ``X`` had string feature names.
@@ -436,11 +534,12 @@ class BKRRRegressor(_BKRRBase):
         "sigma": [Interval(Real, 0.0, None, closed="neither")],
         "lam": [Interval(Real, 0.0, None, closed="left")],
         **_COMMON_CONSTRAINTS,
+        "devices": PARTITION_CONSTRAINTS["devices"],
     }
 
     def __init__(self, kernel="rbf", sigma=1.0, lam=1e-4, degree=3, coef0=1.0,
                  n_partitions="auto", partition="kbalance", combine="nearest",
-                 dtype="float64", device="auto", n_jobs=None, random_state=None):
+                 dtype="float64", device="auto", devices=None, n_jobs=None, random_state=None):
         self.kernel = kernel
         self.sigma = sigma
         self.lam = lam
@@ -451,6 +550,7 @@ class BKRRRegressor(_BKRRBase):
         self.combine = combine
         self.dtype = dtype
         self.device = device
+        self.devices = devices
         self.n_jobs = n_jobs
         self.random_state = random_state
 
@@ -468,12 +568,56 @@ class BKRRRegressor(_BKRRBase):
         self
         """
         self._validate_params()
+        group = device_group(self)
+        # A refit invalidates the device copies of the previous model's arrays.
+        for name in ("devices_", "part_device_", "_device_cache"):
+            self.__dict__.pop(name, None)
+        if group is not None:
+            return self._fit_on_devices(group, X, y)
         backend, X, y = self._prepare(X, y)
         with backend.use():
             self._check_before_split(X.shape[0], X.dtype.itemsize, backend)
             partitioning = self._split(X)
-            alphas = self._solve(backend, X, y, partitioning, self.sigma, self.lam)
-            self._store_fit(backend, X, partitioning, alphas, self.sigma, self.lam)
+            self._check_memory(partitioning.sizes, X.dtype.itemsize, backend)
+            fits = self._fit_parts(backend, X, y, partitioning.parts, self.sigma, self.lam)
+            self._store_fit(backend, partitioning, fits, self.sigma, self.lam)
+        return self
+
+    def _fit_on_devices(self, group, X, y):
+        """``fit`` over several devices: shard, partition, place parts by cost, fit, assemble.
+
+        The fitted arrays are assembled on the host (``device_ == "cpu"``); each
+        device keeps its parts' arrays for prediction.
+        """
+        _, X, y = self._prepare(X, y, backend=CPU)
+        n, itemsize = X.shape[0], X.dtype.itemsize
+        for backend in group.backends:
+            with backend.use():
+                self._check_before_split(n, itemsize, backend)
+        P = _n_partitions(self.n_partitions, n)
+        partitioning = split_on_devices(group, X, P, self.partition, self.random_state)
+        placement = balance(cholesky_cost(partitioning.sizes, X.shape[1]), group.size)
+        for backend, ids in zip(group.backends, placement):
+            if ids.size:
+                with backend.use():
+                    self._check_memory(partitioning.sizes[ids], itemsize, backend)
+
+        def fit_local(backend, ids, rows, local):
+            return self._fit_parts(backend, backend.asarray(_take(np, X, rows)),
+                                   backend.asarray(y[rows]), local, self.sigma, self.lam,
+                                   part_ids=ids)
+
+        fits, part_device = fit_on_devices(group, partitioning, placement, fit_local)
+        # Only the coefficients come back: the training rows are on the host already.
+        host = [KRRPartFit(_take(np, X, rows), to_numpy(f.dual_coef))
+                for rows, f in zip(partitioning.parts, fits)]
+        self._store_fit(CPU, partitioning, host, self.sigma, self.lam)
+        self.devices_ = group.devices
+        self.part_device_ = part_device
+        # The parts' arrays are already on their devices: keep them for prediction.
+        for j, (fit, rank) in enumerate(zip(fits, part_device.tolist())):
+            backend = group.backends[rank]
+            on_device(self, backend, ("part", j), lambda f=fit: (f.X, f.dual_coef))
         return self
 
     def predict(self, X):

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
 import warnings
+from dataclasses import dataclass
 from numbers import Integral, Real
 
 import numpy as np
@@ -13,14 +15,63 @@ from sklearn.utils.validation import check_is_fitted
 
 from .._backend import namespace_of, resolve, to_numpy, to_output
 from .._validation import validate_X
+from ..distributed import balance, smo_cost
 from ..kernels import SMOProblem, smo_solve_batch
-from ._partitioned import KERNEL_CONSTRAINTS, PARTITION_CONSTRAINTS, route, split
+from ._partitioned import (
+    KERNEL_CONSTRAINTS,
+    PARTITION_CONSTRAINTS,
+    device_group,
+    fit_on_devices,
+    on_device,
+    predict_on_devices,
+    prediction_group,
+    route,
+    route_on_devices,
+    split,
+    split_on_devices,
+    stack_rows,
+)
 from ._svm import KernelSVMMixin, class_pairs, ovo_votes, ovr_decision
 
 #: Default number of parts, chosen from bench/bench_casvm.py (see docs/casvm.md).
 DEFAULT_N_PARTITIONS = 8
 #: Default kernel cache per part in MB (see docs/casvm.md).
 DEFAULT_CACHE_SIZE = 1024.0
+
+
+@dataclass
+class SVMPartFit:
+    """The fitted local model of one part: small host arrays, picklable.
+
+    Attributes
+    ----------
+    support : int ndarray of shape (n_SV,)
+        Positions of the part's support vectors among the part's rows, ascending.
+    support_vectors : ndarray or CSR of shape (n_SV, n_features)
+        (0, 0) for ``kernel="precomputed"``.
+    dual_coef : ndarray of shape (n_pairs, n_SV)
+    intercept, pair_status, n_iter, objective : ndarrays of shape (n_pairs,)
+        As the rows of the estimator's attributes of those names.
+    converged : bool
+    n_problems : int
+        One-vs-one problems trained in the part.
+    """
+
+    support: np.ndarray
+    support_vectors: object
+    dual_coef: np.ndarray
+    intercept: np.ndarray
+    pair_status: np.ndarray
+    n_iter: np.ndarray
+    objective: np.ndarray
+    converged: bool
+    n_problems: int
+
+    def reordered(self, order) -> SVMPartFit:
+        """The same model with its support vectors in ``order``."""
+        return dataclasses.replace(self, support=self.support[order],
+                                   support_vectors=self.support_vectors[order],
+                                   dual_coef=self.dual_coef[:, order])
 
 
 class CASVMClassifier(KernelSVMMixin, ClassifierMixin, BaseEstimator):
@@ -96,6 +147,18 @@ class CASVMClassifier(KernelSVMMixin, ClassifierMixin, BaseEstimator):
         (votes plus bounded confidences); "ovo" returns the pairwise values.
     device : str, default="auto"
         "auto", "cpu", "cuda" or "cuda:N" (see :mod:`gpuml._backend`).
+    devices : None, "all" or list, default=None
+        Several devices (docs/scale-out.md). None: one device, ``device``.
+        ``"all"``: every GPU; or a list of GPU ids / ``"cuda:N"`` names. The
+        rows are sharded over the devices for partitioning (the Lloyd steps'
+        sums through NCCL), the parts placed on the devices balanced by their
+        ``m^2`` cost, each device solves its parts in one batch in its own host
+        thread, and prediction sends each row to its part's device. The fitted
+        model equals the one-device fit with the same partition. A list of
+        ``"cpu"`` entries runs that many CPU ranks (threads of this process)
+        through the same code: for trying a multi-device setup without GPUs,
+        not for speed (``n_jobs`` already spreads the parts over the cores).
+        Leave ``device="auto"`` when giving ``devices``.
     n_jobs : int or None, default=None
         Threads solving parts in parallel on the CPU.
     random_state : int, RandomState or None, default=None
@@ -135,6 +198,11 @@ class CASVMClassifier(KernelSVMMixin, ClassifierMixin, BaseEstimator):
         not trained).
     fit_status_ : int
         0 if every problem converged, 1 if ``max_iter`` stopped one.
+    devices_ : tuple of str
+        Only after a fit with ``devices``: the devices, in rank order.
+    part_device_ : ndarray of shape (n_partitions,)
+        Only after a fit with ``devices``: the index in ``devices_`` of the
+        device each part was fitted on and predicts on.
 
     References
     ----------
@@ -174,7 +242,7 @@ class CASVMClassifier(KernelSVMMixin, ClassifierMixin, BaseEstimator):
     def __init__(self, C=1.0, kernel="rbf", gamma="scale", degree=3, coef0=0.0,
                  n_partitions=DEFAULT_N_PARTITIONS, partition="random", tol=1e-3,
                  max_iter=-1, cache_size=DEFAULT_CACHE_SIZE, shrinking=False, class_weight=None,
-                 decision_function_shape="ovr", device="auto", n_jobs=None,
+                 decision_function_shape="ovr", device="auto", devices=None, n_jobs=None,
                  random_state=None, verbose=0):
         self.C = C
         self.kernel = kernel
@@ -190,6 +258,7 @@ class CASVMClassifier(KernelSVMMixin, ClassifierMixin, BaseEstimator):
         self.class_weight = class_weight
         self.decision_function_shape = decision_function_shape
         self.device = device
+        self.devices = devices
         self.n_jobs = n_jobs
         self.random_state = random_state
         self.verbose = verbose
@@ -216,73 +285,143 @@ class CASVMClassifier(KernelSVMMixin, ClassifierMixin, BaseEstimator):
         -------
         self
         """
-        backend = resolve(self.device, X, y)
+        group = device_group(self)
+        backend = resolve(self.device, X, y) if group is None else None
         X, y_idx, sample_C = self._validate_targets(X, y, sample_weight)
         if self.kernel == "precomputed" and self.n_partitions != 1:
             raise ValueError("kernel='precomputed' needs n_partitions=1: partitioning and "
                              "nearest-centre routing need the samples' features")
+        if self.kernel == "precomputed" and group is not None:
+            raise ValueError("kernel='precomputed' fits on one device: use devices=None")
         self._gamma = self._kernel.gamma
+        # A refit invalidates the device copies of the previous model's arrays.
+        for name in ("devices_", "part_device_", "_device_cache"):
+            self.__dict__.pop(name, None)
 
-        with backend.use():
-            X = backend.asarray(X)
-            parts = split(X, self.n_partitions, self.partition, self.random_state)
-            self._fit_parts(X, parts, y_idx, sample_C)
-        self.centers_ = to_numpy(parts.centers)
-        self.partition_sizes_ = parts.sizes
+        if group is None:
+            with backend.use():
+                X = backend.asarray(X)
+                parts = split(X, self.n_partitions, self.partition, self.random_state)
+                fits = self._fit_parts(X, parts.parts, y_idx, sample_C)
+        else:
+            X = to_numpy(X)
+            parts = split_on_devices(group, X, self.n_partitions, self.partition,
+                                     self.random_state)
+            fits, self.part_device_ = fit_on_devices(
+                group, parts, balance(smo_cost(parts.sizes), group.size),
+                lambda b, ids, rows, local: self._fit_parts(b.asarray(X[rows]), local,
+                                                            y_idx[rows], sample_C[rows]))
+            self.devices_ = group.devices
+        self._assemble(parts, fits, y_idx)
         return self
 
-    def _fit_parts(self, X, parts, y_idx, sample_C):
-        """One one-vs-one set of SMO problems per part, solved as one batch."""
+    def _fit_parts(self, X, part_rows, y_idx, sample_C) -> list[SVMPartFit]:
+        """Step 2 for the given parts: their one-vs-one SMO problems, solved as one batch.
+
+        ``X`` is on the current device; ``part_rows[k]`` are the rows of X of the
+        k-th part, ``y_idx`` and ``sample_C`` (host) are aligned with X's rows.
+        Returns one :class:`SVMPartFit` per part, in order.
+        """
         n_classes = len(self.classes_)
         pairs = class_pairs(n_classes)
-        n_parts, n_pairs = len(parts.parts), len(pairs)
-        n_iter = np.zeros((n_parts, n_pairs), dtype=np.int64)
-        objective = np.full((n_parts, n_pairs), np.nan)
+        n_pairs = len(pairs)
         first, second = np.array(pairs, dtype=np.int64).reshape(-1, 2).T
-        present = np.zeros((n_parts, n_classes), dtype=bool)
-        problems, trained, owners = [], [], []
-        Xs = []
-        for p, rows in enumerate(parts.parts):
-            rows = rows[sample_C[rows] > 0]
+        problems, layout, Xs = [], [], []
+        for k, rows in enumerate(part_rows):
+            rows = np.asarray(rows, dtype=np.int64)
+            pos = np.flatnonzero(sample_C[rows] > 0)
             # Grouped by class, as LIBSVM does: every one-vs-one problem is then
             # two index runs whose kernel blocks the solver can share.
-            rows = rows[np.argsort(y_idx[rows], kind="stable")]
-            sel = to_output(rows, X)
+            pos = pos[np.argsort(y_idx[rows[pos]], kind="stable")]
+            sel = to_output(rows[pos], X)
             Xs.append(X[sel] if self.kernel != "precomputed" else X[sel][:, sel])
             # Class c holds the part's rows bounds[c]:bounds[c + 1].
-            bounds = np.searchsorted(y_idx[rows], np.arange(n_classes + 1))
-            present[p] = np.diff(bounds) > 0
+            bounds = np.searchsorted(y_idx[rows[pos]], np.arange(n_classes + 1))
+            present = np.diff(bounds) > 0
             # Every pair with both classes present is one problem: its rows are the
             # two class runs, laid end to end for all pairs of the part at once.
-            q = np.flatnonzero(present[p, first] & present[p, second])
+            q = np.flatnonzero(present[first] & present[second])
             runs = np.stack([first[q], second[q]], axis=1).ravel()
             lengths = np.diff(bounds)[runs]
             idx = np.concatenate([np.arange(bounds[c], bounds[c + 1]) for c in runs.tolist()]
                                  + [np.zeros(0, np.int64)])
             labels = np.repeat(np.tile([1.0, -1.0], len(q)), lengths)
-            C_part = sample_C[rows[idx]]
+            C_part = sample_C[rows[pos][idx]]
             ends = np.cumsum(lengths[0::2] + lengths[1::2]).tolist()
-            problems += [SMOProblem(p, idx[lo:hi], labels[lo:hi], C_part[lo:hi])
+            problems += [SMOProblem(k, idx[lo:hi], labels[lo:hi], C_part[lo:hi])
                          for lo, hi in zip([0] + ends[:-1], ends)]
-            owners.append(rows[idx])
-            trained += [(p, pair) for pair in q.tolist()]
-        # 2: trained; 1: one class of the pair in the part (constant vote); 0: none.
-        status = (present[:, first].astype(np.int8) + present[:, second]).astype(np.int8)
-        intercept = np.where(status == 1, present[:, first] * 1.0 - present[:, second], 0.0)
+            layout.append((present, q, pos[idx], labels))
         results = smo_solve_batch(self._kernel, Xs, problems, tol=self.tol,
                                   max_iter=self.max_iter, cache_size=self.cache_size,
                                   shrinking=self.shrinking, n_jobs=self.n_jobs)
-        part, pair = np.array(trained, dtype=np.int64).reshape(-1, 2).T
-        intercept[part, pair] = [res.intercept for res in results]
-        n_iter[part, pair] = [res.n_iter for res in results]
-        objective[part, pair] = [res.objective for res in results]
-        converged = all(bool(res.converged) for res in results)
-        self._store_support(results, problems, owners, part, pair, y_idx, X, n_parts, n_pairs)
-        self.intercept_ = intercept
-        self.pair_status_ = status
-        self.n_iter_ = n_iter
-        self.objective_ = objective
+        # One copy to the host: the GPU solver's alphas are joined on the device first.
+        alphas = [res.alpha for res in results]
+        alpha = (to_numpy(namespace_of(alphas[0]).concatenate(alphas)) if alphas
+                 else np.zeros(0))
+        fits, supports = [], []
+        first_problem = first_alpha = 0
+        for rows, (present, q, owner, labels) in zip(part_rows, layout):
+            mine = results[first_problem: first_problem + len(q)]
+            first_problem += len(q)
+            # 2: trained; 1: one class of the pair in the part (constant vote); 0: none.
+            status = (present[first].astype(np.int8) + present[second]).astype(np.int8)
+            intercept = np.where(status == 1, present[first] * 1.0 - present[second], 0.0)
+            intercept[q] = [res.intercept for res in mine]
+            n_iter = np.zeros(n_pairs, dtype=np.int64)
+            n_iter[q] = [res.n_iter for res in mine]
+            objective = np.full(n_pairs, np.nan)
+            objective[q] = [res.objective for res in mine]
+            part_alpha = alpha[first_alpha: first_alpha + len(owner)]
+            first_alpha += len(owner)
+            sv = part_alpha > 0
+            # A row may be a support vector of several pairs: one column per row,
+            # rows ascending.
+            support, column = np.unique(owner[sv], return_inverse=True)
+            dual_coef = np.zeros((n_pairs, len(support)))
+            sizes = [len(res.alpha) for res in mine]
+            dual_coef[np.repeat(q, sizes)[sv], column] = (part_alpha * labels)[sv]
+            supports.append(np.asarray(rows, dtype=np.int64)[support])
+            fits.append(SVMPartFit(support, None, dual_coef, intercept, status, n_iter,
+                                   objective, all(bool(res.converged) for res in mine), len(q)))
+        # The support vectors of all parts in one gather and one copy to the host.
+        sv_rows = np.concatenate(supports + [np.zeros(0, np.int64)])
+        if self.kernel == "precomputed":
+            vectors = [np.empty((0, 0))] * len(fits)
+        else:
+            stacked = to_numpy(X[to_output(sv_rows, X)])
+            ends = np.cumsum([len(s) for s in supports]).tolist()
+            vectors = [stacked[lo:hi] for lo, hi in zip([0] + ends[:-1], ends)]
+        for fit, block in zip(fits, vectors):
+            fit.support_vectors = block
+        return fits
+
+    def _assemble(self, parts, fits, y_idx):
+        """The fitted attributes from the per-part models (in part order) and the centres."""
+        supports, coefs, vectors = [], [], []
+        for rows, fit in zip(parts.parts, fits):
+            support = np.asarray(rows, dtype=np.int64)[fit.support]
+            order = np.argsort(support, kind="stable")
+            if np.any(np.diff(support) < 0):  # parts given in another row order
+                support, fit = support[order], fit.reordered(order)
+            supports.append(support)
+            coefs.append(fit.dual_coef)
+            vectors.append(fit.support_vectors)
+        self.support_ = np.concatenate(supports + [np.zeros(0, np.int64)])
+        self.support_ptr_ = np.concatenate([[0], np.cumsum([len(s) for s in supports])]
+                                           ).astype(np.int64)
+        self.dual_coef_ = np.concatenate(coefs, axis=1)
+        self.n_support_ = np.bincount(y_idx[self.support_],
+                                      minlength=len(self.classes_)).astype(np.int32)
+        self.support_vectors_ = (stack_rows(vectors) if self.kernel != "precomputed"
+                                 else np.empty((0, 0)))
+        self.intercept_ = np.stack([f.intercept for f in fits])
+        self.pair_status_ = np.stack([f.pair_status for f in fits])
+        self.n_iter_ = np.stack([f.n_iter for f in fits])
+        self.objective_ = np.stack([f.objective for f in fits])
+        converged = all(f.converged for f in fits)
         self.fit_status_ = 0 if converged else 1
+        self.centers_ = to_numpy(parts.centers)
+        self.partition_sizes_ = parts.sizes
         if not converged:
             cap = ("" if self.max_iter >= 0 else
                    ": an SMO problem reached LIBSVM's cap of max(10**7, 100 * n_samples) steps")
@@ -290,37 +429,15 @@ class CASVMClassifier(KernelSVMMixin, ClassifierMixin, BaseEstimator):
                           "pre-processing your data with StandardScaler or MinMaxScaler.",
                           ConvergenceWarning, stacklevel=3)
         if self.verbose:
-            print(f"[CASVM] {n_parts} parts, {len(problems)} SMO problems, "
-                  f"{int(n_iter.sum())} iterations, {len(self.support_)} support vectors")
-
-    def _store_support(self, results, problems, owners, part, pair, y_idx, X, n_parts, n_pairs):
-        """Support vectors grouped by part and their coefficients ``alpha_i y_i`` per pair."""
-        n = len(y_idx)
-        sizes = [len(prob.y) for prob in problems]
-        # One copy to the host: the GPU solver's alphas are joined on the device first.
-        alphas = [res.alpha for res in results]
-        alpha = (to_numpy(namespace_of(alphas[0]).concatenate(alphas)) if alphas
-                 else np.zeros(0))
-        labels = np.concatenate([prob.y for prob in problems] + [np.zeros(0)])
-        rows = np.concatenate(owners + [np.zeros(0, np.int64)])
-        sv = alpha > 0
-        # A training row lies in one part: sorting by (part, row) groups the
-        # support vectors by part, rows ascending inside each.
-        key = (np.repeat(part, sizes) * n + rows)[sv]
-        support_key, column = np.unique(key, return_inverse=True)
-        self.support_ = (support_key % n).astype(np.int64)
-        self.support_ptr_ = np.searchsorted(support_key // n, np.arange(n_parts + 1))
-        self.dual_coef_ = np.zeros((n_pairs, len(support_key)))
-        self.dual_coef_[np.repeat(pair, sizes)[sv], column] = (alpha * labels)[sv]
-        self.n_support_ = np.bincount(y_idx[self.support_],
-                                      minlength=len(self.classes_)).astype(np.int32)
-        self.support_vectors_ = (to_numpy(X[to_output(self.support_, X)])
-                                 if self.kernel != "precomputed"
-                                 else np.empty((0, 0)))
+            print(f"[CASVM] {len(fits)} parts, {sum(f.n_problems for f in fits)} SMO problems, "
+                  f"{int(self.n_iter_.sum())} iterations, {len(self.support_)} support vectors")
 
     def _ovo_values(self, X):
         """Pairwise decision values of every row, each from the model of its part (Alg 5)."""
         check_is_fitted(self)
+        group = prediction_group(getattr(self, "devices_", None))
+        if group is not None:
+            return self._ovo_values_on_devices(group, X)
         backend = resolve(self.device, X)
         X = validate_X(self, X, reset=False)
         with backend.use():
@@ -343,6 +460,31 @@ class CASVMClassifier(KernelSVMMixin, ClassifierMixin, BaseEstimator):
                         vals = vals + self._kernel.dot(Xd[sel], sv_all[lo:hi], coef)
                 out[sel] = vals
         return out, owner
+
+    def _ovo_values_on_devices(self, group, X):
+        """Step 3 on the devices of the fit: each row to its part's device, one batch each."""
+        X = to_numpy(validate_X(self, X, reset=False))
+        owner = route_on_devices(group, X, self.centers_)
+
+        def part_model(backend, p):
+            lo, hi = self.support_ptr_[p], self.support_ptr_[p + 1]
+            return (backend.asarray(self.support_vectors_[lo:hi]),
+                    backend.asarray(self.dual_coef_[:, lo:hi].T),
+                    backend.asarray(self.intercept_[p]))
+
+        def predict_local(backend, Xd, parts):
+            out = backend.xp.empty((Xd.shape[0], self.dual_coef_.shape[0]), dtype=np.float64)
+            for p in np.unique(parts).tolist():
+                sel = backend.asarray(np.flatnonzero(parts == p))
+                sv, coef, intercept = on_device(self, backend, ("part", p), part_model,
+                                                backend, p)
+                vals = intercept[None, :]
+                if sv.shape[0]:
+                    vals = vals + self._kernel.dot(Xd[sel], sv, coef)
+                out[sel] = vals
+            return out
+
+        return predict_on_devices(group, X, owner, self.part_device_, predict_local), owner
 
     def _votes(self, X):
         """One-vs-one votes per class and the summed pairwise values (SVC's ovr recipe)."""

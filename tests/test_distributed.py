@@ -1,0 +1,233 @@
+"""gpuml.distributed on the CPU: the thread communicator, placement, and sharded partitioning.
+
+The oracle of a sharded partition is :func:`gpuml.partition.partition` on all the
+rows in one process: the same labels, centres equal to rounding.
+"""
+
+import threading
+import time
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+
+from gpuml._backend import CPU
+from gpuml.distributed import (
+    CommunicatorAborted,
+    DeviceGroup,
+    ThreadCommunicator,
+    balance,
+    cholesky_cost,
+    partition_on_devices,
+    run_on_devices,
+    smo_cost,
+)
+from gpuml.distributed.placement import shard_bounds
+from gpuml.partition import partition
+
+METHODS = ["random", "fcfs", "kmeans", "kbalance", "bkm"]
+
+
+def bounded(fn, seconds=30.0):
+    """Run ``fn`` in a daemon thread; fail (instead of hanging the suite) past ``seconds``."""
+    box = {}
+
+    def target():
+        try:
+            box["value"] = fn()
+        except BaseException as err:  # handed to the test thread
+            box["error"] = err
+
+    thread = threading.Thread(target=target, daemon=True)
+    thread.start()
+    thread.join(seconds)
+    if thread.is_alive():
+        pytest.fail(f"did not finish within {seconds} s (a collective deadlocked?)")
+    if "error" in box:
+        raise box["error"]
+    return box.get("value")
+
+
+def spmd(size, fn, timeout=20.0):
+    """``fn(comm)`` on ``size`` thread ranks; results in rank order."""
+    group = DeviceGroup([CPU] * size, timeout=timeout)
+    return bounded(lambda: group.spmd(lambda comm, backend: fn(comm)))
+
+
+# -- the thread communicator ---------------------------------------------------------
+
+@pytest.mark.parametrize("size", [1, 2, 3, 4])
+def test_allreduce_broadcast_allgather(size):
+    def body(comm):
+        r = comm.rank
+        x = np.arange(6, dtype=np.float64).reshape(2, 3) * (r + 1)
+        total = comm.allreduce(x)
+        inplace = np.full(4, r, dtype=np.int64)
+        same = comm.allreduce(inplace, out=inplace)
+        buf = np.full(3, 7.0) if r == size - 1 else np.zeros(3)
+        comm.broadcast(buf, root=size - 1)
+        gathered = comm.allgather(np.full((r + 1, 2), r, dtype=np.int32))
+        return total, same is inplace, inplace, buf, gathered
+
+    factor = size * (size + 1) / 2
+    for total, same, inplace, buf, gathered in spmd(size, body):
+        np.testing.assert_array_equal(total, np.arange(6).reshape(2, 3) * factor)
+        assert same
+        np.testing.assert_array_equal(inplace, np.full(4, size * (size - 1) // 2))
+        np.testing.assert_array_equal(buf, np.full(3, 7.0))
+        assert [g.shape for g in gathered] == [(r + 1, 2) for r in range(size)]
+        for r, g in enumerate(gathered):
+            assert g.dtype == np.int32 and (g == r).all()
+
+
+def test_allreduce_is_identical_on_every_rank_and_in_rank_order():
+    # Values whose sum depends on the order of the additions: every rank must see
+    # the same bits, the sum taken in rank order.
+    values = [1e16, 1.0, -1e16, 1.0]
+
+    def body(comm):
+        return comm.allreduce(np.array([values[comm.rank]]))
+
+    results = spmd(4, body)
+    expected = ((values[0] + values[1]) + values[2]) + values[3]
+    assert all(r[0] == expected for r in results)
+
+
+def test_posted_array_may_be_overwritten_at_once():
+    # out=x overwrites x while slower ranks may still be summing: they must read a copy.
+    def body(comm):
+        x = np.full(1000, float(comm.rank + 1))
+        for _ in range(20):
+            comm.allreduce(x, out=x)
+            x /= comm.size * 1.0
+        return x
+
+    results = spmd(3, body)
+    for x in results:
+        np.testing.assert_array_equal(x, results[0])
+
+
+def test_error_in_one_rank_propagates_with_its_device_and_releases_the_others():
+    def fn(comm, backend):
+        if comm.rank == 2:
+            raise ValueError("rank two cannot go on")
+        comm.allreduce(np.ones(3))  # the others wait here for rank 2
+        return comm.rank
+
+    group = DeviceGroup([CPU] * 4)  # no timeout: the abort alone must release them
+    start = time.monotonic()
+    with pytest.raises(ValueError, match="rank two cannot go on") as info:
+        bounded(lambda: group.spmd(fn), seconds=20)
+    assert time.monotonic() - start < 10
+    assert any("cpu (rank 2 of 4)" in note for note in getattr(info.value, "__notes__", []))
+
+
+def test_a_rank_that_never_arrives_times_out():
+    def fn(comm, backend):
+        if comm.rank == 0:
+            return "skipped the collective"
+        return comm.allreduce(np.ones(1))
+
+    group = DeviceGroup([CPU] * 2, timeout=0.2)
+    with pytest.raises(CommunicatorAborted, match="waited more than 0.2 s"):
+        bounded(lambda: group.spmd(fn), seconds=20)
+
+
+def test_run_on_devices_keeps_rank_order():
+    out = run_on_devices(lambda r, b: (r, b.device), [CPU] * 3)
+    assert out == [(0, "cpu"), (1, "cpu"), (2, "cpu")]
+
+
+def test_communicator_needs_a_rank():
+    with pytest.raises(ValueError, match="at least one rank"):
+        ThreadCommunicator.create(0)
+
+
+# -- placement -----------------------------------------------------------------------
+
+def test_balance_is_lpt_and_deterministic():
+    costs = [9.0, 1.0, 4.0, 4.0, 1.0]
+    # 9 -> d0; 4, 4 -> d1; 1 -> d1 (8 < 9); the last 1 ties at 9 and goes to d0
+    assert [p.tolist() for p in balance(costs, 2)] == [[0, 4], [1, 2, 3]]
+    assert [p.tolist() for p in balance(costs, 3)] == [[0], [1, 2], [3, 4]]
+    # equal costs: consecutive ties spread round-robin, every part placed once
+    bins = balance(np.ones(10), 4)
+    assert sorted(np.concatenate(bins).tolist()) == list(range(10))
+    assert [len(b) for b in bins] == [3, 3, 2, 2]
+    # more devices than parts: some get none
+    assert [p.tolist() for p in balance([1.0, 2.0], 3)] == [[1], [0], []]
+
+
+def test_balance_makespan_within_graham_bound():
+    rng = np.random.default_rng(0)
+    sizes = rng.integers(50, 2000, size=37)
+    costs = cholesky_cost(sizes, 8)
+    bins = balance(costs, 8)
+    makespan = max(costs[b].sum() for b in bins)
+    lower = max(costs.sum() / 8, costs.max())
+    assert makespan <= (4 / 3) * lower
+
+
+def test_cost_models():
+    np.testing.assert_array_equal(smo_cost([10, 20]), [100.0, 400.0])
+    np.testing.assert_allclose(cholesky_cost([3], 5), [9.0 + 45.0])
+
+
+def test_shard_bounds():
+    assert shard_bounds(10, 3).tolist() == [0, 3, 6, 10]
+    assert shard_bounds(2, 4).tolist() == [0, 0, 1, 1, 2]
+
+
+# -- sharded partitioning equals one process -------------------------------------------
+
+@pytest.fixture(scope="module")
+def blobs():
+    rng = np.random.default_rng(0)
+    centres = rng.normal(scale=4.0, size=(6, 5))
+    return centres[rng.integers(0, 6, size=1500)] + rng.normal(size=(1500, 5))
+
+
+@pytest.mark.parametrize("method", METHODS)
+@pytest.mark.parametrize("ranks", [2, 3, 4])
+def test_sharded_partition_equals_one_process(method, ranks, blobs):
+    labels, centers = bounded(lambda: partition_on_devices(
+        DeviceGroup([CPU] * ranks, timeout=20), blobs, 7, method, random_state=3))
+    expected_labels, expected_centers = partition(blobs, 7, method, random_state=3)
+    np.testing.assert_array_equal(labels, expected_labels)
+    np.testing.assert_allclose(centers, expected_centers, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("method", ["kmeans", "kbalance", "bkm", "fcfs"])
+def test_sharded_partition_float32_and_sparse(method, blobs):
+    X32 = blobs.astype(np.float32)
+    labels, centers = partition_on_devices(DeviceGroup([CPU] * 3, timeout=20), X32, 5, method,
+                                           random_state=1)
+    expected_labels, expected_centers = partition(X32, 5, method, random_state=1)
+    np.testing.assert_array_equal(labels, expected_labels)
+    assert centers.dtype == np.float32
+    np.testing.assert_allclose(centers, expected_centers, rtol=1e-5, atol=1e-5)
+
+    Xs = sp.csr_matrix(np.where(np.abs(blobs) > 1.0, blobs, 0.0))
+    labels, centers = partition_on_devices(DeviceGroup([CPU] * 2, timeout=20), Xs, 5, method,
+                                           random_state=1)
+    expected_labels, expected_centers = partition(Xs, 5, method, random_state=1)
+    np.testing.assert_array_equal(labels, expected_labels)
+    np.testing.assert_allclose(centers, expected_centers, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_more_ranks_than_rows(method):
+    # Some shards are empty; every part still gets its samples.
+    X = np.array([[0.0, 0.0], [5.0, 5.0], [0.1, 0.0]])
+    labels, centers = partition_on_devices(DeviceGroup([CPU] * 4, timeout=20), X, 2, method,
+                                           random_state=0)
+    expected_labels, expected_centers = partition(X, 2, method, random_state=0)
+    np.testing.assert_array_equal(labels, expected_labels)
+    np.testing.assert_allclose(centers, expected_centers)
+
+
+def test_random_state_instance_advances_as_in_one_process(blobs):
+    a, b = np.random.RandomState(5), np.random.RandomState(5)
+    partition_on_devices(DeviceGroup([CPU] * 2, timeout=20), blobs, 4, "kmeans", random_state=a)
+    partition(blobs, 4, "kmeans", random_state=b)
+    assert a.randint(1 << 30) == b.randint(1 << 30)
