@@ -111,6 +111,7 @@ def households_failing(rank, world, port, timeout_s, how, bad_rank, bad_step, q)
             q.close()
             q.join_thread()
             if how == "kill":
+                time.sleep(0.2)  # let the peers finish the last average it took part in
                 os.kill(os.getpid(), signal.SIGKILL)
             time.sleep(600)  # alive but silent: only the group timeout ends the others' wait
         _local_step(model, opt, gen)
@@ -187,6 +188,7 @@ def downpour(rank, world, port, settings, q):
                             if fail[0] == "kill":
                                 q.close()
                                 q.join_thread()
+                                time.sleep(0.2)  # let its last push be answered
                                 os.kill(os.getpid(), signal.SIGKILL)
                             raise ValueError("worker broke on purpose")
                         model.zero_grad()
