@@ -230,15 +230,12 @@ def global_grad_norm(grads: Sequence[Tensor], impl: str) -> Tensor:
     """L2 norm of all ``grads`` together, as a 0-d fp32 tensor (no host synchronisation).
 
     Used for LAMB's global gradient clipping, over every param group at once
-    (as apex and timm do).
+    (as apex and timm do), by the loop and foreach paths (``impl``); the fused path
+    computes it in its own kernels (``gpuml.optim._triton.grad_norm``).
     """
     if not grads:
         return torch.zeros((), dtype=torch.float32)
     device = grads[0].device
-    if impl == "fused":
-        from gpuml.optim import _triton
-
-        return _triton.sum_of_squares(grads).sqrt()
     if impl == "foreach":
         by_key: dict[tuple, list[Tensor]] = {}
         for g in grads:

@@ -179,23 +179,36 @@ class LAMB(C.LayerwiseOptimizer):
         work = [(group, impl, self._init_group(group, impl)) for group, impl in plan]
         if not work:
             return
+        preps = [None] * len(work)
+        if all(impl == "fused" for _, impl, _ in work):
+            from gpuml.optim import _triton
+
+            preps = [_triton.prepare("lamb", t[0], t[1], (t[2], t[3]), *t[4:]) for _, _, t in work]
         norm = None
         if any(g["max_grad_norm"] is not None for g, _, _ in work):
-            all_grads = [g for _, _, t in work for g in t[1]]
-            norm = C.global_grad_norm(all_grads, work[0][1])
+            if preps[0] is not None:
+                norm = _triton.grad_norm(preps)
+            else:
+                impl = "loop" if all(impl == "loop" for _, impl, _ in work) else "foreach"
+                norm = C.global_grad_norm([g for _, _, t in work for g in t[1]], impl)
             if grad_scale is not None:
                 norm = norm / grad_scale.to(norm.device).float()
-        for group, impl, (params, grads, ms, vs, masters, steps, adapt, decay) in work:
+        for (group, impl, (params, grads, ms, vs, masters, steps, adapt, decay)), prep in zip(
+                work, preps):
             beta1, beta2 = group["betas"]
+            options = dict(
+                grad_scale=grad_scale, found_inf=found_inf, lr=group["lr"], beta1=beta1,
+                beta2=beta2, eps=group["eps"], weight_decay=group["weight_decay"],
+                bias_correction=group["bias_correction"], grad_averaging=group["grad_averaging"],
+                max_grad_norm=group["max_grad_norm"], trust_bounds=group["trust_bounds"],
+                eps_inside_sqrt=group["eps_inside_sqrt"], variant=group["variant"])
+            if prep is not None:
+                # the global norm spans every group: launch the prepared tables directly
+                _triton.lamb_launch(prep, global_grad_norm=norm, **options)
+                continue
             lamb(params, grads, ms, vs, masters, steps, adapt=adapt, decay=decay,
-                 global_grad_norm=norm, grad_scale=grad_scale, found_inf=found_inf,
-                 foreach=impl == "foreach", fused=impl == "fused", lr=group["lr"],
-                 beta1=beta1, beta2=beta2, eps=group["eps"],
-                 weight_decay=group["weight_decay"], bias_correction=group["bias_correction"],
-                 grad_averaging=group["grad_averaging"], max_grad_norm=group["max_grad_norm"],
-                 trust_bounds=tuple(group["trust_bounds"]),
-                 eps_inside_sqrt=group["eps_inside_sqrt"], variant=group["variant"],
-                 capturable=group["capturable"])
+                 global_grad_norm=norm, foreach=impl == "foreach", fused=impl == "fused",
+                 capturable=group["capturable"], **options)
 
 
 class FusedLAMB(LAMB):
@@ -255,10 +268,11 @@ def lamb(params: list[Tensor], grads: list[Tensor], exp_avgs: list[Tensor],
 
     ``adapt[i]`` / ``decay[i]`` say whether tensor ``i`` gets the trust ratio and
     weight decay. ``global_grad_norm`` is the unscaled norm used for clipping
-    (computed from ``grads`` when None and ``max_grad_norm`` is set).
+    (computed from ``grads`` when None and ``max_grad_norm`` is set; the fused path
+    computes it from the tables it builds for the step).
     """
     impl = C.resolve_impl(params, foreach, fused)
-    if max_grad_norm is not None and global_grad_norm is None and grads:
+    if max_grad_norm is not None and global_grad_norm is None and grads and impl != "fused":
         global_grad_norm = C.global_grad_norm(grads, impl)
         if grad_scale is not None:
             global_grad_norm = global_grad_norm / grad_scale.float()
@@ -394,10 +408,9 @@ def _fused_lamb(params, grads, exp_avgs, exp_avg_sqs, master_params, state_steps
     from gpuml.optim import _triton
 
     C.check_fused_devices(params)
-    clip = C.clip_factor(global_grad_norm, max_grad_norm) if global_grad_norm is not None \
-        else None
     _triton.lamb_step(params, grads, exp_avgs, exp_avg_sqs, master_params, state_steps,
-                      adapt=adapt, decay=decay, clip=clip, grad_scale=grad_scale,
+                      adapt=adapt, decay=decay, global_grad_norm=global_grad_norm,
+                      max_grad_norm=max_grad_norm, grad_scale=grad_scale,
                       found_inf=found_inf, lr=lr, beta1=beta1, beta2=beta2, eps=eps,
                       weight_decay=weight_decay, bias_correction=bias_correction,
                       grad_averaging=grad_averaging, trust_bounds=trust_bounds,
