@@ -141,6 +141,8 @@ class LAMB(C.LayerwiseOptimizer):
     """
 
     _FP32_STATE = _FP32_STATE
+    _KIND = "lamb"
+    _STATE_KEYS = ("exp_avg", "exp_avg_sq")
 
     def __init__(self, params, lr: float | Tensor = 1e-3, betas=(0.9, 0.999), eps: float = 1e-6,
                  weight_decay: float = 0.01, *, bias_correction: bool = True,
@@ -170,31 +172,28 @@ class LAMB(C.LayerwiseOptimizer):
                                             memory_format=torch.preserve_format)
         state["exp_avg_sq"] = torch.zeros_like(state["exp_avg"])
 
-    def _init_group(self, group, impl):
-        params, grads, (ms, vs), masters, steps, adapt, decay = self._gather(
-            group, impl, ("exp_avg", "exp_avg_sq"))
-        return params, grads, ms, vs, masters, steps, adapt, decay
-
     def _update(self, plan, grad_scale, found_inf) -> None:
-        work = [(group, impl, self._init_group(group, impl)) for group, impl in plan]
-        if not work:
-            return
-        preps = [None] * len(work)
-        if all(impl == "fused" for _, impl, _ in work):
-            from gpuml.optim import _triton
+        """One global norm over every group, then each group's update.
 
-            preps = [_triton.prepare("lamb", t[0], t[1], (t[2], t[3]), *t[4:]) for _, _, t in work]
+        Fused groups launch from their views' prepared tables
+        (:func:`gpuml.optim._triton.lamb_launch`, what :func:`_fused_lamb` does after
+        preparing them per call); the others go through :func:`lamb`.
+        """
+        if not plan:
+            return
+        fused = all(view.impl == "fused" for _, view, _ in plan)
         norm = None
-        if any(g["max_grad_norm"] is not None for g, _, _ in work):
-            if preps[0] is not None:
-                norm = _triton.grad_norm(preps)
+        if any(group["max_grad_norm"] is not None for group, _, _ in plan):
+            if fused:
+                from gpuml.optim import _triton
+
+                norm = _triton.grad_norm([view.prepared for _, view, _ in plan])
             else:
-                impl = "loop" if all(impl == "loop" for _, impl, _ in work) else "foreach"
-                norm = C.global_grad_norm([g for _, _, t in work for g in t[1]], impl)
+                impl = "loop" if all(v.impl == "loop" for _, v, _ in plan) else "foreach"
+                norm = C.global_grad_norm([g for _, _, grads in plan for g in grads], impl)
             if grad_scale is not None:
                 norm = norm / grad_scale.to(norm.device).float()
-        for (group, impl, (params, grads, ms, vs, masters, steps, adapt, decay)), prep in zip(
-                work, preps):
+        for group, view, grads in plan:
             beta1, beta2 = group["betas"]
             options = dict(
                 grad_scale=grad_scale, found_inf=found_inf, lr=group["lr"], beta1=beta1,
@@ -202,13 +201,15 @@ class LAMB(C.LayerwiseOptimizer):
                 bias_correction=group["bias_correction"], grad_averaging=group["grad_averaging"],
                 max_grad_norm=group["max_grad_norm"], trust_bounds=group["trust_bounds"],
                 eps_inside_sqrt=group["eps_inside_sqrt"], variant=group["variant"])
-            if prep is not None:
-                # the global norm spans every group: launch the prepared tables directly
-                _triton.lamb_launch(prep, global_grad_norm=norm, **options)
+            if view.prepared is not None:
+                from gpuml.optim import _triton
+
+                _triton.lamb_launch(view.prepared, global_grad_norm=norm, **options)
                 continue
-            lamb(params, grads, ms, vs, masters, steps, adapt=adapt, decay=decay,
-                 global_grad_norm=norm, foreach=impl == "foreach", fused=impl == "fused",
-                 capturable=group["capturable"], **options)
+            ms, vs = view.columns
+            lamb(view.params, grads, ms, vs, view.masters, view.steps, adapt=view.adapt,
+                 decay=view.decay, global_grad_norm=norm, foreach=view.impl == "foreach",
+                 fused=view.impl == "fused", capturable=group["capturable"], **options)
 
 
 class FusedLAMB(LAMB):
