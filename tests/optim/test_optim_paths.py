@@ -445,6 +445,15 @@ def _swap_param(ps, opt):
     ps[2] = opt.param_groups[0]["params"][2] = new
 
 
+_OLD_GRADS = []
+
+
+def _new_grads(ps, opt):
+    for p in ps:  # new gradient tensors; the old ones stay allocated, with other values
+        old, p.grad = p.grad, p.grad.clone()
+        _OLD_GRADS.append(old.fill_(7.0))
+
+
 def _drop_grad(ps, opt):
     ps[1].grad = None
 
@@ -463,8 +472,9 @@ def _added_group(ps, opt):
     opt.add_param_group({"params": [extra]})
 
 
-@pytest.mark.parametrize("change", [_replace_state, _new_storage, _swap_param, _reset_state,
-                                    _drop_grad, _flip_exclusion, _reload, _added_group])
+@pytest.mark.parametrize("change", [_replace_state, _new_storage, _swap_param, _new_grads,
+                                    _reset_state, _drop_grad, _flip_exclusion, _reload,
+                                    _added_group])
 @pytest.mark.parametrize("impl", ["foreach", "fused"])
 @pytest.mark.parametrize("cls", [LAMB, LARS])
 def test_cached_views_follow_changes_between_steps(cls, impl, change):
@@ -472,6 +482,7 @@ def test_cached_views_follow_changes_between_steps(cls, impl, change):
     runs = _twins(cls, kw, impl)
     _step_both(runs, 2, change)
     _step_both(runs, 3)
+    _OLD_GRADS.clear()
     (ref, ref_opt), (got, got_opt) = runs
     assert_same(got, ref)
     for a, b in zip(got, ref):
