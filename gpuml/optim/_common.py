@@ -10,7 +10,8 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Iterable, Sequence
-from operator import attrgetter
+from itertools import compress, repeat
+from operator import attrgetter, is_, is_not
 
 import torch
 from torch import Tensor
@@ -230,15 +231,12 @@ def global_grad_norm(grads: Sequence[Tensor], impl: str) -> Tensor:
     """L2 norm of all ``grads`` together, as a 0-d fp32 tensor (no host synchronisation).
 
     Used for LAMB's global gradient clipping, over every param group at once
-    (as apex and timm do).
+    (as apex and timm do), by the loop and foreach paths (``impl``); the fused path
+    computes it in its own kernels (``gpuml.optim._triton.grad_norm``).
     """
     if not grads:
         return torch.zeros((), dtype=torch.float32)
     device = grads[0].device
-    if impl == "fused":
-        from gpuml.optim import _triton
-
-        return _triton.sum_of_squares(grads).sqrt()
     if impl == "foreach":
         by_key: dict[tuple, list[Tensor]] = {}
         for g in grads:
@@ -295,6 +293,52 @@ def pinned_to_fused(name: str, kwargs: dict) -> dict:
     return {**kwargs, "fused": True, "foreach": None}
 
 
+def _view_options(group: dict) -> tuple:
+    """The group options a :class:`GroupView` depends on (path, step placement, flags)."""
+    return (group["foreach"], group["fused"], group["capturable"],
+            group["exclude_from_adaptation"], group["exclude_from_weight_decay"],
+            group["always_adapt"], bool(group["weight_decay"] != 0), group["master_weights"])
+
+
+class GroupView:
+    """A param group's tensors as its step needs them, gathered once and reused.
+
+    Gathering a group (checks, path, state creation, flags) walks its tensors in
+    Python, which with a few hundred tensors costs as much host time as the fused
+    step's kernels take on the GPU. A view keeps the result; :meth:`grads` checks
+    with C-level maps over the tensors (no Python per tensor) that it still holds: the
+    same group with the same options and parameters, gradients on the same parameters,
+    the same state tensors (``step`` included, by identity, in each parameter's state
+    dict; the optimizer checks once per step that those dicts are still the ones in its
+    state) and no sparse gradient. ``prepared`` is the fused path's launch preparation
+    (:func:`gpuml.optim._triton.prepare`), which also checks the addresses of the
+    parameters and gradients it encodes.
+    """
+
+    __slots__ = ("group", "options", "all_params", "has_grad", "impl", "params", "columns",
+                 "masters", "steps", "adapt", "decay", "state_dicts", "checks", "prepared")
+
+    def grads(self, group: dict) -> list[Tensor] | None:
+        """The gradients of ``params`` when the view still holds, else None."""
+        ps = group["params"]
+        if (group is not self.group or len(ps) != len(self.all_params)
+                or not all(map(is_, ps, self.all_params))
+                or _view_options(group) != self.options):
+            return None
+        grads = list(map(_grad, ps))
+        has = list(map(is_not, grads, repeat(None)))
+        if has != self.has_grad:
+            return None
+        if len(grads) != len(self.params):
+            grads = list(compress(grads, has))
+        for key, column in self.checks:
+            if not all(map(is_, map(dict.get, self.state_dicts, repeat(key)), column)):
+                return None
+        if self.prepared is not None:
+            return grads if self.prepared.matches(self.params, grads) else None
+        return None if any(map(_is_sparse, grads)) else grads
+
+
 class LayerwiseOptimizer(torch.optim.Optimizer):
     """What LAMB and LARS share around their update rules.
 
@@ -306,6 +350,9 @@ class LayerwiseOptimizer(torch.optim.Optimizer):
 
     _step_supports_amp_scaling = True
     _FP32_STATE: tuple[str, ...] = ()
+    #: The fused kernels' name for the rule, and its state keys in table-column order.
+    _KIND: str = ""
+    _STATE_KEYS: tuple[str, ...] = ()
 
     def _validate_group(self, group: dict) -> None:
         raise NotImplementedError
@@ -323,7 +370,7 @@ class LayerwiseOptimizer(torch.optim.Optimizer):
         fix_state_dtypes(self, state_dict, self._FP32_STATE)
 
     def _update(self, plan, grad_scale: Tensor | None, found_inf: Tensor | None) -> None:
-        """Apply the update rule to every ``(group, impl)`` of ``plan``."""
+        """Apply the update rule to every ``(group, view, grads)`` of ``plan``."""
         raise NotImplementedError
 
     @torch.no_grad()
@@ -345,25 +392,66 @@ class LayerwiseOptimizer(torch.optim.Optimizer):
         return loss
 
     def _step_plan(self, grad_scale: Tensor | None, found_inf: Tensor | None):
-        """The scaler tensors and the ``(group, impl)`` pairs that have gradients to apply.
+        """The scaler tensors and the ``(group, view, grads)`` of the groups with gradients.
 
         ``torch.amp.GradScaler`` sets ``grad_scale`` / ``found_inf`` as attributes
-        of optimizers that support scaling; explicit arguments win.
+        of optimizers that support scaling; explicit arguments win. Each group's
+        :class:`GroupView` is reused while it holds, else built again.
         """
         if grad_scale is None:
             grad_scale = getattr(self, "grad_scale", None)
         if found_inf is None:
             found_inf = getattr(self, "found_inf", None)
-        plan = []
-        for group in self.param_groups:
-            with_grad = check_group_tensors(group["params"])
-            if not with_grad:
-                continue
-            impl = resolve_impl(with_grad, group["foreach"], group["fused"])
-            if impl == "fused":
-                check_fused_devices(with_grad)
-            plan.append((group, impl))
+        views = self.__dict__.get("_views")
+        if views is None or len(views) != len(self.param_groups):
+            views = self._views = [None] * len(self.param_groups)
+        # The views hold each parameter's state dict: valid while the state mapping holds
+        # the same dicts (one C-level pass; looking up each parameter would call the
+        # Python-level Tensor.__hash__ once per tensor).
+        states = self.state
+        snapshot = self.__dict__.get("_state_dicts")
+        same = (snapshot is not None and snapshot[0] is states
+                and len(states) == len(snapshot[1])
+                and all(map(is_, states.values(), snapshot[1])))
+        plan, rebuilt = [], not same
+        for i, group in enumerate(self.param_groups):
+            view = views[i]
+            grads = view.grads(group) if same and view is not None else None
+            if grads is None:
+                view, grads = self._view(group)
+                views[i] = view
+                rebuilt = True
+            if view.params:
+                plan.append((group, view, grads))
+        if rebuilt:  # a new view may have created state
+            self._state_dicts = (states, list(states.values()))
         return grad_scale, found_inf, plan
+
+    def _view(self, group: dict) -> tuple[GroupView, list[Tensor]]:
+        """Check a group's tensors, pick its path, gather its state: a new view."""
+        with_grad = check_group_tensors(group["params"])
+        impl = resolve_impl(with_grad, group["foreach"], group["fused"]) if with_grad else ""
+        if impl == "fused":
+            check_fused_devices(with_grad)
+        params, grads, columns, masters, steps, adapt, decay = self._gather(
+            group, impl, self._STATE_KEYS)
+        view = GroupView()
+        view.group, view.options, view.impl = group, _view_options(group), impl
+        view.all_params = list(group["params"])
+        view.has_grad = [p.grad is not None for p in view.all_params]
+        view.params, view.columns, view.masters, view.steps = params, columns, masters, steps
+        view.adapt, view.decay = adapt, decay
+        view.state_dicts = [self.state[p] for p in params]
+        view.checks = [("step", steps), *zip(self._STATE_KEYS, columns),
+                       ("master_param", masters)]
+        view.prepared = None
+        if impl == "fused":
+            from gpuml.optim import _triton
+
+            state = (*columns, None, None)[:2]
+            view.prepared = _triton.prepare(self._KIND, params, grads, state, masters, steps,
+                                            adapt, decay)
+        return view, grads
 
     def _gather(self, group: dict, impl: str, keys: Sequence[str]):
         """The tensors of ``group`` that have a gradient, their state and their flags.
@@ -372,8 +460,8 @@ class LayerwiseOptimizer(torch.optim.Optimizer):
         Returns ``(params, grads, [state[k] or None for each of keys], masters, steps,
         adapt, decay)``, lists over those tensors; ``adapt``/``decay``: whether a tensor
         gets the trust ratio and weight decay under the group's exclusion rules (a rule
-        of None excludes tensors with ``ndim <= 1``). One loop, no call per tensor: with
-        a few hundred tensors this loop is a visible part of a fused step.
+        of None excludes tensors with ``ndim <= 1``). Runs when a :class:`GroupView` is
+        built, not at every step.
         """
         on_device = impl == "fused" or group["capturable"]
         rule_adapt = group["exclude_from_adaptation"]

@@ -29,14 +29,18 @@ that claim, with 2- or 4-byte accesses.
 layouts and uploads through pinned memory (``non_blocking``), so tables are cached,
 keyed by every address they hold, the element counts, the flags and the layout of
 each gradient: a training loop whose tensors keep their addresses uploads nothing
-and checks layouts only when something changed. The cache of recent tables is small
-and is cleared when full, which hands their device memory back to the allocator —
-memory that a captured CUDA graph reads again at every replay. So a table used while
-a graph is captured is also held apart, for as long as the ``step`` tensor of the
-table's first parameter lives (a graph that updates an optimizer's state is only
-valid while that state lives), and is never evicted from there. Capture cannot
-upload: run one eager step with the same tensors first (the warm-up that torch asks
-for before capturing anyway), or capture fails with a message that says so.
+and checks layouts only when something changed. The scratch buffer the passes write
+(see below) is allocated with the tables and lives as long as they do, so a step
+allocates nothing. :func:`prepare` groups a call's tensors into buckets and finds
+their tables; :func:`lamb_launch` / :func:`lars_launch` launch a prepared call. The
+cache of recent tables is small and is cleared when full, which hands their device
+memory back to the allocator — memory that a captured CUDA graph reads again at every
+replay. So tables launched while a graph is captured are also held apart, for as long
+as the ``step`` tensor of the bucket's first parameter lives (a graph that updates an
+optimizer's state is only valid while that state lives), and are never evicted from
+there. Capture cannot upload: run one eager step with the same tensors first (the
+warm-up that torch asks for before capturing anyway), or capture fails with a message
+that says so.
 
 *Devices.* Triton launches on the current CUDA device, so every launch runs under
 ``torch.cuda.device`` of its tensors, and the tensors of one call are grouped by
@@ -44,13 +48,21 @@ device.
 
 *Norms inside the passes.* Each program writes the partial sums of squares of
 its chunk (weight and update for LAMB, weight and gradient/momentum for LARS)
-to a ``[n_chunks, 2]`` buffer. The second pass sums the partials of its own
+to a ``[n_chunks, 3]`` scratch buffer. The second pass sums the partials of its own
 tensor in a fixed order (deterministic, no atomics) and turns them into the
 trust ratio, so no separate norm kernel and no host synchronisation is needed.
-``step``, ``lr`` (when a tensor), ``grad_scale``, ``found_inf`` and the global
-clipping factor are read from device memory inside the kernels; a step with
-``found_inf != 0`` makes every program's range empty, so nothing is written,
-and ``step`` is corrected with one ``_foreach_sub_`` as in torch's fused Adam.
+
+*Nothing per step on the host but launches.* ``lr`` (when a tensor), ``grad_scale``,
+``found_inf`` and LAMB's global gradient norm are read from device memory inside the
+kernels, which compute the clipping factor ``1 / max(1, norm / max_grad_norm)`` and the
+unscaling ``1 / grad_scale`` themselves (apex passes the norm the same way); the norm
+is one launch of :func:`_sumsq_kernel` per bucket over the step's own tables, then a
+sum and a square root. The step count is advanced by the kernels too: every program of
+pass 1 reads ``step`` and the first chunk of each tensor keeps ``step + 1`` in the third
+column of its scratch row; pass 2 reads it from there and that chunk's program stores it
+into ``step`` (pass 1 cannot: its other programs are still reading). A step with
+``found_inf != 0`` makes every program's range empty and stores no step count, so
+nothing changes.
 
 Bytes moved per fp32 parameter
 ------------------------------
@@ -103,6 +115,7 @@ RECENT_TABLES = 8
 _P, _G, _M, _V, _W, _S, _N, _C0, _NC, _FL = range(10)
 NCOL = 10
 _ADAPT, _DECAY = 1, 2
+_VARIANT_IDS = {"lamb": 0, "nlamb": 1, "nnlamb": 2}
 
 _data_ptr = Tensor.data_ptr
 _is_contiguous = Tensor.is_contiguous
@@ -110,22 +123,65 @@ _device_of, _dtype_of = attrgetter("device"), attrgetter("dtype")
 
 
 class Tables(NamedTuple):
-    """The device tables of one bucket of tensors.
+    """The device tables of one bucket of tensors, and the scratch its passes write.
 
     ``launches`` holds ``(chunk table, number of chunks, aligned)`` for the chunks of
     the 16-byte-aligned tensors and for those of the others (each only when non-empty);
     ``n_chunks`` counts all of them (the partial sums are indexed by a chunk's position
-    in the whole bucket, so the two launches of a pass share one buffer).
+    in the whole bucket, so the two launches of a pass share one buffer). ``scratch``
+    (``[n_chunks, 3]`` fp32) takes pass 1's two partial sums of squares per chunk and, in
+    the row of a tensor's first chunk, its new step count; every pass writes what it reads
+    before it reads it, so one buffer serves every step and lives as long as the tables.
     """
 
     tensors: Tensor
     launches: tuple[tuple[Tensor, int, bool], ...]
     n_chunks: int
+    scratch: Tensor
+
+
+class Bucket(NamedTuple):
+    """The tensors of a prepared call that share a device, dtypes and master weights."""
+
+    device: torch.device
+    param_dtype: torch.dtype
+    grad_dtype: torch.dtype
+    has_master: bool
+    tables: Tables
+    key: tuple
+    anchor: Tensor
+
+
+class Prepared(NamedTuple):
+    """What the launches of one call need beyond its scalars, and what it was built from.
+
+    A caller that keeps the same tensor objects across steps (the optimizer classes do)
+    reuses it while :meth:`matches` holds: the tables encode the addresses of the
+    parameters, the gradients and the state, and a gradient's layout was checked when
+    they were built. The state tensors are the caller's to keep (their identity is
+    checked there); parameters and gradients can change their storage in place
+    (``p.data = ...``, a new gradient each backward), so their addresses are compared.
+    """
+
+    buckets: tuple[Bucket, ...]
+    param_ptrs: tuple[int, ...]
+    grad_ptrs: tuple[int, ...]
+    grad_contiguous: tuple[bool, ...]
+    chunk: int
+    block: int
+
+    def matches(self, params: list[Tensor], grads: list[Tensor]) -> bool:
+        try:
+            return (tuple(map(_data_ptr, grads)) == self.grad_ptrs
+                    and tuple(map(_is_contiguous, grads)) == self.grad_contiguous
+                    and tuple(map(_data_ptr, params)) == self.param_ptrs)
+        except RuntimeError:  # no storage (a sparse gradient): the full checks say why
+            return False
 
 
 _recent: dict[tuple, Tables] = {}
 _captured: dict[int, dict[tuple, Tables]] = {}
-_dummies: dict[torch.device, Tensor] = {}
+_typed: dict[tuple, Tensor] = {}
 
 
 def _sizes(chunk: int | None, block: int | None) -> tuple[int, int]:
@@ -181,26 +237,29 @@ def _build(columns: list, numels: tuple[int, ...], flags: tuple[int, ...],
         first += nc
     launches = tuple((_upload(r, torch.int32, device), len(r) // 2, aligned)
                      for aligned, r in chunk_rows.items() if r)
-    return Tables(_upload(rows, torch.int64, device), launches, first)
+    scratch = torch.empty(3 * first, dtype=torch.float32, device=device)
+    return Tables(_upload(rows, torch.int64, device), launches, first, scratch)
 
 
 def _tables(kind: str, columns: list, numels: tuple[int, ...], flags: tuple[int, ...],
-            grads: list[Tensor], anchor: Tensor, device: torch.device, chunk: int) -> Tables:
-    """The tables of ``columns`` (each a list of tensors, or None for a zero column).
+            grads: list[Tensor], device: torch.device, chunk: int) -> tuple[Tables, tuple]:
+    """The tables of ``columns`` (each a list of tensors, or None for a zero column), and
+    their cache key.
 
     Cached under every address, count and flag they encode and each gradient's
-    layout, so a hit needs no further checks; see the module docstring for why a
-    table used under CUDA-graph capture is held as long as ``anchor`` lives.
+    layout, so a hit needs no further checks. Under CUDA-graph capture nothing can be
+    uploaded: tables not seen before are an error.
     """
     key = (kind, device, chunk, flags, numels, tuple(map(_is_contiguous, grads)),
            *(None if c is None else tuple(map(_data_ptr, c)) for c in columns))
     hit = _recent.get(key)
     if hit is None:
-        held = _captured.get(id(anchor))
-        hit = held.get(key) if held else None
-    capturing = _capturing(device)
+        for held in _captured.values():
+            hit = held.get(key)
+            if hit is not None:
+                break
     if hit is None:
-        if capturing:
+        if _capturing(device):
             raise RuntimeError("fused step under CUDA-graph capture with tensors it has not "
                                "seen: run one eager step with the same tensors before "
                                "capturing")
@@ -208,9 +267,7 @@ def _tables(kind: str, columns: list, numels: tuple[int, ...], flags: tuple[int,
         if len(_recent) >= RECENT_TABLES:
             _recent.clear()
         _recent[key] = hit
-    if capturing:
-        _hold(anchor, key, hit)
-    return hit
+    return hit, key
 
 
 def _hold(anchor: Tensor, key: tuple, tables: Tables) -> None:
@@ -221,18 +278,30 @@ def _hold(anchor: Tensor, key: tuple, tables: Tables) -> None:
     held[key] = tables
 
 
-def _dummy(device: torch.device) -> Tensor:
-    """A pointer for kernel arguments that a constexpr flag keeps from being read."""
-    out = _dummies.get(device)
+def _hold_if_capturing(bucket: Bucket) -> None:
+    """A captured graph reads the bucket's tables at every replay: see the module docstring."""
+    if _capturing(bucket.device):
+        _hold(bucket.anchor, bucket.key, bucket.tables)
+
+
+def _dummy(device: torch.device, dtype: torch.dtype = torch.float32) -> Tensor:
+    """A pointer of ``dtype`` for kernel arguments that are only typed, or that a constexpr
+    flag keeps from being read (a real tensor held here would hold its memory)."""
+    out = _typed.get((device, dtype))
     if out is None:
-        out = _dummies[device] = torch.zeros(1, dtype=torch.float32, device=device)
+        out = _typed[device, dtype] = torch.zeros(1, dtype=dtype, device=device)
     return out
+
+
+def _on(x: Tensor | None, device: torch.device) -> Tensor:
+    """A device scalar (``norm``, ``grad_scale``, ``found_inf``) as a kernel pointer."""
+    return _dummy(device) if x is None else x.to(device)
 
 
 def _scalar_arg(x, device) -> tuple[Tensor, float, bool]:
     """A kernel scalar that may live on the device: (pointer, value, is_pointer)."""
     if isinstance(x, Tensor):
-        return x.to(device=device, dtype=torch.float32).reshape(1), 0.0, True
+        return x.to(device=device, dtype=torch.float32), 0.0, True
     return _dummy(device), float(x), False
 
 
@@ -248,9 +317,10 @@ def _column_or_none(tensors: list) -> list | None:
     return tensors
 
 
-def _buckets(params: list[Tensor], masters: list) -> list[tuple[tuple, list[int]]]:
-    """Indices of the tensors sharing (device, dtype, has master): one table each."""
-    keys = list(zip(map(_device_of, params), map(_dtype_of, params),
+def _buckets(params: list[Tensor], grads: list[Tensor],
+             masters: list) -> list[tuple[tuple, list[int]]]:
+    """Indices of the tensors sharing (device, dtype, grad dtype, has master): one table each."""
+    keys = list(zip(map(_device_of, params), map(_dtype_of, params), map(_dtype_of, grads),
                     [m is not None for m in masters]))
     if keys.count(keys[0]) == len(keys):
         return [(keys[0], list(range(len(keys))))]
@@ -268,20 +338,26 @@ def _flags(adapt, decay, idx) -> tuple[int, ...]:
     return tuple((_ADAPT if adapt[i] else 0) | (_DECAY if decay[i] else 0) for i in idx)
 
 
-def _coefficient(grad_scale, clip, device) -> Tensor | None:
-    coef = None
-    if grad_scale is not None:
-        coef = 1.0 / grad_scale.to(device).float()
-    if clip is not None:
-        coef = clip.to(device) if coef is None else coef * clip.to(device)
-    return None if coef is None else coef.reshape(1)
+def prepare(kind: str, params: list[Tensor], grads: list[Tensor], state: tuple[list, list],
+            master_params: list, state_steps: list[Tensor], adapt: list[bool],
+            decay: list[bool], chunk: int | None = None, block: int | None = None) -> Prepared:
+    """Group the tensors of one call into buckets and find (or build) their tables.
 
-
-def _finish_steps(steps: list[Tensor], found_inf: Tensor | None) -> None:
-    torch._foreach_add_(steps, 1.0)
-    if found_inf is not None:
-        f = found_inf.to(steps[0].device, torch.float32).reshape(())
-        torch._foreach_sub_(steps, [f] * len(steps))
+    ``state`` holds the two state columns of the update rule (LAMB's moments; LARS' momentum
+    buffers and None), each a list over the tensors or None.
+    """
+    chunk, block = _sizes(chunk, block)
+    buckets = []
+    for (device, dtype, grad_dtype, has_master), idx in _buckets(params, grads, master_params):
+        ps, gs, steps = (_pick(x, idx) for x in (params, grads, state_steps))
+        cols = [None if c is None else _column_or_none(_pick(c, idx)) for c in state]
+        masters = _pick(master_params, idx) if has_master else None
+        tables, key = _tables(kind, [ps, gs, *cols, masters, steps],
+                              tuple(map(Tensor.numel, ps)), _flags(adapt, decay, idx), gs,
+                              device, chunk)
+        buckets.append(Bucket(device, dtype, grad_dtype, has_master, tables, key, steps[0]))
+    return Prepared(tuple(buckets), tuple(map(_data_ptr, params)), tuple(map(_data_ptr, grads)),
+                    tuple(map(_is_contiguous, grads)), chunk, block)
 
 
 @triton.jit
@@ -317,7 +393,8 @@ def _column(row, col, like, ALIGNED: tl.constexpr):
 @triton.jit
 def _chunk(tab, chunks, found_inf, NCOL: tl.constexpr, CHUNK: tl.constexpr,
            BLOCK: tl.constexpr, HAS_INF: tl.constexpr):
-    """This program's tensor row, its slot in the partial sums, and its element range:
+    """This program's tensor row, its slot in the partial sums, its chunk index within the
+    tensor, whether the step is taken (``found_inf`` is zero), and its element range:
     whole blocks in ``[start, full)``, the partial block in ``[full, end)``."""
     c = tl.program_id(0)
     ti = tl.load(chunks + 2 * c)
@@ -327,10 +404,46 @@ def _chunk(tab, chunks, found_inf, NCOL: tl.constexpr, CHUNK: tl.constexpr,
     slot = tl.load(row + 7) + ci
     start = ci.to(tl.int64) * CHUNK
     end = tl.minimum(start + CHUNK, n)
+    live = ci >= 0
     if HAS_INF:
-        end = tl.where(tl.load(found_inf) != 0, start, end)
+        live = tl.load(found_inf) == 0
+    end = tl.where(live, end, start)
     full = end - (end - start) % BLOCK
-    return row, slot, start, full, end
+    return row, slot, ci, live, start, full, end
+
+
+@triton.jit
+def _grad_coef(norm, max_norm, gscale, HAS_CLIP: tl.constexpr, HAS_SCALE: tl.constexpr):
+    """The factor every gradient is multiplied by: ``1 / grad_scale`` (unscaling) times the
+    global clipping factor ``1 / max(1, norm / max_norm)``, in the loop path's order. Read
+    from device memory by every program: no host-side arithmetic per step."""
+    coef = 1.0
+    if HAS_SCALE:
+        coef = 1.0 / tl.load(gscale).to(tl.float32)
+    if HAS_CLIP:
+        # max(r, 1) that keeps a NaN norm NaN, as torch.clamp does (tl.maximum would not)
+        r = tl.load(norm).to(tl.float32) / max_norm
+        coef = coef * (1.0 / tl.where(r < 1.0, 1.0, r))
+    return coef
+
+
+@triton.jit
+def _step_in(row, partials, slot, ci, f_w):
+    """Pass 1: the new step count ``step + 1``. The tensor's first chunk keeps it in the
+    third column of its partials row for pass 2 (``step`` itself is read by every program
+    of this pass, so it cannot be written here)."""
+    t = tl.load(tl.load(row + 5).to(f_w.dtype)) + 1.0
+    tl.store(partials + 3 * slot + 2, t, mask=ci == 0)
+    return t
+
+
+@triton.jit
+def _step_out(row, partials, ci, live, f_w):
+    """Pass 2: the new step count from pass 1, stored into ``step`` by the tensor's first
+    chunk unless ``found_inf`` skips the step (then nothing changes, ``step`` included)."""
+    t = tl.load(partials + 3 * tl.load(row + 7) + 2)
+    tl.store(tl.load(row + 5).to(f_w.dtype), t, mask=(ci == 0) & live)
+    return t
 
 
 @triton.jit
@@ -359,7 +472,7 @@ def _st(ptr, idx, x, mask, MASKED: tl.constexpr):
 @triton.jit
 def _sumsq_kernel(tab, chunks, partials, g_w, NCOL: tl.constexpr, CHUNK: tl.constexpr,
                   BLOCK: tl.constexpr, ALIGNED: tl.constexpr):
-    row, slot, start, full, end = _chunk(tab, chunks, None, NCOL, CHUNK, BLOCK, False)
+    row, slot, _, _, start, full, end = _chunk(tab, chunks, None, NCOL, CHUNK, BLOCK, False)
     g = _column(row, 1, g_w, ALIGNED)
     acc = tl.zeros([BLOCK], dtype=tl.float32)
     for off in range(start, full, BLOCK):
@@ -371,24 +484,33 @@ def _sumsq_kernel(tab, chunks, partials, g_w, NCOL: tl.constexpr, CHUNK: tl.cons
     tl.store(partials + slot, tl.sum(acc, axis=0))
 
 
-def sum_of_squares(grads: list[Tensor], chunk: int | None = None,
-                   block: int | None = None) -> Tensor:
-    """Sum of squares of all ``grads`` as a 0-d fp32 tensor on the first one's device."""
-    chunk, block = _sizes(chunk, block)
+def grad_norm(preps: list[Prepared]) -> Tensor:
+    """L2 norm of the gradients of all ``preps`` together, as a 0-d fp32 tensor on the
+    device of the first (no host synchronisation).
+
+    One launch per bucket writes a partial sum of squares per chunk into one buffer per
+    device; the partials are summed in a fixed order (deterministic, no atomics).
+    """
+    by_device: dict[torch.device, list[tuple[Bucket, int, int]]] = {}
+    for prep in preps:
+        for b in prep.buckets:
+            by_device.setdefault(b.device, []).append((b, prep.chunk, prep.block))
     total = None
-    for (device, _, _), idx in _buckets(grads, [None] * len(grads)):
-        gs = _pick(grads, idx)
+    for device, buckets in by_device.items():
         with _device_guard(device):
-            tables = _tables("sumsq", [None, gs, None, None, None, None],
-                             tuple(map(Tensor.numel, gs)), (0,) * len(gs), gs, gs[0], device,
-                             chunk)
-            partials = torch.empty(tables.n_chunks, dtype=torch.float32, device=device)
-            for chunks, n, aligned in tables.launches:
-                _sumsq_kernel[(n,)](tables.tensors, chunks, partials, gs[0], NCOL=NCOL,
-                                    CHUNK=chunk, BLOCK=block, ALIGNED=aligned)
-            part = partials.sum().to(grads[0].device)
-        total = part if total is None else total + part
-    return total
+            out = torch.empty(sum(b.tables.n_chunks for b, _, _ in buckets),
+                              dtype=torch.float32, device=device)
+            offset = 0
+            for b, chunk, block in buckets:
+                part = out[offset:] if offset else out
+                for chunks, n, aligned in b.tables.launches:
+                    _sumsq_kernel[(n,)](b.tables.tensors, chunks, part,
+                                        _dummy(device, b.grad_dtype), NCOL=NCOL, CHUNK=chunk,
+                                        BLOCK=block, ALIGNED=aligned)
+                offset += b.tables.n_chunks
+            part_sum = out.sum()
+        total = part_sum if total is None else total + part_sum.to(total.device)
+    return total.sqrt()
 
 
 @triton.jit
@@ -448,8 +570,8 @@ def _tensor_norms(row, partials, PBLOCK: tl.constexpr):
     for k in range(c0, c0 + nc, PBLOCK):
         idx = k + tl.arange(0, PBLOCK)
         msk = idx < c0 + nc
-        acc0 += tl.load(partials + 2 * idx, mask=msk, other=0.0)
-        acc1 += tl.load(partials + 2 * idx + 1, mask=msk, other=0.0)
+        acc0 += tl.load(partials + 3 * idx, mask=msk, other=0.0)
+        acc1 += tl.load(partials + 3 * idx + 1, mask=msk, other=0.0)
     return tl.sqrt(tl.sum(acc0, axis=0)), tl.sqrt(tl.sum(acc1, axis=0))
 
 
@@ -474,12 +596,14 @@ def _lamb_moments(g, m, v, w, idx, mask, scale, beta1, beta2, beta3, omb2, a_m, 
 
 
 @triton.jit
-def _lamb_pass1(tab, chunks, partials, p_w, g_w, f_w, coef, found_inf, beta1, beta2, beta3,
-                lb1, lb2, omb2, eps, weight_decay, HAS_COEF: tl.constexpr, HAS_INF: tl.constexpr,
+def _lamb_pass1(tab, chunks, partials, p_w, g_w, f_w, norm, gscale, found_inf, max_norm,
+                beta1, beta2, beta3, lb1, lb2, omb2, eps, weight_decay,
+                HAS_CLIP: tl.constexpr, HAS_SCALE: tl.constexpr, HAS_INF: tl.constexpr,
                 HAS_MASTER: tl.constexpr, BIAS_CORRECTION: tl.constexpr,
                 VARIANT: tl.constexpr, EPS_INSIDE: tl.constexpr, NCOL: tl.constexpr,
                 CHUNK: tl.constexpr, BLOCK: tl.constexpr, ALIGNED: tl.constexpr):
-    row, slot, start, full, end = _chunk(tab, chunks, found_inf, NCOL, CHUNK, BLOCK, HAS_INF)
+    row, slot, ci, live, start, full, end = _chunk(tab, chunks, found_inf, NCOL, CHUNK,
+                                                   BLOCK, HAS_INF)
     g = _column(row, 1, g_w, ALIGNED)
     m = _column(row, 2, f_w, ALIGNED)
     v = _column(row, 3, f_w, ALIGNED)
@@ -487,12 +611,10 @@ def _lamb_pass1(tab, chunks, partials, p_w, g_w, f_w, coef, found_inf, beta1, be
         w = _column(row, 4, f_w, ALIGNED)
     else:
         w = _column(row, 0, p_w, ALIGNED)
-    t = tl.load(tl.load(row + 5).to(f_w.dtype)) + 1.0
+    t = _step_in(row, partials, slot, ci, f_w)
     flags = tl.load(row + 9)
     wd = tl.where((flags & 2) != 0, weight_decay, 0.0)
-    scale = 1.0
-    if HAS_COEF:
-        scale = tl.load(coef)
+    scale = _grad_coef(norm, max_norm, gscale, HAS_CLIP, HAS_SCALE)
     a_m, a_g, a_v, a_g2 = _lamb_coefs(t, beta1, beta2, beta3, lb1, lb2, omb2,
                                       BIAS_CORRECTION, VARIANT)
     acc_w = tl.zeros([BLOCK], dtype=tl.float32)
@@ -507,8 +629,8 @@ def _lamb_pass1(tab, chunks, partials, p_w, g_w, f_w, coef, found_inf, beta1, be
                            a_g, a_v, a_g2, eps, wd, EPS_INSIDE, True)
     acc_w += dw
     acc_u += du
-    tl.store(partials + 2 * slot, tl.sum(acc_w, axis=0))
-    tl.store(partials + 2 * slot + 1, tl.sum(acc_u, axis=0))
+    tl.store(partials + 3 * slot, tl.sum(acc_w, axis=0))
+    tl.store(partials + 3 * slot + 1, tl.sum(acc_u, axis=0))
 
 
 @triton.jit
@@ -531,14 +653,16 @@ def _lamb_apply(p, g, m, v, w, idx, mask, scale, step_size, a_m, a_g, a_v, a_g2,
 
 
 @triton.jit
-def _lamb_pass2(tab, chunks, partials, p_w, g_w, f_w, coef, found_inf, lr_ptr, lr_val,
-                beta1, beta2, beta3, lb1, lb2, omb2, eps, weight_decay, lower, upper,
-                HAS_COEF: tl.constexpr, HAS_INF: tl.constexpr, HAS_MASTER: tl.constexpr,
+def _lamb_pass2(tab, chunks, partials, p_w, g_w, f_w, norm, gscale, found_inf, lr_ptr,
+                max_norm, lr_val, beta1, beta2, beta3, lb1, lb2, omb2, eps, weight_decay,
+                lower, upper, HAS_CLIP: tl.constexpr, HAS_SCALE: tl.constexpr,
+                HAS_INF: tl.constexpr, HAS_MASTER: tl.constexpr,
                 LR_IS_PTR: tl.constexpr, BIAS_CORRECTION: tl.constexpr,
                 VARIANT: tl.constexpr, EPS_INSIDE: tl.constexpr, NCOL: tl.constexpr,
                 CHUNK: tl.constexpr, BLOCK: tl.constexpr, PBLOCK: tl.constexpr,
                 PARAM_BF16: tl.constexpr, ALIGNED: tl.constexpr):
-    row, slot, start, full, end = _chunk(tab, chunks, found_inf, NCOL, CHUNK, BLOCK, HAS_INF)
+    row, slot, ci, live, start, full, end = _chunk(tab, chunks, found_inf, NCOL, CHUNK,
+                                                   BLOCK, HAS_INF)
     p = _column(row, 0, p_w, ALIGNED)
     g = _column(row, 1, g_w, ALIGNED)
     m = _column(row, 2, f_w, ALIGNED)
@@ -547,12 +671,10 @@ def _lamb_pass2(tab, chunks, partials, p_w, g_w, f_w, coef, found_inf, lr_ptr, l
         w = _column(row, 4, f_w, ALIGNED)
     else:
         w = p
-    t = tl.load(tl.load(row + 5).to(f_w.dtype)) + 1.0
+    t = _step_out(row, partials, ci, live, f_w)
     flags = tl.load(row + 9)
     wd = tl.where((flags & 2) != 0, weight_decay, 0.0)
-    scale = 1.0
-    if HAS_COEF:
-        scale = tl.load(coef)
+    scale = _grad_coef(norm, max_norm, gscale, HAS_CLIP, HAS_SCALE)
     a_m, a_g, a_v, a_g2 = _lamb_coefs(t, beta1, beta2, beta3, lb1, lb2, omb2,
                                       BIAS_CORRECTION, VARIANT)
     w_norm, u_norm = _tensor_norms(row, partials, PBLOCK)
@@ -569,59 +691,66 @@ def _lamb_pass2(tab, chunks, partials, p_w, g_w, f_w, coef, found_inf, lr_ptr, l
                 p_w, HAS_MASTER, VARIANT, EPS_INSIDE, PARAM_BF16, True)
 
 
-class _Launcher:
-    """What every launch of one step shares, per device: the scalars that live there."""
-
-    def __init__(self, grad_scale, clip, found_inf, lr):
-        self.grad_scale, self.clip, self.found_inf, self.lr = grad_scale, clip, found_inf, lr
-
-    def scalars(self, device):
-        coef = _coefficient(self.grad_scale, self.clip, device)
-        has_inf = self.found_inf is not None
-        inf = self.found_inf.to(device).reshape(1) if has_inf else _dummy(device)
-        lr_ptr, lr_val, lr_is_ptr = _scalar_arg(self.lr, device)
-        return dict(coef=_dummy(device) if coef is None else coef, inf=inf, lr_ptr=lr_ptr,
-                    lr_val=lr_val, HAS_COEF=coef is not None, HAS_INF=has_inf,
-                    LR_IS_PTR=lr_is_ptr)
+def lamb_launch(prep: Prepared, *, global_grad_norm: Tensor | None,
+                max_grad_norm: float | None, grad_scale: Tensor | None,
+                found_inf: Tensor | None, lr, beta1, beta2, eps, weight_decay,
+                bias_correction, grad_averaging, trust_bounds, eps_inside_sqrt,
+                variant) -> None:
+    """The two passes of a fused LAMB step over prepared tensors (``step`` included)."""
+    beta1, beta2, eps, weight_decay = float(beta1), float(beta2), float(eps), float(weight_decay)
+    beta3 = 1.0 - beta1 if grad_averaging else 1.0
+    var = _VARIANT_IDS[variant]
+    logs = (_log(beta1), _log(beta2), 1.0 - beta2)
+    clip = global_grad_norm is not None and max_grad_norm is not None
+    max_norm = float(max_grad_norm) if clip else 1.0
+    lower, upper = float(trust_bounds[0]), float(trust_bounds[1])
+    for b in prep.buckets:
+        device, tables = b.device, b.tables
+        with _device_guard(device):
+            _hold_if_capturing(b)
+            norm = _on(global_grad_norm if clip else None, device)
+            scale, inf = _on(grad_scale, device), _on(found_inf, device)
+            lr_ptr, lr_val, lr_is_ptr = _scalar_arg(lr, device)
+            p_w, g_w = _dummy(device, b.param_dtype), _dummy(device, b.grad_dtype)
+            f_w = _dummy(device)
+            common = dict(HAS_CLIP=clip, HAS_SCALE=grad_scale is not None,
+                          HAS_INF=found_inf is not None, HAS_MASTER=b.has_master,
+                          BIAS_CORRECTION=bool(bias_correction), VARIANT=var,
+                          EPS_INSIDE=bool(eps_inside_sqrt), NCOL=NCOL, CHUNK=prep.chunk,
+                          BLOCK=prep.block)
+            for chunks, n, aligned in tables.launches:
+                _lamb_pass1[(n,)](tables.tensors, chunks, tables.scratch, p_w, g_w, f_w, norm,
+                                  scale, inf, max_norm, beta1, beta2, beta3, *logs, eps,
+                                  weight_decay, ALIGNED=aligned, **common)
+            for chunks, n, aligned in tables.launches:
+                _lamb_pass2[(n,)](tables.tensors, chunks, tables.scratch, p_w, g_w, f_w, norm,
+                                  scale, inf, lr_ptr, max_norm, lr_val, beta1, beta2, beta3,
+                                  *logs, eps, weight_decay, lower, upper, LR_IS_PTR=lr_is_ptr,
+                                  PBLOCK=128, PARAM_BF16=b.param_dtype == torch.bfloat16,
+                                  ALIGNED=aligned, **common)
 
 
 def lamb_step(params, grads, exp_avgs, exp_avg_sqs, master_params, state_steps, *, adapt,
-              decay, clip, grad_scale, found_inf, lr, beta1, beta2, eps, weight_decay,
-              bias_correction, grad_averaging, trust_bounds, eps_inside_sqrt, variant,
-              chunk: int | None = None, block: int | None = None) -> None:
-    """One fused LAMB step (see :func:`gpuml.optim.lamb`); tensors may span devices."""
-    chunk, block = _sizes(chunk, block)
-    launcher = _Launcher(grad_scale, clip, found_inf, lr)
-    beta1, beta2, eps, weight_decay = float(beta1), float(beta2), float(eps), float(weight_decay)
-    beta3 = 1.0 - beta1 if grad_averaging else 1.0
-    var = {"lamb": 0, "nlamb": 1, "nnlamb": 2}[variant]
-    logs = (_log(beta1), _log(beta2), 1.0 - beta2)
-    for (device, dtype, has_master), idx in _buckets(params, master_params):
-        ps, gs, ms, vs = (_pick(x, idx) for x in (params, grads, exp_avgs, exp_avg_sqs))
-        steps = _pick(state_steps, idx)
-        masters = _pick(master_params, idx) if has_master else None
-        with _device_guard(device):
-            s = launcher.scalars(device)
-            tables = _tables("lamb", [ps, gs, ms, vs, masters, steps],
-                             tuple(map(Tensor.numel, ps)), _flags(adapt, decay, idx), gs,
-                             steps[0], device, chunk)
-            partials = torch.empty(2 * tables.n_chunks, dtype=torch.float32, device=device)
-            common = dict(HAS_COEF=s["HAS_COEF"], HAS_INF=s["HAS_INF"], HAS_MASTER=has_master,
-                          BIAS_CORRECTION=bool(bias_correction), VARIANT=var,
-                          EPS_INSIDE=bool(eps_inside_sqrt), NCOL=NCOL, CHUNK=chunk,
-                          BLOCK=block)
-            for chunks, n, aligned in tables.launches:
-                _lamb_pass1[(n,)](tables.tensors, chunks, partials, ps[0], gs[0], ms[0],
-                                  s["coef"], s["inf"], beta1, beta2, beta3, *logs, eps,
-                                  weight_decay, ALIGNED=aligned, **common)
-            for chunks, n, aligned in tables.launches:
-                _lamb_pass2[(n,)](tables.tensors, chunks, partials, ps[0], gs[0], ms[0],
-                                  s["coef"], s["inf"], s["lr_ptr"], s["lr_val"], beta1, beta2,
-                                  beta3, *logs, eps, weight_decay, float(trust_bounds[0]),
-                                  float(trust_bounds[1]), LR_IS_PTR=s["LR_IS_PTR"],
-                                  PBLOCK=128, PARAM_BF16=dtype == torch.bfloat16,
-                                  ALIGNED=aligned, **common)
-            _finish_steps(steps, found_inf)
+              decay, global_grad_norm, max_grad_norm, grad_scale, found_inf, lr, beta1, beta2,
+              eps, weight_decay, bias_correction, grad_averaging, trust_bounds,
+              eps_inside_sqrt, variant, chunk: int | None = None,
+              block: int | None = None) -> None:
+    """One fused LAMB step (see :func:`gpuml.optim.lamb`); tensors may span devices.
+
+    With ``max_grad_norm`` and no ``global_grad_norm``, the norm is that of ``grads``,
+    unscaled by ``grad_scale``.
+    """
+    prep = prepare("lamb", params, grads, (exp_avgs, exp_avg_sqs), master_params,
+                   state_steps, adapt, decay, chunk, block)
+    if max_grad_norm is not None and global_grad_norm is None:
+        global_grad_norm = grad_norm([prep])
+        if grad_scale is not None:
+            global_grad_norm = global_grad_norm / grad_scale.to(global_grad_norm.device).float()
+    lamb_launch(prep, global_grad_norm=global_grad_norm, max_grad_norm=max_grad_norm,
+                grad_scale=grad_scale, found_inf=found_inf, lr=lr, beta1=beta1, beta2=beta2,
+                eps=eps, weight_decay=weight_decay, bias_correction=bias_correction,
+                grad_averaging=grad_averaging, trust_bounds=trust_bounds,
+                eps_inside_sqrt=eps_inside_sqrt, variant=variant)
 
 
 @triton.jit
@@ -641,22 +770,22 @@ def _lars_norms(g, buf, w, idx, mask, scale, momentum, wd, NORMALIZED: tl.conste
 
 
 @triton.jit
-def _lars_pass1(tab, chunks, partials, p_w, g_w, f_w, coef, found_inf, momentum,
-                weight_decay, HAS_COEF: tl.constexpr, HAS_INF: tl.constexpr,
+def _lars_pass1(tab, chunks, partials, p_w, g_w, f_w, gscale, found_inf, momentum,
+                weight_decay, HAS_SCALE: tl.constexpr, HAS_INF: tl.constexpr,
                 HAS_MASTER: tl.constexpr, NORMALIZED: tl.constexpr, NCOL: tl.constexpr,
                 CHUNK: tl.constexpr, BLOCK: tl.constexpr, ALIGNED: tl.constexpr):
-    row, slot, start, full, end = _chunk(tab, chunks, found_inf, NCOL, CHUNK, BLOCK, HAS_INF)
+    row, slot, ci, live, start, full, end = _chunk(tab, chunks, found_inf, NCOL, CHUNK,
+                                                   BLOCK, HAS_INF)
     g = _column(row, 1, g_w, ALIGNED)
     buf = _column(row, 2, f_w, ALIGNED)
     if HAS_MASTER:
         w = _column(row, 4, f_w, ALIGNED)
     else:
         w = _column(row, 0, p_w, ALIGNED)
+    _step_in(row, partials, slot, ci, f_w)
     flags = tl.load(row + 9)
     wd = tl.where((flags & 2) != 0, weight_decay, 0.0)
-    scale = 1.0
-    if HAS_COEF:
-        scale = tl.load(coef)
+    scale = _grad_coef(gscale, 1.0, gscale, False, HAS_SCALE)
     acc_w = tl.zeros([BLOCK], dtype=tl.float32)
     acc_d = tl.zeros([BLOCK], dtype=tl.float32)
     for off in range(start, full, BLOCK):
@@ -668,8 +797,8 @@ def _lars_pass1(tab, chunks, partials, p_w, g_w, f_w, coef, found_inf, momentum,
     dw, dd = _lars_norms(g, buf, w, idx, idx < end, scale, momentum, wd, NORMALIZED, True)
     acc_w += dw
     acc_d += dd
-    tl.store(partials + 2 * slot, tl.sum(acc_w, axis=0))
-    tl.store(partials + 2 * slot + 1, tl.sum(acc_d, axis=0))
+    tl.store(partials + 3 * slot, tl.sum(acc_w, axis=0))
+    tl.store(partials + 3 * slot + 1, tl.sum(acc_d, axis=0))
 
 
 @triton.jit
@@ -701,14 +830,15 @@ def _lars_apply(p, g, buf, w, idx, mask, scale, lr, ratio, first, momentum, damp
 
 
 @triton.jit
-def _lars_pass2(tab, chunks, partials, p_w, g_w, f_w, coef, found_inf, lr_ptr, lr_val,
+def _lars_pass2(tab, chunks, partials, p_w, g_w, f_w, gscale, found_inf, lr_ptr, lr_val,
                 momentum, dampening, weight_decay, trust_coefficient, eps, lower, upper,
-                HAS_COEF: tl.constexpr, HAS_INF: tl.constexpr, HAS_MASTER: tl.constexpr,
+                HAS_SCALE: tl.constexpr, HAS_INF: tl.constexpr, HAS_MASTER: tl.constexpr,
                 LR_IS_PTR: tl.constexpr, NORMALIZED: tl.constexpr,
                 HAS_MOMENTUM: tl.constexpr, NESTEROV: tl.constexpr, CLIP: tl.constexpr,
                 NCOL: tl.constexpr, CHUNK: tl.constexpr, BLOCK: tl.constexpr,
                 PBLOCK: tl.constexpr, PARAM_BF16: tl.constexpr, ALIGNED: tl.constexpr):
-    row, slot, start, full, end = _chunk(tab, chunks, found_inf, NCOL, CHUNK, BLOCK, HAS_INF)
+    row, slot, ci, live, start, full, end = _chunk(tab, chunks, found_inf, NCOL, CHUNK,
+                                                   BLOCK, HAS_INF)
     p = _column(row, 0, p_w, ALIGNED)
     g = _column(row, 1, g_w, ALIGNED)
     buf = _column(row, 2, f_w, ALIGNED)
@@ -716,12 +846,10 @@ def _lars_pass2(tab, chunks, partials, p_w, g_w, f_w, coef, found_inf, lr_ptr, l
         w = _column(row, 4, f_w, ALIGNED)
     else:
         w = p
-    t = tl.load(tl.load(row + 5).to(f_w.dtype)) + 1.0
+    t = _step_out(row, partials, ci, live, f_w)
     flags = tl.load(row + 9)
     wd = tl.where((flags & 2) != 0, weight_decay, 0.0)
-    scale = 1.0
-    if HAS_COEF:
-        scale = tl.load(coef)
+    scale = _grad_coef(gscale, 1.0, gscale, False, HAS_SCALE)
     lr = _load_scalar(lr_ptr, lr_val, LR_IS_PTR)
     w_norm, d_norm = _tensor_norms(row, partials, PBLOCK)
     ok = (w_norm > 0) & (d_norm > 0)
@@ -744,39 +872,45 @@ def _lars_pass2(tab, chunks, partials, p_w, g_w, f_w, coef, found_inf, lr_ptr, l
                 wd, p_w, HAS_MASTER, NORMALIZED, HAS_MOMENTUM, NESTEROV, PARAM_BF16, True)
 
 
+def lars_launch(prep: Prepared, *, grad_scale: Tensor | None, found_inf: Tensor | None, lr,
+                momentum, dampening, nesterov, weight_decay, trust_coefficient, eps, clip,
+                trust_bounds, mode) -> None:
+    """The two passes of a fused LARS step over prepared tensors (``step`` included)."""
+    normalized = mode == "normalized"
+    momentum, weight_decay = float(momentum), float(weight_decay)
+    floats = (float(dampening), weight_decay, float(trust_coefficient), float(eps),
+              float(trust_bounds[0]), float(trust_bounds[1]))
+    for b in prep.buckets:
+        device, tables = b.device, b.tables
+        with _device_guard(device):
+            _hold_if_capturing(b)
+            scale, inf = _on(grad_scale, device), _on(found_inf, device)
+            lr_ptr, lr_val, lr_is_ptr = _scalar_arg(lr, device)
+            p_w, g_w = _dummy(device, b.param_dtype), _dummy(device, b.grad_dtype)
+            f_w = _dummy(device)
+            common = dict(HAS_SCALE=grad_scale is not None, HAS_INF=found_inf is not None,
+                          HAS_MASTER=b.has_master, NORMALIZED=normalized, NCOL=NCOL,
+                          CHUNK=prep.chunk, BLOCK=prep.block)
+            for chunks, n, aligned in tables.launches:
+                _lars_pass1[(n,)](tables.tensors, chunks, tables.scratch, p_w, g_w, f_w, scale,
+                                  inf, momentum, weight_decay, ALIGNED=aligned, **common)
+            for chunks, n, aligned in tables.launches:
+                _lars_pass2[(n,)](tables.tensors, chunks, tables.scratch, p_w, g_w, f_w, scale,
+                                  inf, lr_ptr, lr_val, momentum, *floats,
+                                  LR_IS_PTR=lr_is_ptr, HAS_MOMENTUM=momentum != 0,
+                                  NESTEROV=bool(nesterov), CLIP=bool(clip), PBLOCK=128,
+                                  PARAM_BF16=b.param_dtype == torch.bfloat16, ALIGNED=aligned,
+                                  **common)
+
+
 def lars_step(params, grads, momentum_buffers, master_params, state_steps, *, adapt, decay,
               grad_scale, found_inf, lr, momentum, dampening, nesterov, weight_decay,
               trust_coefficient, eps, clip, trust_bounds, mode, chunk: int | None = None,
               block: int | None = None) -> None:
     """One fused LARS step (see :func:`gpuml.optim.lars`); tensors may span devices."""
-    chunk, block = _sizes(chunk, block)
-    launcher = _Launcher(grad_scale, None, found_inf, lr)
-    normalized = mode == "normalized"
-    for (device, dtype, has_master), idx in _buckets(params, master_params):
-        ps, gs, steps = (_pick(x, idx) for x in (params, grads, state_steps))
-        bufs = _column_or_none(_pick(momentum_buffers, idx))
-        masters = _pick(master_params, idx) if has_master else None
-        with _device_guard(device):
-            s = launcher.scalars(device)
-            tables = _tables("lars", [ps, gs, bufs, None, masters, steps],
-                             tuple(map(Tensor.numel, ps)), _flags(adapt, decay, idx), gs,
-                             steps[0], device, chunk)
-            partials = torch.empty(2 * tables.n_chunks, dtype=torch.float32, device=device)
-            f_w = _dummy(device) if bufs is None else bufs[0]
-            common = dict(HAS_COEF=s["HAS_COEF"], HAS_INF=s["HAS_INF"], HAS_MASTER=has_master,
-                          NORMALIZED=normalized, NCOL=NCOL, CHUNK=chunk, BLOCK=block)
-            for chunks, n, aligned in tables.launches:
-                _lars_pass1[(n,)](tables.tensors, chunks, partials, ps[0], gs[0], f_w,
-                                  s["coef"], s["inf"], float(momentum), float(weight_decay),
-                                  ALIGNED=aligned, **common)
-            for chunks, n, aligned in tables.launches:
-                _lars_pass2[(n,)](tables.tensors, chunks, partials, ps[0], gs[0], f_w,
-                                  s["coef"], s["inf"], s["lr_ptr"], s["lr_val"],
-                                  float(momentum), float(dampening), float(weight_decay),
-                                  float(trust_coefficient), float(eps),
-                                  float(trust_bounds[0]), float(trust_bounds[1]),
-                                  LR_IS_PTR=s["LR_IS_PTR"], HAS_MOMENTUM=momentum != 0,
-                                  NESTEROV=bool(nesterov), CLIP=bool(clip), PBLOCK=128,
-                                  PARAM_BF16=dtype == torch.bfloat16, ALIGNED=aligned,
-                                  **common)
-            _finish_steps(steps, found_inf)
+    prep = prepare("lars", params, grads, (momentum_buffers, None), master_params, state_steps,
+                   adapt, decay, chunk, block)
+    lars_launch(prep, grad_scale=grad_scale, found_inf=found_inf, lr=lr, momentum=momentum,
+                dampening=dampening, nesterov=nesterov, weight_decay=weight_decay,
+                trust_coefficient=trust_coefficient, eps=eps, clip=clip,
+                trust_bounds=trust_bounds, mode=mode)

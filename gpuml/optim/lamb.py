@@ -141,6 +141,8 @@ class LAMB(C.LayerwiseOptimizer):
     """
 
     _FP32_STATE = _FP32_STATE
+    _KIND = "lamb"
+    _STATE_KEYS = ("exp_avg", "exp_avg_sq")
 
     def __init__(self, params, lr: float | Tensor = 1e-3, betas=(0.9, 0.999), eps: float = 1e-6,
                  weight_decay: float = 0.01, *, bias_correction: bool = True,
@@ -170,32 +172,44 @@ class LAMB(C.LayerwiseOptimizer):
                                             memory_format=torch.preserve_format)
         state["exp_avg_sq"] = torch.zeros_like(state["exp_avg"])
 
-    def _init_group(self, group, impl):
-        params, grads, (ms, vs), masters, steps, adapt, decay = self._gather(
-            group, impl, ("exp_avg", "exp_avg_sq"))
-        return params, grads, ms, vs, masters, steps, adapt, decay
-
     def _update(self, plan, grad_scale, found_inf) -> None:
-        work = [(group, impl, self._init_group(group, impl)) for group, impl in plan]
-        if not work:
+        """One global norm over every group, then each group's update.
+
+        Fused groups launch from their views' prepared tables
+        (:func:`gpuml.optim._triton.lamb_launch`, what :func:`_fused_lamb` does after
+        preparing them per call); the others go through :func:`lamb`.
+        """
+        if not plan:
             return
+        fused = all(view.impl == "fused" for _, view, _ in plan)
         norm = None
-        if any(g["max_grad_norm"] is not None for g, _, _ in work):
-            all_grads = [g for _, _, t in work for g in t[1]]
-            norm = C.global_grad_norm(all_grads, work[0][1])
+        if any(group["max_grad_norm"] is not None for group, _, _ in plan):
+            if fused:
+                from gpuml.optim import _triton
+
+                norm = _triton.grad_norm([view.prepared for _, view, _ in plan])
+            else:
+                impl = "loop" if all(v.impl == "loop" for _, v, _ in plan) else "foreach"
+                norm = C.global_grad_norm([g for _, _, grads in plan for g in grads], impl)
             if grad_scale is not None:
                 norm = norm / grad_scale.to(norm.device).float()
-        for group, impl, (params, grads, ms, vs, masters, steps, adapt, decay) in work:
+        for group, view, grads in plan:
             beta1, beta2 = group["betas"]
-            lamb(params, grads, ms, vs, masters, steps, adapt=adapt, decay=decay,
-                 global_grad_norm=norm, grad_scale=grad_scale, found_inf=found_inf,
-                 foreach=impl == "foreach", fused=impl == "fused", lr=group["lr"],
-                 beta1=beta1, beta2=beta2, eps=group["eps"],
-                 weight_decay=group["weight_decay"], bias_correction=group["bias_correction"],
-                 grad_averaging=group["grad_averaging"], max_grad_norm=group["max_grad_norm"],
-                 trust_bounds=tuple(group["trust_bounds"]),
-                 eps_inside_sqrt=group["eps_inside_sqrt"], variant=group["variant"],
-                 capturable=group["capturable"])
+            options = dict(
+                grad_scale=grad_scale, found_inf=found_inf, lr=group["lr"], beta1=beta1,
+                beta2=beta2, eps=group["eps"], weight_decay=group["weight_decay"],
+                bias_correction=group["bias_correction"], grad_averaging=group["grad_averaging"],
+                max_grad_norm=group["max_grad_norm"], trust_bounds=group["trust_bounds"],
+                eps_inside_sqrt=group["eps_inside_sqrt"], variant=group["variant"])
+            if view.prepared is not None:
+                from gpuml.optim import _triton
+
+                _triton.lamb_launch(view.prepared, global_grad_norm=norm, **options)
+                continue
+            ms, vs = view.columns
+            lamb(view.params, grads, ms, vs, view.masters, view.steps, adapt=view.adapt,
+                 decay=view.decay, global_grad_norm=norm, foreach=view.impl == "foreach",
+                 fused=view.impl == "fused", capturable=group["capturable"], **options)
 
 
 class FusedLAMB(LAMB):
@@ -255,10 +269,11 @@ def lamb(params: list[Tensor], grads: list[Tensor], exp_avgs: list[Tensor],
 
     ``adapt[i]`` / ``decay[i]`` say whether tensor ``i`` gets the trust ratio and
     weight decay. ``global_grad_norm`` is the unscaled norm used for clipping
-    (computed from ``grads`` when None and ``max_grad_norm`` is set).
+    (computed from ``grads`` when None and ``max_grad_norm`` is set; the fused path
+    computes it from the tables it builds for the step).
     """
     impl = C.resolve_impl(params, foreach, fused)
-    if max_grad_norm is not None and global_grad_norm is None and grads:
+    if max_grad_norm is not None and global_grad_norm is None and grads and impl != "fused":
         global_grad_norm = C.global_grad_norm(grads, impl)
         if grad_scale is not None:
             global_grad_norm = global_grad_norm / grad_scale.float()
@@ -394,10 +409,9 @@ def _fused_lamb(params, grads, exp_avgs, exp_avg_sqs, master_params, state_steps
     from gpuml.optim import _triton
 
     C.check_fused_devices(params)
-    clip = C.clip_factor(global_grad_norm, max_grad_norm) if global_grad_norm is not None \
-        else None
     _triton.lamb_step(params, grads, exp_avgs, exp_avg_sqs, master_params, state_steps,
-                      adapt=adapt, decay=decay, clip=clip, grad_scale=grad_scale,
+                      adapt=adapt, decay=decay, global_grad_norm=global_grad_norm,
+                      max_grad_norm=max_grad_norm, grad_scale=grad_scale,
                       found_inf=found_inf, lr=lr, beta1=beta1, beta2=beta2, eps=eps,
                       weight_decay=weight_decay, bias_correction=bias_correction,
                       grad_averaging=grad_averaging, trust_bounds=trust_bounds,

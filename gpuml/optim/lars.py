@@ -123,6 +123,8 @@ class LARS(C.LayerwiseOptimizer):
     """
 
     _FP32_STATE = _FP32_STATE
+    _KIND = "lars"
+    _STATE_KEYS = ("momentum_buffer",)
 
     def __init__(self, params, lr: float | Tensor = 1.0, momentum: float = 0.9,
                  dampening: float = 0.0, weight_decay: float = 0.0, nesterov: bool = False, *,
@@ -151,22 +153,25 @@ class LARS(C.LayerwiseOptimizer):
             state["momentum_buffer"] = torch.zeros_like(p, dtype=torch.float32,
                                                         memory_format=torch.preserve_format)
 
-    def _init_group(self, group, impl):
-        params, grads, (bufs,), masters, steps, adapt, decay = self._gather(
-            group, impl, ("momentum_buffer",))
-        return params, grads, bufs, masters, steps, adapt, decay
-
     def _update(self, plan, grad_scale, found_inf) -> None:
-        for group, impl in plan:
-            params, grads, bufs, masters, steps, adapt, decay = self._init_group(group, impl)
-            lars(params, grads, bufs, masters, steps, adapt=adapt, decay=decay,
-                 grad_scale=grad_scale, found_inf=found_inf, foreach=impl == "foreach",
-                 fused=impl == "fused", lr=group["lr"], momentum=group["momentum"],
-                 dampening=group["dampening"], nesterov=group["nesterov"],
-                 weight_decay=group["weight_decay"],
-                 trust_coefficient=group["trust_coefficient"], eps=group["eps"],
-                 clip=group["clip"], trust_bounds=tuple(group["trust_bounds"]),
-                 mode=group["mode"], capturable=group["capturable"])
+        """Each group's update: fused groups launch from their views' prepared tables
+        (:func:`gpuml.optim._triton.lars_launch`), the others go through :func:`lars`."""
+        for group, view, grads in plan:
+            options = dict(
+                grad_scale=grad_scale, found_inf=found_inf, lr=group["lr"],
+                momentum=group["momentum"], dampening=group["dampening"],
+                nesterov=group["nesterov"], weight_decay=group["weight_decay"],
+                trust_coefficient=group["trust_coefficient"], eps=group["eps"],
+                clip=group["clip"], trust_bounds=group["trust_bounds"], mode=group["mode"])
+            if view.prepared is not None:
+                from gpuml.optim import _triton
+
+                _triton.lars_launch(view.prepared, **options)
+                continue
+            (bufs,) = view.columns
+            lars(view.params, grads, bufs, view.masters, view.steps, adapt=view.adapt,
+                 decay=view.decay, foreach=view.impl == "foreach",
+                 fused=view.impl == "fused", capturable=group["capturable"], **options)
 
 
 class FusedLARS(LARS):

@@ -388,15 +388,106 @@ def test_fused_unaligned_tensors_take_the_path_without_alignment_claims(cls, kw)
 def test_fused_tables_are_cached_by_address():
     ps, opt = train(LAMB, "fused", steps=1)
     _triton._recent.clear()
-    opt.step()  # same gradients: two tables (global norm, step), built once
-    first = dict(_triton._recent)
-    opt.step()
-    assert len(first) == 2 and set(_triton._recent) == set(first)
-    assert all(_triton._recent[k] is v for k, v in first.items())
     for p in ps:
         p.grad = p.grad.clone()  # new addresses: new tables
     opt.step()
-    assert len(_triton._recent) == 4
+    first = dict(_triton._recent)
+    prepared = opt._views[0].prepared
+    opt.step()  # same gradients: the group's view and its tables are reused
+    assert len(first) == 1 and set(_triton._recent) == set(first)
+    assert opt._views[0].prepared is prepared
+    for p in ps:
+        p.grad = p.grad.clone()
+    opt.step()
+    assert len(_triton._recent) == 2 and opt._views[0].prepared is not prepared
+
+
+def _twins(cls, kw, impl):
+    """The loop path (uncached) and ``impl`` on the same start, two steps each."""
+    runs = [(ps, cls(ps, **IMPLS[path], **kw)) for path, ps in (("loop", params()),
+                                                               (impl, params()))]
+    for k in range(2):
+        _step_both(runs, k)
+    return runs
+
+
+def _step_both(runs, k, change=None):
+    """A step of each run; the first (the reference) gathers its groups afresh every step."""
+    for i, (ps, opt) in enumerate(runs):
+        for p, g in zip(ps, grads_for(ps, k)):
+            # into the same gradient tensors: a cached view stays valid unless `change` acts
+            p.grad = g if p.grad is None else p.grad.copy_(g)
+        if change is not None:
+            change(ps, opt)
+        if i == 0:
+            opt.__dict__.pop("_views", None)
+        opt.step()
+
+
+# What a group's cached view must notice between steps; each case is applied to both paths.
+def _replace_state(ps, opt):
+    state = opt.state[ps[2]]
+    key = "exp_avg" if "exp_avg" in state else "momentum_buffer"
+    state[key] = state[key] * 0.5
+
+
+def _new_storage(ps, opt):
+    ps[2].data = ps[2].data.clone() * 1.5  # same Parameter object, new storage
+
+
+def _reset_state(ps, opt):
+    opt.state[ps[0]] = {}  # starts again from step 1 with fresh state
+
+
+def _swap_param(ps, opt):
+    new = torch.nn.Parameter(ps[2].detach().clone())
+    new.grad = ps[2].grad.clone()
+    ps[2] = opt.param_groups[0]["params"][2] = new
+
+
+_OLD_GRADS = []
+
+
+def _new_grads(ps, opt):
+    for p in ps:  # new gradient tensors; the old ones stay allocated, with other values
+        old, p.grad = p.grad, p.grad.clone()
+        _OLD_GRADS.append(old.fill_(7.0))
+
+
+def _drop_grad(ps, opt):
+    ps[1].grad = None
+
+
+def _flip_exclusion(ps, opt):
+    opt.param_groups[0]["exclude_from_adaptation"] = False
+
+
+def _reload(ps, opt):
+    opt.load_state_dict(copy.deepcopy(opt.state_dict()))
+
+
+def _added_group(ps, opt):
+    extra = torch.nn.Parameter(torch.ones(4, 3, device=ps[0].device))
+    extra.grad = torch.full_like(extra, 0.1)
+    opt.add_param_group({"params": [extra]})
+
+
+@pytest.mark.parametrize("change", [_replace_state, _new_storage, _swap_param, _new_grads,
+                                    _reset_state, _drop_grad, _flip_exclusion, _reload,
+                                    _added_group])
+@pytest.mark.parametrize("impl", ["foreach", "fused"])
+@pytest.mark.parametrize("cls", [LAMB, LARS])
+def test_cached_views_follow_changes_between_steps(cls, impl, change):
+    kw = {"weight_decay": 1e-3} if cls is LARS else {}
+    runs = _twins(cls, kw, impl)
+    _step_both(runs, 2, change)
+    _step_both(runs, 3)
+    _OLD_GRADS.clear()
+    (ref, ref_opt), (got, got_opt) = runs
+    assert_same(got, ref)
+    for a, b in zip(got, ref):
+        for k, v in ref_opt.state[b].items():
+            assert_same([got_opt.state[a][k]], [v])
 
 
 @pytest.mark.parametrize("cls", [LAMB, LARS])

@@ -27,7 +27,7 @@ SCRIPT = textwrap.dedent('''
     from gpuml.optim import _triton as K
 
     PTR = {"fp32": "*fp32", "bf16": "*bf16", "fp16": "*fp16"}
-    FP32_PTRS = ("partials", "f_w", "coef", "found_inf", "lr_ptr")
+    FP32_PTRS = ("partials", "f_w", "norm", "gscale", "found_inf", "lr_ptr")
     STORES = {"_sumsq_kernel": False, "_lamb_pass1": True, "_lamb_pass2": True,
               "_lars_pass1": None, "_lars_pass2": True}  # None: stores when NORMALIZED
 
@@ -62,12 +62,12 @@ SCRIPT = textwrap.dedent('''
         t = GPUTarget("cuda", cc, 32)
         low = pdt != "fp32"
         for aligned in (True, False):
-            base = dict(NCOL=10, CHUNK=65536, BLOCK=1024, HAS_COEF=True, HAS_INF=True,
+            base = dict(NCOL=10, CHUNK=65536, BLOCK=1024, HAS_SCALE=True, HAS_INF=True,
                         HAS_MASTER=low, ALIGNED=aligned)
             build(K._sumsq_kernel, pdt, dict(NCOL=10, CHUNK=65536, BLOCK=1024,
                                              ALIGNED=aligned), t)
             for variant in (0, 2):
-                lamb = dict(base, BIAS_CORRECTION=True, VARIANT=variant,
+                lamb = dict(base, HAS_CLIP=True, BIAS_CORRECTION=True, VARIANT=variant,
                             EPS_INSIDE=variant == 0)
                 build(K._lamb_pass1, pdt, lamb, t)
                 build(K._lamb_pass2, pdt, dict(lamb, LR_IS_PTR=variant == 2, PBLOCK=128,
