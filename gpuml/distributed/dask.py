@@ -199,7 +199,7 @@ def _as_array(value, name, *, lengths: bool):
         return value, None
     if hasattr(value, "to_dask_array"):
         names = list(value.columns) if hasattr(value, "columns") else None
-        return value.to_dask_array(lengths=lengths), names
+        return value.to_dask_array(lengths=True if lengths else None), names
     raise TypeError(f"{name} must be a Dask array or dataframe, got {type(value).__name__}")
 
 
