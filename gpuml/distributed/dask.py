@@ -97,7 +97,7 @@ class Traffic:
 
     Sizes are ``nbytes`` for arrays and the pickle of anything else: what goes
     over the wire up to the framing. Rows moved between workers are
-    counted by distributed itself (``Worker.transfer_outgoing_bytes_total``).
+    counted by distributed itself (each worker's ``transfer_incoming_log``).
     """
 
     sent: int = 0
@@ -440,13 +440,13 @@ def _rows(chunk, local):
     return np.ascontiguousarray(chunk.X[np.asarray(local, dtype=np.int64)])
 
 
-def _fill_chunk(chunk, centers, c_norms, state, caps):
+def _fill_chunk(chunk, centers, c_norms, counts, caps):
     """The greedy fill of the chunk's rows, in order, after the chunks before it.
 
-    ``state`` is the previous chunk's ``(labels, counts)`` (or the starting
-    counts); returns this chunk's labels and the counts after it.
+    ``counts`` are the parts' fill counts after the previous chunks; returns
+    this chunk's labels and the counts after it.
     """
-    counts = np.array(state[1] if isinstance(state, tuple) else state, dtype=np.int64, copy=True)
+    counts = np.array(counts, dtype=np.int64, copy=True)
     X = chunk.X
     labels = np.empty(X.shape[0], dtype=np.int64)
     for start, stop in row_blocks(X.shape[0], centers.shape[0]):
@@ -457,6 +457,10 @@ def _fill_chunk(chunk, centers, c_norms, state, caps):
 
 def _labels_of(result):
     return result[0]
+
+
+def _counts_of(result):
+    return result[1]
 
 
 def _part_sums(chunk, labels, n_parts):
@@ -541,11 +545,13 @@ class _ChunkPartitioner:
 
     def fill(self, centers, caps):
         """The greedy fill of every row in order: a chain of one task per chunk."""
-        state = np.zeros(self.P, dtype=np.int64)
+        counts = np.zeros(self.P, dtype=np.int64)
         c_norms = squared_norms(centers)
         states = []
         for chunk in self.rows.chunks:
-            state = self.driver.submit("fill", _fill_chunk, chunk, centers, c_norms, state, caps)
+            state = self.driver.submit("fill", _fill_chunk, chunk, centers, c_norms, counts, caps)
+            # Only the P counts go on to the next chunk's worker; the labels stay.
+            counts = self.driver.submit("fill-counts", _counts_of, state)
             states.append(state)
         return self.driver.map("labels", _labels_of, states)
 
