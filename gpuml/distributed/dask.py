@@ -17,7 +17,7 @@ The steps, each a set of Dask tasks run from the client (the "driver"):
    numeric) and a first pass sums what ``gamma="scale"``, k-means' tolerance and
    the class list need.
 2. **Partition with a distributed Lloyd** over the chunks (k-means++ seeding,
-   Lloyd steps, the greedy fill of FCFS and K-balance; seed 001 Alg 3 and 9):
+   Lloyd steps, the greedy fill of FCFS and K-balance; You 2020, Alg. 3 and 9):
    the same algorithms and the same random draws as
    :mod:`gpuml.distributed.partition`, written for stateless tasks. Every Lloyd
    step sends the P x d centres to each chunk's task and brings back one small
