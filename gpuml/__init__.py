@@ -12,10 +12,12 @@ never touches a GPU, imports neither CuPy nor torch, and prints nothing: the
 device is resolved when an estimator is fitted (see :mod:`gpuml._backend`).
 """
 
+from .estimators._partitioned import PartitionWarning
 from .estimators.asygcd import AsyGCDSVC
 from .estimators.bkrr import BKRRRegressor, BKRRRegressorCV
 from .estimators.casvm import CASVMClassifier
 
 __version__ = "0.1.0"
 
-__all__ = ["AsyGCDSVC", "BKRRRegressor", "BKRRRegressorCV", "CASVMClassifier", "__version__"]
+__all__ = ["AsyGCDSVC", "BKRRRegressor", "BKRRRegressorCV", "CASVMClassifier", "PartitionWarning",
+           "__version__"]

@@ -30,6 +30,7 @@ from ._partitioned import (
     split,
     split_on_devices,
     stack_rows,
+    warn_poor_parts,
 )
 from ._svm import KernelSVMMixin, class_pairs, ovo_votes, ovr_decision
 
@@ -424,6 +425,7 @@ class CASVMClassifier(KernelSVMMixin, ClassifierMixin, BaseEstimator):
         self.fit_status_ = 0 if converged else 1
         self.centers_ = to_numpy(parts.centers)
         self.partition_sizes_ = parts.sizes
+        warn_poor_parts(parts.parts, y_idx, len(self.classes_), self.partition)
         if not converged:
             cap = ("" if self.max_iter >= 0 else
                    ": an SMO problem reached LIBSVM's cap of max(10**7, 100 * n_samples) steps")
