@@ -429,10 +429,13 @@ def _fmt(v, digits=9):
     return "" if v is None else f"{v:.{digits}g}"
 
 
-def train(cfg: Config, callback: Callable[[dict], None] | None = None) -> dict:
+def train(cfg: Config, callback: Callable[[dict], None] | None = None,
+          data: dict | None = None) -> dict:
     """Train as ``cfg`` says, in the default process group when there is one (every rank calls
     it), in this process alone otherwise. ``callback(info)`` runs after every step with
     ``info = {"rank", "step", "epoch"}`` (after that step's evaluation and checkpoint).
+    ``data``: what :func:`load_data` returned for these settings, to skip reading the files
+    again (a benchmark's many runs).
 
     Returns ``{"rows": [...], "val_acc", "test_acc", "steps", "warmup_steps", "peak_lr",
     "steps_per_epoch", "seconds", "data", "model"}`` (rows and accuracies as rank 0 sees
@@ -460,7 +463,7 @@ def train(cfg: Config, callback: Callable[[dict], None] | None = None) -> dict:
         device = torch.device("cpu")
     say = (lambda *a: print(*a, flush=True)) if rank == 0 and not cfg.quiet else (lambda *a: 0)
 
-    data = load_data(cfg)
+    data = load_data(cfg) if data is None else data
     (x, y), (xt, yt) = data["train"], data["test"]
     x, y, xt, yt = x.to(device), y.to(device), xt.to(device), yt.to(device)
     val = tuple(t.to(device) for t in data["val"]) if "val" in data else None
