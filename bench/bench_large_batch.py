@@ -36,8 +36,9 @@ that import torch costs more than training on this machine.
 
 Writes ``bench/results/<machine>/large_batch{,_grid,_schemes}.{json,md}``,
 ``docs/img/large_batch.png`` and ``docs/img/schemes_accuracy.png``. Run:
-``python -m bench.run large_batch`` (about 10 minutes on 2 idle cores). ``--quick`` (the
-test suite's run, well under a minute): 1,024 images, 1 epoch, batches B0 and 8 B0, 2
+``python -m bench.run large_batch`` (13.6 minutes on the loaded 2-core machine). ``--quick``
+(the test suite's run, about a minute, most of it starting 2 processes that import torch and
+gpuml): 1,024 images, 1 epoch, batches B0 and 8 B0, 2
 learning rates, 2 ranks for 2 schemes, ``*_quick`` records and the plots next to them (in
 ``$GPUML_BENCH_OUT`` or the temporary folder), never in ``docs/``. Fashion-MNIST is the
 Debian package ``dataset-fashion-mnist``; without it the benchmark says so and runs on the

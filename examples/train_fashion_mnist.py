@@ -87,8 +87,10 @@ PIXEL_MEAN, PIXEL_STD = 0.2860, 0.3530
 #: Seed of the fixed train/validation split (independent of the training seed).
 SPLIT_SEED = 2019
 OPTIMIZERS = ("lamb", "lars", "adamw", "sgd")
-#: Learning rate at the base batch and weight decay, per optimizer: tuned at batch 64 on a
-#: validation split by ``python -m bench.run large_batch`` (``bench/bench_large_batch.py``).
+#: Learning rate at the base batch per optimizer: the choices of the optimizer convergence
+#: benchmark at batch 64 on a validation split (an MLP, ``bench/bench_optim_convergence.py``);
+#: for this CNN at B0 = 32 the large-batch benchmark (``bench/bench_large_batch.py``) tunes
+#: its own: LAMB 0.01, AdamW 0.003, SGD 0.03. Weight decay: each optimizer's usual value.
 DEFAULT_LR = {"lamb": 3e-3, "lars": 3.0, "adamw": 1e-3, "sgd": 0.03}
 DEFAULT_WEIGHT_DECAY = {"lamb": 0.01, "lars": 5e-4, "adamw": 0.01, "sgd": 5e-4}
 CSV_COLUMNS = ("step", "epoch", "loss", "val_acc", "test_acc", "lr")
