@@ -40,7 +40,7 @@ demo: $(DATA_STAMP)
 	$(PY) -m bench.demo
 
 lint: $(STAMP)
-	$(PY) -m ruff check gpuml tests bench
+	$(PY) -m ruff check gpuml tests bench examples
 
 test: lint $(DATA_STAMP)
 	$(PY) -m pytest -q -ra

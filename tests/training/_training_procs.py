@@ -40,11 +40,11 @@ _context = None
 
 
 def _forkserver():
-    """The forkserver context, its server started with ``_training_workers`` imported."""
+    """The forkserver context, its server started with the worker modules imported."""
     global _context
     if _context is None:
         ctx = multiprocessing.get_context("forkserver")
-        ctx.set_forkserver_preload(["_training_workers"])
+        ctx.set_forkserver_preload(["_training_workers", "_example_workers"])
         # Python 3.11's forkserver ignores the sys.path handed to it and skips a preload it
         # cannot import without a word; it does inherit the environment, so the path goes
         # there, this repository first (the gpuml under test, not an installed one).
