@@ -25,7 +25,7 @@ TINY = ["--data", "synthetic", "--train-size", "512", "--test-size", "128", "--b
         "--base-batch-size", "32", "--warmup-epochs", "0.125", "--timeout", "20", "--quiet"]
 
 
-def _run(argv, world=2, fault=None, deadline=60, until=None, grace=10.0):
+def _run(argv, world=2, fault=None, deadline=180, until=None, grace=10.0):
     messages, exitcodes, elapsed = run_processes(run_example, world,
                                                  (free_port(), argv, fault), deadline,
                                                  until=until, grace_s=grace)
