@@ -16,6 +16,8 @@ from operator import attrgetter, is_, is_not
 import torch
 from torch import Tensor
 
+from gpuml.optim import _sharding as S
+
 __all__ = ["param_groups_by_name"]
 
 _LOW_PRECISION = (torch.float16, torch.bfloat16)
@@ -68,8 +70,12 @@ def interpreter_on() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
-def resolve_impl(params: Sequence[Tensor], foreach: bool | None, fused: bool | None) -> str:
-    """``"fused"`` on CUDA tensors, ``"foreach"`` otherwise, unless asked explicitly."""
+def resolve_impl(params: Sequence[Tensor], foreach: bool | None, fused: bool | None,
+                 grads: Sequence[Tensor] | None = None) -> str:
+    """``"fused"`` on CUDA tensors, ``"foreach"`` otherwise, unless asked explicitly.
+
+    ``grads`` defaults to the parameters' ``.grad``.
+    """
     if fused and foreach:
         raise ValueError("fused=True and foreach=True are mutually exclusive")
     if fused:
@@ -78,10 +84,11 @@ def resolve_impl(params: Sequence[Tensor], foreach: bool | None, fused: bool | N
         return "loop"
     if foreach:
         return "foreach"
-    if fused is None and params and all(map(_is_cuda, params)) and triton_available() \
-            and all(p.is_contiguous() and p.grad.is_contiguous() or dense_layout(p, p.grad)
-                    for p in params):
-        return "fused"
+    if fused is None and params and all(map(_is_cuda, params)) and triton_available():
+        grads = list(map(_grad, params)) if grads is None else grads
+        if all(p.is_contiguous() and g.is_contiguous() or dense_layout(p, g)
+               for p, g in zip(params, grads)):
+            return "fused"
     return "foreach"
 
 
@@ -227,26 +234,58 @@ def param_groups_by_name(model: torch.nn.Module, weight_decay: float | None = No
     return [g for g in (first, second) if g["params"]]
 
 
-def global_grad_norm(grads: Sequence[Tensor], impl: str) -> Tensor:
-    """L2 norm of all ``grads`` together, as a 0-d fp32 tensor (no host synchronisation).
+def global_grad_norm(parts: Sequence[tuple[Sequence[Tensor], S.Sharding | None]], impl: str,
+                     reduction: S.NormReduction | None = None) -> Tensor:
+    """L2 norm of all gradients together, as a 0-d fp32 tensor (no host synchronisation).
 
-    Used for LAMB's global gradient clipping, over every param group at once
-    (as apex and timm do), by the loop and foreach paths (``impl``); the fused path
-    computes it in its own kernels (``gpuml.optim._triton.grad_norm``).
+    Used for LAMB's global gradient clipping, over every param group at once (as apex and
+    timm do), by the loop and foreach paths (``impl``); the fused path computes it in its own
+    kernels (``gpuml.optim._triton.grad_norm``). ``parts``: each group's gradients (local
+    tensors) and their sharding; the squared norms of the sharded ones are summed over the
+    ranks by ``reduction`` (one scalar all-reduce for all groups).
     """
-    if not grads:
+    norms = [(_per_tensor_norms(grads, impl), sharding) for grads, sharding in parts if grads]
+    if not norms:
         return torch.zeros((), dtype=torch.float32)
+    device = norms[0][0].device
+    if all(sharding is None for _, sharding in norms):
+        return torch.linalg.vector_norm(torch.cat([n.to(device) for n, _ in norms]))
+    local_sq, sharded_sq = [], []
+    for group_norms, sharding in norms:
+        sq = group_norms.to(device).square()
+        index = None if sharding is None else sharding.index_on(device)
+        if sharding is None:
+            local_sq.append(sq.sum())
+        elif index is None:
+            sharded_sq.append(sq.sum())
+        else:
+            sharded_sq.append(sq[index].sum())
+            sq = sq.clone()
+            sq[index] = 0.0
+            local_sq.append(sq.sum())
+    (total,) = reduction.all_reduce([torch.stack(sharded_sq).sum().reshape(1)])
+    total = total.reshape(())
+    if local_sq:
+        total = total + torch.stack(local_sq).sum()
+    return total.sqrt()
+
+
+def _per_tensor_norms(grads: Sequence[Tensor], impl: str) -> Tensor:
+    """The fp32 L2 norm of each gradient, in order, on the first gradient's device."""
     device = grads[0].device
-    if impl == "foreach":
-        by_key: dict[tuple, list[Tensor]] = {}
-        for g in grads:
-            by_key.setdefault((g.device, g.dtype), []).append(g)
-        norms = []
-        for gs in by_key.values():
-            norms += [n.to(device) for n in torch._foreach_norm(gs, 2, dtype=torch.float32)]
-        return torch.linalg.vector_norm(torch.stack(norms))
-    norms = [torch.linalg.vector_norm(g.float()).to(device) for g in grads]
-    return torch.linalg.vector_norm(torch.stack(norms))
+    if impl != "foreach":
+        return torch.stack([torch.linalg.vector_norm(g.float()).to(device) for g in grads])
+    by_key: dict[tuple, list[int]] = {}
+    for i, g in enumerate(grads):
+        by_key.setdefault((g.device, g.dtype), []).append(i)
+    if len(by_key) == 1:
+        return torch.stack(torch._foreach_norm(list(grads), 2, dtype=torch.float32))
+    out: list = [None] * len(grads)
+    for idx in by_key.values():
+        for i, n in zip(idx, torch._foreach_norm([grads[i] for i in idx], 2,
+                                                  dtype=torch.float32)):
+            out[i] = n.to(device)
+    return torch.stack(out)
 
 
 def scaled_step_coefficient(grad_scale: Tensor | None, clip: Tensor | None) -> Tensor | None:
@@ -313,10 +352,16 @@ class GroupView:
     state) and no sparse gradient. ``prepared`` is the fused path's launch preparation
     (:func:`gpuml.optim._triton.prepare`), which also checks the addresses of the
     parameters and gradients it encodes.
+
+    With DTensor parameters (FSDP2, HSDP) ``dtensors`` is true: ``params``, ``columns``
+    and ``masters`` hold the local tensors the update runs on (``checks`` the DTensors the
+    state dicts hold), and :meth:`grads` returns the gradients' local tensors; ``sharding``
+    (:class:`gpuml.optim._sharding.Sharding`, or None) says which of them are sharded.
     """
 
     __slots__ = ("group", "options", "all_params", "has_grad", "impl", "params", "columns",
-                 "masters", "steps", "adapt", "decay", "state_dicts", "checks", "prepared")
+                 "masters", "steps", "adapt", "decay", "state_dicts", "checks", "prepared",
+                 "dtensors", "sharding")
 
     def grads(self, group: dict) -> list[Tensor] | None:
         """The gradients of ``params`` when the view still holds, else None."""
@@ -331,6 +376,8 @@ class GroupView:
             return None
         if len(grads) != len(self.params):
             grads = list(compress(grads, has))
+        if self.dtensors:
+            grads = S.local(grads)
         for key, column in self.checks:
             if not all(map(is_, map(dict.get, self.state_dicts, repeat(key)), column)):
                 return None
@@ -423,34 +470,48 @@ class LayerwiseOptimizer(torch.optim.Optimizer):
                 rebuilt = True
             if view.params:
                 plan.append((group, view, grads))
-        if rebuilt:  # a new view may have created state
+        if rebuilt:  # a new view may have created state, or sharded tensors
             self._state_dicts = (states, list(states.values()))
+            self._reduction = S.reduction_for((v.sharding for v in views if v is not None),
+                                              type(self).__name__)
         return grad_scale, found_inf, plan
 
     def _view(self, group: dict) -> tuple[GroupView, list[Tensor]]:
         """Check a group's tensors, pick its path, gather its state: a new view."""
         with_grad = check_group_tensors(group["params"])
-        impl = resolve_impl(with_grad, group["foreach"], group["fused"]) if with_grad else ""
+        grads = list(map(_grad, with_grad))
+        dtensors, sharding = S.inspect(with_grad, grads)
+        local_params, local_grads = (S.local(with_grad), S.local(grads)) if dtensors \
+            else (with_grad, grads)
+        impl = resolve_impl(local_params, group["foreach"], group["fused"],
+                            local_grads) if with_grad else ""
         if impl == "fused":
-            check_fused_devices(with_grad)
+            check_fused_devices(local_params)
         params, grads, columns, masters, steps, adapt, decay = self._gather(
             group, impl, self._STATE_KEYS)
         view = GroupView()
         view.group, view.options, view.impl = group, _view_options(group), impl
         view.all_params = list(group["params"])
         view.has_grad = [p.grad is not None for p in view.all_params]
-        view.params, view.columns, view.masters, view.steps = params, columns, masters, steps
-        view.adapt, view.decay = adapt, decay
         view.state_dicts = [self.state[p] for p in params]
         view.checks = [("step", steps), *zip(self._STATE_KEYS, columns),
                        ("master_param", masters)]
+        view.dtensors, view.sharding = dtensors, sharding
+        if dtensors:  # the update runs on the local shards
+            params, grads = local_params, local_grads
+            columns = [S.local(c) for c in columns]
+            masters = S.local(masters)
+            S.check_local_shapes(params, *columns, masters)
+        view.params, view.columns, view.masters, view.steps = params, columns, masters, steps
+        view.adapt, view.decay = adapt, decay
         view.prepared = None
         if impl == "fused":
             from gpuml.optim import _triton
 
             state = (*columns, None, None)[:2]
             view.prepared = _triton.prepare(self._KIND, params, grads, state, masters, steps,
-                                            adapt, decay)
+                                            adapt, decay,
+                                            sharded=sharding.flags if sharding else None)
         return view, grads
 
     def _gather(self, group: dict, impl: str, keys: Sequence[str]):
