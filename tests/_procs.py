@@ -1,7 +1,7 @@
 """Spawn a few real processes for the multi-process tests, bounded in time.
 
-The process entry points live in ``training/_training_workers`` (importable without
-pytest). They are started by a *forkserver*
+The process entry points live in ``training/_training_workers`` and
+``optim/_sharded_workers`` (importable without pytest). They are started by a *forkserver*
 that has imported them (and with them torch and gpuml) once: each child is then a fork of
 that clean, single-threaded server, not a fork of pytest (whose torch thread pools may be
 running) and not a fresh interpreter that spends seconds importing torch, numba and
@@ -38,7 +38,10 @@ def free_port() -> int:
 
 _TESTS = os.path.dirname(os.path.abspath(__file__))
 _ROOT = os.path.dirname(_TESTS)
-_WORKERS = {"_training_workers": os.path.join(_TESTS, "training")}
+# _sharded_workers first: it switches Triton's interpreter on (CPU only), which must happen
+# before anything imports triton
+_WORKERS = {"_sharded_workers": os.path.join(_TESTS, "optim"),
+            "_training_workers": os.path.join(_TESTS, "training")}
 _context = None
 
 
