@@ -108,6 +108,13 @@ class CollectiveCounter(TorchDispatchMode):
         self.sizes = []  # elements reduced by each collective
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        from torch.distributed.tensor import DTensor
+
+        if any(issubclass(t, DTensor) for t in types):
+            # A mode runs before the subclass: NotImplemented lets DTensor run the op and
+            # desugar it into plain ops, its collectives included, which come back here
+            # (what torch's CommDebugMode does); else those collectives would go unseen.
+            return NotImplemented
         name = str(func)
         if (name.startswith("c10d.") or name.startswith("_c10d_functional.")) and not (
                 "wait_tensor" in name or "wrap_tensor" in name):

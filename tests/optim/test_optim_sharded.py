@@ -294,3 +294,25 @@ def test_fused_path_sharded_on_one_rank(world_of_one, config):
         torch.testing.assert_close(a.detach().cpu(), b.detach().cpu(), rtol=0, atol=TOL)
     assert ref_counts == [[]] * 3
     assert got_counts == [collectives_per_step((name, kwargs, by_name))] * 3
+
+
+def test_benchmark_quick(tmp_path, monkeypatch):
+    """``python -m bench.run sharded:quick``: the six setups run side by side in 2 gloo
+    processes, and the optimizer's collectives are those counted above (LAMB under FSDP2: one
+    all-reduce of 2 norms per tensor, one scalar more with clipping; AdamW and DDP + LAMB:
+    none)."""
+    from bench import _harness, bench_sharded
+
+    monkeypatch.setenv(_harness.OUT_ENV, str(tmp_path))
+    rows = bench_sharded.main(quick=True)
+    by_setup = {r["setup"]: r for r in rows}
+    n = 2 * 8  # 2 norms of each tensor: the quick model has 4 Linear layers
+    assert (tmp_path / "sharded.md").exists() and (tmp_path / "sharded.json").exists()
+    expected = {"FSDP2 + AdamW": "none", "FSDP2 + LAMB": f"allreduce_[{n}]",
+                "FSDP2 + AdamW, clip_grad_norm_": "none",
+                "FSDP2 + LAMB, max_grad_norm": f"allreduce_[1], allreduce_[{n}]",
+                "DDP + AdamW": "none", "DDP + LAMB": "none"}
+    assert {k: r["optimizer_allreduce_sizes"] for k, r in by_setup.items()} == expected
+    assert all(r["step_ms"] > 0 for r in rows)
+    fsdp = by_setup["FSDP2 + LAMB"]["fwd_bwd_collectives"]
+    assert by_setup["FSDP2 + AdamW, clip_grad_norm_"]["fwd_bwd_collectives"] == fsdp + 1
