@@ -8,7 +8,6 @@ handling that the three implementations share.
 from __future__ import annotations
 
 import math
-import os
 from collections.abc import Iterable, Sequence
 from itertools import compress, repeat
 from operator import attrgetter, is_, is_not
@@ -17,6 +16,7 @@ import torch
 from torch import Tensor
 
 from gpuml.optim import _sharding as S
+from gpuml.optim._layout import dense_layout, interpreter_on, triton_available  # noqa: F401
 
 __all__ = ["param_groups_by_name"]
 
@@ -66,10 +66,6 @@ def check_exclusion(name: str, value) -> None:
                          f"got {value!r}")
 
 
-def interpreter_on() -> bool:
-    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
-
-
 def resolve_impl(params: Sequence[Tensor], foreach: bool | None, fused: bool | None,
                  grads: Sequence[Tensor] | None = None) -> str:
     """``"fused"`` on CUDA tensors, ``"foreach"`` otherwise, unless asked explicitly.
@@ -90,24 +86,6 @@ def resolve_impl(params: Sequence[Tensor], foreach: bool | None, fused: bool | N
                for p, g in zip(params, grads)):
             return "fused"
     return "foreach"
-
-
-def triton_available() -> bool:
-    try:
-        import triton  # noqa: F401
-    except ImportError:
-        return False
-    return True
-
-
-def dense_layout(*tensors: Tensor | None) -> bool:
-    """True when the tensors share one dense memory layout (the fused kernels walk memory)."""
-    ts = [t for t in tensors if t is not None]
-    first = ts[0]
-    dense = first.is_contiguous() or (first.ndim == 4 and first.is_contiguous(
-        memory_format=torch.channels_last)) or (first.ndim == 5 and first.is_contiguous(
-            memory_format=torch.channels_last_3d))
-    return dense and all(t.shape == first.shape and t.stride() == first.stride() for t in ts)
 
 
 def check_fused_devices(params: Sequence[Tensor]) -> None:

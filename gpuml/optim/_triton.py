@@ -104,7 +104,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from gpuml.optim._common import dense_layout, interpreter_on
+from gpuml.optim._layout import dense_layout, interpreter_on
 from gpuml.optim._sharding import NormReduction, dtensor_type
 
 CHUNK = 65536
