@@ -35,6 +35,10 @@ def check_nonneg(name: str, value) -> None:
     if isinstance(value, Tensor):
         if value.numel() != 1:
             raise ValueError(f"{name} must be a scalar, got a tensor of shape {tuple(value.shape)}")
+        # read once, when the group is checked (as torch.optim does: a negative or NaN
+        # tensor lr is refused like a float one)
+        if not 0.0 <= float(value):
+            raise ValueError(f"Invalid {name}: {value!r} (must be a number >= 0)")
         return
     if not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
         raise ValueError(f"Invalid {name}: {value!r} (must be a finite number >= 0)")
@@ -391,8 +395,48 @@ class LayerwiseOptimizer(torch.optim.Optimizer):
         self._validate_group(self.param_groups[-1])
 
     def load_state_dict(self, state_dict: dict) -> None:
-        super().load_state_dict(state_dict)
+        """``torch.optim.Optimizer.load_state_dict``, keeping the fp32 state fp32.
+
+        torch casts floating state to each parameter's dtype; the moments and master weights
+        are fp32 whatever the parameter's (:func:`fix_state_dtypes`). That fix must see what
+        the load-state-dict pre-hooks returned and come before the post-hooks, whose edits
+        must stand: so the hooks run here, around the load, in torch's order.
+        """
+        state_dict = state_dict.copy()
+        for hook in list(self._optimizer_load_state_dict_pre_hooks.values()):
+            result = hook(self, state_dict)
+            if result is not None:
+                state_dict = result
+        pre, post = (self._optimizer_load_state_dict_pre_hooks,
+                     self._optimizer_load_state_dict_post_hooks)
+        self._optimizer_load_state_dict_pre_hooks = type(pre)()
+        self._optimizer_load_state_dict_post_hooks = type(post)()
+        try:
+            super().load_state_dict(state_dict)
+        finally:
+            self._optimizer_load_state_dict_pre_hooks = pre
+            self._optimizer_load_state_dict_post_hooks = post
         fix_state_dtypes(self, state_dict, self._FP32_STATE)
+        for hook in list(post.values()):
+            hook(self)
+
+    def __setstate__(self, state: dict) -> None:
+        """Fill what an older or hand-made state dict lacks, as torch's optimizers do: the
+        group options missing (this optimizer's defaults, e.g. ``foreach``, ``fused``,
+        ``capturable``) and a ``step`` saved as a number rather than a tensor."""
+        super().__setstate__(state)
+        for group in self.param_groups:
+            for key, value in self.defaults.items():
+                # torch's __setstate__ adds "differentiable" to the defaults: not an option
+                # of ours, so not put in the groups either
+                if key != "differentiable":
+                    group.setdefault(key, value)
+            for p in group["params"]:
+                p_state = self.state.get(p)
+                if p_state and "step" in p_state and not isinstance(p_state["step"], Tensor):
+                    # placed where the group's path needs it when its view is built
+                    p_state["step"] = torch.tensor(float(p_state["step"]),
+                                                   dtype=torch.float32)
 
     def _update(self, plan, grad_scale: Tensor | None, found_inf: Tensor | None) -> None:
         """Apply the update rule to every ``(group, view, grads)`` of ``plan``."""

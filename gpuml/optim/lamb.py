@@ -235,7 +235,7 @@ def _validate(group: dict) -> None:
         raise ValueError(f"betas must be a pair, got {group['betas']!r}")
     C.check_beta("beta1", group["betas"][0])
     C.check_beta("beta2", group["betas"][1])
-    C.check_positive("eps", group["eps"])
+    C.check_nonneg("eps", group["eps"])  # 0 allowed, as torch.optim.AdamW allows it
     C.check_nonneg("weight_decay", group["weight_decay"])
     if group["max_grad_norm"] is not None:
         C.check_positive("max_grad_norm", group["max_grad_norm"])

@@ -196,7 +196,7 @@ def _validate(group: dict) -> None:
         raise ValueError(f"Invalid dampening: {group['dampening']!r} (must lie in [0, 1])")
     C.check_nonneg("weight_decay", group["weight_decay"])
     C.check_positive("trust_coefficient", group["trust_coefficient"])
-    C.check_positive("eps", group["eps"])
+    C.check_nonneg("eps", group["eps"])  # 0 allowed, as torch.optim.AdamW allows it
     group["trust_bounds"] = C.check_bounds(group["trust_bounds"])
     if group["mode"] not in _MODES:
         raise ValueError(f"mode must be one of {_MODES}, got {group['mode']!r}")
