@@ -12,7 +12,7 @@ import json
 import math
 
 import pytest
-from _training_procs import gloo_missing
+from _procs import gloo_missing
 
 import bench.bench_large_batch as lb
 from examples.train_fashion_mnist import evaluate, train

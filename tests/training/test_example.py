@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import torch
 from _example_workers import run_example, run_main
-from _training_procs import free_port, gloo_missing, run_processes
+from _procs import free_port, gloo_missing, run_processes
 
 from examples.train_fashion_mnist import DEFAULT_LR, Config, parse_args, train
 
