@@ -49,6 +49,7 @@ def SVC(C=1.0, kernel="rbf", degree=3, gamma="scale", coef0=0.0, shrinking=True,
                            shrinking=shrinking, tol=tol, cache_size=cache_size,
                            class_weight=class_weight, verbose=int(verbose), max_iter=max_iter,
                            decision_function_shape=decision_function_shape,
+                           break_ties=break_ties,
                            random_state=random_state, n_partitions=1,
                            device="cpu")
 

@@ -102,8 +102,17 @@ def test_every_partitioner_trains_and_routes(method, digits):
     clf = cpu(n_partitions=4, partition=method, random_state=0, n_jobs=2).fit(Xtr, ytr)
     assert clf.centers_.shape == (4, Xtr.shape[1])
     assert clf.partition_sizes_.sum() == len(ytr)
-    assert clf.intercept_.shape == (4, 45) and clf.n_iter_.shape == (4, 45)
-    assert clf.support_ptr_[-1] == len(clf.support_) == clf.dual_coef_.shape[1]
+    # SVC's shapes, with a part axis on the per-model intercept_ (see the docstring).
+    n_sv = len(clf.support_)
+    assert clf.intercept_.shape == (4, 45) and clf.n_iter_.shape == (45,)
+    assert clf.part_n_iter_.shape == (4, 45) and clf.part_intercept_.shape == (4, 45)
+    np.testing.assert_array_equal(clf.n_iter_, clf.part_n_iter_.sum(axis=0))
+    assert clf.dual_coef_.shape == (9, n_sv) and clf.ovo_dual_coef_.shape == (45, n_sv)
+    assert clf.support_part_.shape == (n_sv,)
+    assert set(np.unique(clf.support_part_)) <= set(range(4))
+    # SVC's order: grouped by class, rows ascending within a class.
+    classes = np.searchsorted(clf.classes_, ytr[clf.support_])
+    np.testing.assert_array_equal(np.lexsort((clf.support_, classes)), np.arange(n_sv))
     assert clf.score(Xte, yte) > 0.85
     if method != "kmeans":
         assert clf.partition_sizes_.max() - clf.partition_sizes_.min() <= 1

@@ -1,7 +1,10 @@
 """What the kernel SVM classifiers share (CASVMClassifier, AsyGCDSVC).
 
-* targets and per-sample C: LIBSVM's ``C_i = C * class_weight[y_i] * sample_weight_i``;
+* targets and per-sample C: LIBSVM's ``C_i = C * class_weight[y_i] * sample_weight_i``,
+  rows with ``C_i <= 0`` left out as SVC leaves them out;
+* callable kernels, turned into a precomputed kernel matrix as SVC does;
 * one-vs-one voting and SVC's "ovr"-shaped decision values;
+* SVC's packed ``dual_coef_`` layout and ``coef_`` for the linear kernel;
 * fitted arrays kept on the host, with device copies cached for prediction but
   never pickled, so a model fitted on a GPU loads where there is none.
 """
@@ -9,9 +12,10 @@
 from __future__ import annotations
 
 import numpy as np
+import scipy.sparse as sp
 from sklearn.utils.class_weight import compute_class_weight
 from sklearn.utils.multiclass import check_classification_targets
-from sklearn.utils.validation import _check_sample_weight
+from sklearn.utils.validation import _check_sample_weight, check_consistent_length
 
 from .._backend import to_numpy
 from .._validation import validate_X_y
@@ -23,16 +27,19 @@ def class_pairs(n_classes: int) -> list[tuple[int, int]]:
     return [(a, b) for a in range(n_classes) for b in range(a + 1, n_classes)]
 
 
-def ovo_votes(values, n_classes: int, voting=None):
+def ovo_votes(values, n_classes: int, voting=None, zero_votes_first=False):
     """Votes and summed confidences from pairwise values.
 
     ``values[:, q] > 0`` is a vote for the first class of pair ``q``;
     ``voting[:, q]`` (default all True) says whether pair ``q`` votes at all.
+    A value of exactly 0 votes for the second class, as LIBSVM's predict does;
+    with ``zero_votes_first`` for the first, as scikit-learn's "ovr"
+    ``decision_function`` counts it (``_ovr_decision_function(dec < 0, ...)``).
     """
     votes = np.zeros((values.shape[0], n_classes))
     confidence = np.zeros_like(votes)
     for q, (a, b) in enumerate(class_pairs(n_classes)):
-        first = values[:, q] > 0
+        first = values[:, q] >= 0 if zero_votes_first else values[:, q] > 0
         vote = np.ones_like(first) if voting is None else voting[:, q]
         votes[:, a] += first & vote
         votes[:, b] += ~first & vote
@@ -46,6 +53,41 @@ def ovr_decision(votes, confidence):
     return votes + confidence / (3 * (np.abs(confidence) + 1))
 
 
+def pack_dual_coef(ovo_coef, sv_class, n_classes: int):
+    """LIBSVM's (n_classes - 1, n_SV) layout from one row per pair.
+
+    ``ovo_coef[q, k]`` is support vector k's ``alpha y`` in pair q (zero when
+    it takes no part). In LIBSVM's layout a support vector of class ``c``
+    keeps its coefficient for the pair with class ``d`` in row ``d - 1`` if
+    ``d > c`` and row ``d`` otherwise; a vector belongs to one class, so the
+    n_classes - 1 rows hold all its pairs.
+    """
+    packed = np.zeros((max(n_classes - 1, 1), ovo_coef.shape[1]), dtype=ovo_coef.dtype)
+    for q, (a, b) in enumerate(class_pairs(n_classes)):
+        in_a = sv_class == a
+        in_b = sv_class == b
+        packed[b - 1, in_a] = ovo_coef[q, in_a]
+        packed[a, in_b] = ovo_coef[q, in_b]
+    return packed
+
+
+def primal_coef(ovo_coef, support_vectors, binary: bool):
+    """``coef_`` of a linear-kernel SVM: ``sum_k coef[q, k] x_k`` per pair, read-only.
+
+    Sparse support vectors give a sparse ``coef_`` (as SVC); the binary sign
+    is SVC's (positive values favour ``classes_[1]``).
+    """
+    if sp.issparse(support_vectors):
+        coef = sp.csr_matrix(ovo_coef) @ support_vectors
+        coef = sp.csr_matrix(-coef if binary else coef)
+        coef.data.flags.writeable = False
+    else:
+        coef = ovo_coef @ np.asarray(support_vectors)
+        coef = -coef if binary else coef
+        coef.flags.writeable = False
+    return coef
+
+
 class KernelSVMMixin:
     """Shared fit preamble and device caching for the kernel SVM classifiers."""
 
@@ -55,10 +97,18 @@ class KernelSVMMixin:
         Returns ``(X, y_idx, sample_C)`` with ``y_idx`` the class index of
         every sample.
         """
+        if sp.issparse(X) and self.kernel == "precomputed":
+            raise TypeError("Sparse precomputed kernels are not supported.")
+        if callable(self.kernel):
+            # As SVC: the callable sees the samples as given (any objects, even
+            # strings) and the fit runs on the kernel matrix it returns.
+            check_consistent_length(X, y)
+            self._X_fit = X
+            X = self._callable_gram(X)
         X, y = validate_X_y(self, X, y)
         y_host = to_numpy(y)
         check_classification_targets(y_host)
-        if self.kernel == "precomputed" and X.shape[0] != X.shape[1]:
+        if self._kernel_name == "precomputed" and X.shape[0] != X.shape[1]:
             raise ValueError(f"Precomputed matrix must be a square matrix. Input is a "
                              f"{X.shape[0]}x{X.shape[1]} matrix.")
         self.classes_, y_idx = np.unique(y_host, return_inverse=True)
@@ -66,10 +116,31 @@ class KernelSVMMixin:
             raise ValueError(f"{type(self).__name__} needs samples of at least two classes in y "
                              f"(the number of classes has to be greater than one; got "
                              f"{len(self.classes_)} class)")
-        sw = _check_sample_weight(sample_weight, X, dtype=np.float64, ensure_non_negative=True)
+        # Negative weights are allowed and, as in SVC, drop their rows (C_i <= 0).
+        sw = _check_sample_weight(sample_weight, X, dtype=np.float64,
+                                  allow_all_zero_weights=True)
         cw = compute_class_weight(self.class_weight, classes=self.classes_, y=y_host)
-        self._kernel = make_kernel(self.kernel, self.gamma, self.degree, self.coef0, X)
-        return X, y_idx, self.C * cw[y_idx] * sw
+        self.class_weight_ = cw
+        sample_C = self.C * cw[y_idx] * sw
+        kept = sample_C > 0
+        if not kept.any():
+            raise ValueError("Invalid input - all samples have zero or negative weights.")
+        if np.unique(y_idx[kept]).size < 2:
+            raise ValueError("Invalid input - all samples with positive weights belong to the "
+                             "same class.")
+        self._kernel = make_kernel(self._kernel_name, self.gamma, self.degree, self.coef0, X)
+        return X, y_idx, sample_C
+
+    @property
+    def _kernel_name(self) -> str:
+        """The kernel the solver sees: a callable kernel is a precomputed matrix to it."""
+        return "precomputed" if callable(self.kernel) else self.kernel
+
+    def _callable_gram(self, X):
+        """``kernel(X, X_fit)`` of a callable kernel as a dense float64 matrix (as SVC)."""
+        K = self.kernel(X, self._X_fit)
+        K = K.toarray() if sp.issparse(K) else K
+        return np.asarray(to_numpy(K), dtype=np.float64, order="C")
 
     def __getstate__(self):
         # Device copies of fitted arrays are a cache, not part of the model: dropping

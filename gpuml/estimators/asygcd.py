@@ -202,7 +202,8 @@ class AsyGCDSVC(KernelSVMMixin, ClassifierMixin, BaseEstimator):
     def __sklearn_tags__(self):
         tags = super().__sklearn_tags__()
         tags.input_tags.pairwise = self.kernel == "precomputed"
-        tags.input_tags.sparse = True
+        # As SVC: a precomputed kernel matrix must be dense.
+        tags.input_tags.sparse = self.kernel != "precomputed"
         # No intercept: only kernels with a constant component (rbf) can fit classes that sit
         # off the origin, so the others may score poorly on uncentred data by design.
         tags.classifier_tags.poor_score = self.kernel != "rbf"
