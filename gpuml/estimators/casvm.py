@@ -100,7 +100,7 @@ class CASVMClassifier(KernelSVMMixin, ClassifierMixin, BaseEstimator):
     C : float, default=1.0
         Regularisation; the upper bound of every dual variable before class
         and sample weights (``C_i = C * class_weight[y_i] * sample_weight_i``,
-        as LIBSVM).
+        as LIBSVM). ``C=inf`` gives the hard-margin SVM, as in SVC.
     kernel : {"rbf", "linear", "poly", "sigmoid", "precomputed"} or callable, default="rbf"
         With "precomputed", ``X`` is the square training kernel matrix in
         ``fit`` and ``K(X_test, X_train)`` in ``predict``; only
@@ -274,7 +274,8 @@ class CASVMClassifier(KernelSVMMixin, ClassifierMixin, BaseEstimator):
     """
 
     _parameter_constraints: dict = {
-        "C": [Interval(Real, 0.0, None, closed="neither")],
+        # inf included (the hard margin), as SVC's constraint allows it.
+        "C": [Interval(Real, 0.0, None, closed="right")],
         **KERNEL_CONSTRAINTS,
         "kernel": [*KERNEL_CONSTRAINTS["kernel"], callable],
         **PARTITION_CONSTRAINTS,
