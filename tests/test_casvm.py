@@ -191,6 +191,28 @@ def test_sparse_equals_dense(cancer):
     sparse = cpu(n_partitions=2, random_state=0).fit(sp.csr_matrix(Xtr), ytr)
     np.testing.assert_allclose(sparse.decision_function(sp.csr_matrix(Xte)),
                                dense.decision_function(Xte), atol=1e-6)
+    # Parts with fewer features than rows are solved on the same dense kernel
+    # values: the same SMO steps, the same model (SVC's agree to 1e-7 too; only
+    # gamma="scale", a variance computed on sparse data, differs in the last bits).
+    assert sp.issparse(sparse.dual_coef_) and sp.issparse(sparse.support_vectors_)
+    np.testing.assert_array_equal(sparse.support_, dense.support_)
+    np.testing.assert_allclose(sparse.dual_coef_.toarray(), dense.dual_coef_, rtol=1e-10,
+                               atol=1e-12)
+    np.testing.assert_allclose(sparse.intercept_, dense.intercept_, rtol=1e-10, atol=1e-12)
+
+
+def test_wide_sparse_data_stays_sparse_for_the_solver():
+    # More features than rows (text): the solver gets the sparse rows, and the
+    # model still matches the dense fit to about the tolerance.
+    rng = np.random.default_rng(0)
+    X = sp.random(60, 400, density=0.05, random_state=0, format="csr")
+    y = rng.integers(0, 2, 60)
+    est = cpu(n_partitions=1, kernel="linear")
+    assert sp.issparse(est._solver_rows(X))
+    sparse = est.fit(X, y)
+    dense = cpu(n_partitions=1, kernel="linear").fit(X.toarray(), y)
+    np.testing.assert_allclose(sparse.decision_function(X), dense.decision_function(X.toarray()),
+                               atol=1e-2)
 
 
 @pytest.mark.parametrize(

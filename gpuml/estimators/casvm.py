@@ -390,7 +390,8 @@ class CASVMClassifier(KernelSVMMixin, ClassifierMixin, BaseEstimator):
             # two index runs whose kernel blocks the solver can share.
             pos = pos[np.argsort(y_idx[rows[pos]], kind="stable")]
             sel = to_output(rows[pos], X)
-            Xs.append(X[sel] if self._kernel.name != "precomputed" else X[sel][:, sel])
+            Xs.append(self._solver_rows(X[sel]) if self._kernel.name != "precomputed"
+                      else X[sel][:, sel])
             # Class c holds the part's rows bounds[c]:bounds[c + 1].
             bounds = np.searchsorted(y_idx[rows[pos]], np.arange(n_classes + 1))
             present = np.diff(bounds) > 0
@@ -450,6 +451,25 @@ class CASVMClassifier(KernelSVMMixin, ClassifierMixin, BaseEstimator):
         for fit, block in zip(fits, vectors):
             fit.support_vectors = block
         return fits
+
+    def _solver_rows(self, Xp):
+        """A part's rows as the solver gets them: sparse ones dense when that costs little.
+
+        A sparse part with no more features than rows is no larger dense than
+        the kernel matrix its solver holds anyway. Densified, its kernel values
+        come from the same GEMM as a dense fit's, bit for bit, so the sparse fit
+        takes the same SMO steps and gives the same model (as SVC's dense and
+        sparse LIBSVM agree); a product of sparse matrices sums in another
+        order, and rounding differences then steer the working-set selection
+        elsewhere (differences of the order of ``tol``). Wide sparse data
+        (text) stays sparse.
+        """
+        if not hasattr(Xp, "tocsr"):
+            return Xp
+        m, d = Xp.shape
+        if d <= m and m * d * Xp.dtype.itemsize <= self.cache_size * (1 << 20):
+            return Xp.toarray()
+        return Xp
 
     def _assemble(self, parts, fits, y_idx):
         """The fitted attributes from the per-part models (in part order) and the centres.
