@@ -54,27 +54,19 @@ def SVC(C=1.0, kernel="rbf", degree=3, gamma="scale", coef0=0.0, shrinking=True,
                            device="cpu")
 
 
-class KernelRidge:
-    def __init__(self, alpha=1.0, *, kernel="linear", gamma=None, degree=3, coef0=1,
-                 kernel_params=None):
-        self.alpha, self.kernel, self.gamma = alpha, kernel, gamma
-        self.degree, self.coef0 = degree, coef0
+def KernelRidge(alpha=1.0, *, kernel="linear", gamma=None, degree=3, coef0=1,
+                kernel_params=None):
+    """``sklearn.kernel_ridge.KernelRidge(...)`` mapped to a one-part ``BKRRRegressor``.
 
-    def fit(self, X, y, sample_weight=None):
-        import math
-        n, d = X.shape
-        gamma = 1.0 / d if self.gamma is None else self.gamma
-        self.model_ = BKRRRegressor(kernel=self.kernel, sigma=1 / math.sqrt(2 * gamma),
-                                    lam=self.alpha / n, degree=self.degree, coef0=self.coef0,
-                                    n_partitions=1, device="cpu")
-        if sample_weight is None:
-            self.model_.fit(X, y)
-        else:
-            self.model_.fit(X, y, sample_weight=sample_weight)
-        return self
-
-    def predict(self, X):
-        return self.model_.predict(X)
+    Argument for argument: ``alpha`` is BKRR's ``alpha`` (KernelRidge's
+    unnormalised shift; the paper's ``lam`` would need n, which a constructor
+    does not know), and KernelRidge's ``gamma=None`` (1 / n_features) is
+    ``gamma="auto"``. The CPU is pinned so that the results do not depend on
+    the machine.
+    """
+    return BKRRRegressor(alpha=alpha, kernel=kernel, gamma="auto" if gamma is None else gamma,
+                         degree=degree, coef0=coef0, kernel_params=kernel_params,
+                         n_partitions=1, device="cpu")
 
 
 class _Rebound(types.ModuleType):
