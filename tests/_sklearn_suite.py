@@ -27,7 +27,7 @@ from pathlib import Path
 import pytest
 import sklearn
 
-from gpuml import BKRRRegressor, CASVMClassifier
+from gpuml import AsyGCDSVC, BKRRRegressor, CASVMClassifier
 
 #: The installed scikit-learn's source tree.
 SKLEARN_DIR = Path(sklearn.__file__).parent
@@ -52,6 +52,25 @@ def SVC(C=1.0, kernel="rbf", degree=3, gamma="scale", coef0=0.0, shrinking=True,
                            break_ties=break_ties,
                            random_state=random_state, n_partitions=1,
                            device="cpu")
+
+
+def SVC_AsyGCD(C=1.0, kernel="rbf", degree=3, gamma="scale", coef0=0.0, shrinking=True,
+               probability=False, tol=1e-3, cache_size=200, class_weight=None, verbose=False,
+               max_iter=-1, decision_function_shape="ovr", break_ties=False,
+               random_state=None):
+    """``sklearn.svm.SVC(...)`` mapped to ``AsyGCDSVC(...)``, for SVC's contract tests.
+
+    ``max_iter`` is the cap on coordinate updates (``max_updates``; -1: none
+    given); ``shrinking`` has no counterpart in coordinate descent and
+    ``probability`` is dropped as for CASVM. One worker keeps every fit
+    deterministic; the CPU is pinned.
+    """
+    del shrinking, probability
+    return AsyGCDSVC(C=C, kernel=kernel, degree=degree, gamma=gamma, coef0=coef0, tol=tol,
+                     cache_size=cache_size, class_weight=class_weight, verbose=int(verbose),
+                     max_updates=None if max_iter == -1 else max_iter,
+                     decision_function_shape=decision_function_shape, break_ties=break_ties,
+                     random_state=random_state, n_workers=1, device="cpu")
 
 
 def KernelRidge(alpha=1.0, *, kernel="linear", gamma=None, degree=3, coef0=1,
@@ -94,18 +113,20 @@ def _importer(rebound: dict[str, types.ModuleType]):
     return import_
 
 
-def load(relative_path: str, rebound_tests: dict[str, types.ModuleType] | None = None):
+def load(relative_path: str, rebound_tests: dict[str, types.ModuleType] | None = None,
+         svc=SVC):
     """Execute scikit-learn's test file ``relative_path`` with SVC and KernelRidge rebound.
 
     ``rebound_tests`` maps test-module names of ``sklearn.svm.tests`` to modules
-    already loaded here (test_sparse.py imports test_svm). Returns the module;
-    its functions keep scikit-learn's file and line numbers in tracebacks.
+    already loaded here (test_sparse.py imports test_svm); ``svc`` is the SVC
+    adapter (:func:`SVC` or :func:`SVC_AsyGCD`). Returns the module; its
+    functions keep scikit-learn's file and line numbers in tracebacks.
     """
     import sklearn.kernel_ridge
     import sklearn.svm
     import sklearn.svm.tests
 
-    svm = _Rebound(sklearn.svm, {"SVC": SVC})
+    svm = _Rebound(sklearn.svm, {"SVC": svc})
     rebound = {
         "sklearn": _Rebound(sklearn, {"svm": svm}),
         "sklearn.svm": svm,

@@ -15,11 +15,15 @@ import numpy as np
 import scipy.sparse as sp
 from sklearn.utils.class_weight import compute_class_weight
 from sklearn.utils.multiclass import check_classification_targets
-from sklearn.utils.validation import _check_sample_weight, check_consistent_length
+from sklearn.utils.validation import (
+    _check_sample_weight,
+    check_consistent_length,
+    check_is_fitted,
+)
 
-from .._backend import to_numpy
+from .._backend import namespace_of, to_numpy
 from .._validation import validate_X_y
-from ..kernels import make_kernel
+from ..kernels import make_kernel, squared_norms
 
 
 def class_pairs(n_classes: int) -> list[tuple[int, int]]:
@@ -128,13 +132,39 @@ class KernelSVMMixin:
         if np.unique(y_idx[kept]).size < 2:
             raise ValueError("Invalid input - all samples with positive weights belong to the "
                              "same class.")
+        if self._kernel_name != "precomputed" and not bool(
+                namespace_of(X).isfinite(squared_norms(X)).all()):
+            # Before any work: kernel values of such samples overflow, and the solver's
+            # coefficients with them (SVC finds out after its fit; the message is SVC's).
+            raise ValueError("The dual coefficients or intercepts are not finite: the squared "
+                             "norms of some samples overflow, and so do their kernel values. "
+                             "The input data may contain large values and need to be "
+                             "preprocessed.")
         self._kernel = make_kernel(self._kernel_name, self.gamma, self.degree, self.coef0, X)
+        self._gamma = self._kernel.gamma
         return X, y_idx, sample_C
 
     @property
     def _kernel_name(self) -> str:
         """The kernel the solver sees: a callable kernel is a precomputed matrix to it."""
         return "precomputed" if callable(self.kernel) else self.kernel
+
+    def _check_predict_input(self, X):
+        """SVC's checks before prediction; returns the matrix the model is evaluated on."""
+        check_is_fitted(self)
+        if callable(self.kernel):
+            X = self._callable_gram(X)
+        elif (sp.issparse(X) or hasattr(X, "tocsr")) and not self._sparse:
+            # As SVC, whose LIBSVM has separate dense and sparse models.
+            raise ValueError(f"cannot use sparse input in {type(self).__name__!r} trained on "
+                             "dense data")
+        return X
+
+    def _check_finite_model(self, *arrays):
+        """SVC's error for a fit whose coefficients overflowed (features near the float max)."""
+        if not all(np.isfinite(a).all() for a in arrays):
+            raise ValueError("The dual coefficients or intercepts are not finite. The input "
+                             "data may contain large values and need to be preprocessed.")
 
     def _callable_gram(self, X):
         """``kernel(X, X_fit)`` of a callable kernel as a dense float64 matrix (as SVC)."""

@@ -505,9 +505,7 @@ class CASVMClassifier(KernelSVMMixin, ClassifierMixin, BaseEstimator):
         intercept = sign * self.part_intercept_
         self.intercept_ = intercept[0] if len(fits) == 1 else intercept
         self.n_iter_ = self.part_n_iter_.sum(axis=0).astype(np.int32)
-        if not (np.isfinite(self.part_intercept_).all() and np.isfinite(ovo_coef).all()):
-            raise ValueError("The dual coefficients or intercepts are not finite. The input "
-                             "data may contain large values and need to be preprocessed.")
+        self._check_finite_model(self.part_intercept_, ovo_coef)
         converged = all(f.converged for f in fits)
         self.fit_status_ = 0 if converged else 1
         self.centers_ = to_numpy(parts.centers)
