@@ -34,18 +34,15 @@ SKLEARN_DIR = Path(sklearn.__file__).parent
 
 
 def SVC(C=1.0, kernel="rbf", degree=3, gamma="scale", coef0=0.0, shrinking=True,
-        probability=False, tol=1e-3, cache_size=200, class_weight=None, verbose=False,
+        probability="deprecated", tol=1e-3, cache_size=200, class_weight=None, verbose=False,
         max_iter=-1, decision_function_shape="ovr", break_ties=False, random_state=None):
     """``sklearn.svm.SVC(...)`` mapped to ``CASVMClassifier(n_partitions=1, ...)``.
 
-    Every argument keeps its name and meaning, except ``probability``, which
-    scikit-learn deprecated in 1.9 (removed in 1.11) in favour of
-    ``CalibratedClassifierCV``: it is dropped, and gpuml's probabilities come
-    from ``CalibratedClassifierCV`` around the classifier. The CPU is pinned so
-    that the results do not depend on the machine.
+    Every argument keeps its name and meaning. The CPU is pinned so that the
+    results do not depend on the machine.
     """
-    del probability
-    return CASVMClassifier(C=C, kernel=kernel, degree=degree, gamma=gamma, coef0=coef0,
+    return CASVMClassifier(probability=probability, C=C, kernel=kernel, degree=degree,
+                           gamma=gamma, coef0=coef0,
                            shrinking=shrinking, tol=tol, cache_size=cache_size,
                            class_weight=class_weight, verbose=int(verbose), max_iter=max_iter,
                            decision_function_shape=decision_function_shape,
@@ -55,18 +52,18 @@ def SVC(C=1.0, kernel="rbf", degree=3, gamma="scale", coef0=0.0, shrinking=True,
 
 
 def SVC_AsyGCD(C=1.0, kernel="rbf", degree=3, gamma="scale", coef0=0.0, shrinking=True,
-               probability=False, tol=1e-3, cache_size=200, class_weight=None, verbose=False,
+               probability="deprecated", tol=1e-3, cache_size=200, class_weight=None, verbose=False,
                max_iter=-1, decision_function_shape="ovr", break_ties=False,
                random_state=None):
     """``sklearn.svm.SVC(...)`` mapped to ``AsyGCDSVC(...)``, for SVC's contract tests.
 
     ``max_iter`` is the cap on coordinate updates (``max_updates``; -1: none
-    given); ``shrinking`` has no counterpart in coordinate descent and
-    ``probability`` is dropped as for CASVM. One worker keeps every fit
-    deterministic; the CPU is pinned.
+    given); ``shrinking`` has no counterpart in coordinate descent. One worker
+    keeps every fit deterministic; the CPU is pinned.
     """
-    del shrinking, probability
-    return AsyGCDSVC(C=C, kernel=kernel, degree=degree, gamma=gamma, coef0=coef0, tol=tol,
+    del shrinking
+    return AsyGCDSVC(probability=probability, C=C, kernel=kernel, degree=degree, gamma=gamma,
+                     coef0=coef0, tol=tol,
                      cache_size=cache_size, class_weight=class_weight, verbose=int(verbose),
                      max_updates=None if max_iter == -1 else max_iter,
                      decision_function_shape=decision_function_shape, break_ties=break_ties,

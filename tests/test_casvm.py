@@ -335,3 +335,21 @@ def test_pickle_drops_device_copies(cancer):
     assert "_device_cache" not in back.__dict__
     assert isinstance(back.support_vectors_, np.ndarray)
     np.testing.assert_array_equal(back.predict(Xte), clf.predict(Xte))
+
+
+def test_probability_true_is_calibrated_classifier_cv_with_svc_warnings(cancer):
+    from sklearn.model_selection import StratifiedKFold
+
+    Xtr, Xte, ytr, _ = cancer
+    with pytest.warns(FutureWarning, match="probability.+parameter.+deprecated"):
+        clf = cpu(n_partitions=1, probability=True, random_state=0).fit(Xtr, ytr)
+    seed = np.random.RandomState(0).randint(np.iinfo(np.int32).max)
+    ref = CalibratedClassifierCV(cpu(n_partitions=1, random_state=0), method="sigmoid",
+                                 cv=StratifiedKFold(5, shuffle=True, random_state=seed),
+                                 ensemble=False).fit(Xtr, ytr)
+    np.testing.assert_allclose(clf.predict_proba(Xte), ref.predict_proba(Xte), rtol=1e-12)
+    np.testing.assert_allclose(np.exp(clf.predict_log_proba(Xte)), clf.predict_proba(Xte))
+    with pytest.warns(FutureWarning, match="Attribute `probA_` was deprecated"):
+        assert clf.probA_.shape == (1,)
+    plain = cpu(n_partitions=1).fit(Xtr, ytr)
+    assert not hasattr(plain, "predict_proba")

@@ -69,4 +69,7 @@ DESELECT: dict[str, str] = {
         "(CVE-2020-28975): scikit-learn internals",
 }
 
-KNOWN_FAILURES: dict[str, str] = {}
+KNOWN_FAILURES: dict[str, str] = {
+    "test_unfitted": "the NotFittedError names the class that is not fitted, "
+                     "'CASVMClassifier', and the test looks for the word 'SVC' in it",
+}

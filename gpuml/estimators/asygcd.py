@@ -139,6 +139,14 @@ class AsyGCDSVC(KernelSVMMixin, ClassifierMixin, BaseEstimator):
         As SVC: "ovo" returns the pairwise values (positive for the pair's
         first class), "ovr" one column per class (votes plus bounded
         confidences).
+    probability : bool or "deprecated", default="deprecated"
+        SVC's Platt scaling, kept for code written for SVC, with SVC's
+        ``FutureWarning`` whenever it is given (scikit-learn deprecated it in
+        1.9 and removes it in 1.11). ``True`` fits
+        ``CalibratedClassifierCV(<this classifier>, method="sigmoid",
+        ensemble=False)`` on 5 stratified folds after the fit (about five more
+        fits) and gives ``predict_proba``; use ``CalibratedClassifierCV``
+        directly instead (docs/casvm.md, "Probabilities").
     break_ties : bool, default=False
         As SVC: with "ovr" and more than two classes, predict the argmax of
         ``decision_function`` instead of the one-vs-one vote.
@@ -215,6 +223,7 @@ class AsyGCDSVC(KernelSVMMixin, ClassifierMixin, BaseEstimator):
         "kernel": [*KERNEL_CONSTRAINTS["kernel"], callable],
         "decision_function_shape": [StrOptions({"ovr", "ovo"})],
         "break_ties": ["boolean"],
+        "probability": ["boolean", StrOptions({"deprecated"})],
         "n_workers": [Interval(Integral, 1, None, closed="left"), None],
         "selection": [StrOptions({"greedy", "random"})],
         "tol": [Interval(Real, 0.0, None, closed="neither")],
@@ -230,8 +239,8 @@ class AsyGCDSVC(KernelSVMMixin, ClassifierMixin, BaseEstimator):
     def __init__(self, C=1.0, kernel="rbf", gamma="scale", degree=3, coef0=0.0,
                  n_workers=None, selection="greedy", tol=1e-3, max_updates=None,
                  cache_size=None, block_partition="kmeans", class_weight=None,
-                 decision_function_shape="ovr", break_ties=False, device="auto",
-                 random_state=None, verbose=0):
+                 decision_function_shape="ovr", break_ties=False, probability="deprecated",
+                 device="auto", random_state=None, verbose=0):
         self.C = C
         self.kernel = kernel
         self.gamma = gamma
@@ -246,13 +255,15 @@ class AsyGCDSVC(KernelSVMMixin, ClassifierMixin, BaseEstimator):
         self.class_weight = class_weight
         self.decision_function_shape = decision_function_shape
         self.break_ties = break_ties
+        self.probability = probability
         self.device = device
         self.random_state = random_state
         self.verbose = verbose
 
     def __sklearn_tags__(self):
         tags = super().__sklearn_tags__()
-        tags.input_tags.pairwise = self.kernel == "precomputed" or callable(self.kernel)
+        # As SVC: a callable kernel takes samples, not a kernel matrix.
+        tags.input_tags.pairwise = self.kernel == "precomputed"
         # As SVC: a precomputed kernel matrix must be dense.
         tags.input_tags.sparse = self.kernel != "precomputed"
         # No intercept: only kernels with a constant component (rbf) can fit classes that sit
@@ -277,6 +288,7 @@ class AsyGCDSVC(KernelSVMMixin, ClassifierMixin, BaseEstimator):
         -------
         self
         """
+        self._warn_probability()
         backend = resolve(self.device, X, y)
         X, y_idx, sample_C = self._validate_targets(X, y, sample_weight)
         self._sparse = sp.issparse(X) or hasattr(X, "tocsr")
@@ -296,6 +308,7 @@ class AsyGCDSVC(KernelSVMMixin, ClassifierMixin, BaseEstimator):
         if hasattr(self.support_vectors_, "get"):
             self.support_vectors_ = to_numpy(self.support_vectors_)
         self._device_cache = {}
+        self._fit_probability(X, y, y_idx, sample_C, sample_weight)
         return self
 
     def _blocks(self, X, n_workers, rng):

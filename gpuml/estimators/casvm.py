@@ -150,6 +150,14 @@ class CASVMClassifier(KernelSVMMixin, ClassifierMixin, BaseEstimator):
     decision_function_shape : {"ovr", "ovo"}, default="ovr"
         As SVC: "ovr" turns the one-vs-one values into one column per class
         (votes plus bounded confidences); "ovo" returns the pairwise values.
+    probability : bool or "deprecated", default="deprecated"
+        SVC's Platt scaling, kept for code written for SVC, with SVC's
+        ``FutureWarning`` whenever it is given (scikit-learn deprecated it in
+        1.9 and removes it in 1.11). ``True`` fits
+        ``CalibratedClassifierCV(<this classifier>, method="sigmoid",
+        ensemble=False)`` on 5 stratified folds after the fit (about five more
+        fits) and gives ``predict_proba``; use ``CalibratedClassifierCV``
+        directly instead (docs/casvm.md, "Probabilities").
     break_ties : bool, default=False
         As SVC: with "ovr" and more than two classes, ``predict`` returns the
         argmax of ``decision_function`` (ties in the votes broken by the
@@ -286,14 +294,15 @@ class CASVMClassifier(KernelSVMMixin, ClassifierMixin, BaseEstimator):
         "class_weight": [StrOptions({"balanced"}), dict, None],
         "decision_function_shape": [StrOptions({"ovr", "ovo"})],
         "break_ties": ["boolean"],
+        "probability": ["boolean", StrOptions({"deprecated"})],
         "verbose": ["verbose"],
     }
 
     def __init__(self, C=1.0, kernel="rbf", gamma="scale", degree=3, coef0=0.0,
                  n_partitions=DEFAULT_N_PARTITIONS, partition="random", tol=1e-3,
                  max_iter=-1, cache_size=DEFAULT_CACHE_SIZE, shrinking=False, class_weight=None,
-                 decision_function_shape="ovr", break_ties=False, device="auto", devices=None,
-                 n_jobs=None, random_state=None, verbose=0):
+                 decision_function_shape="ovr", break_ties=False, probability="deprecated",
+                 device="auto", devices=None, n_jobs=None, random_state=None, verbose=0):
         self.C = C
         self.kernel = kernel
         self.gamma = gamma
@@ -308,6 +317,7 @@ class CASVMClassifier(KernelSVMMixin, ClassifierMixin, BaseEstimator):
         self.class_weight = class_weight
         self.decision_function_shape = decision_function_shape
         self.break_ties = break_ties
+        self.probability = probability
         self.device = device
         self.devices = devices
         self.n_jobs = n_jobs
@@ -316,7 +326,8 @@ class CASVMClassifier(KernelSVMMixin, ClassifierMixin, BaseEstimator):
 
     def __sklearn_tags__(self):
         tags = super().__sklearn_tags__()
-        tags.input_tags.pairwise = self.kernel == "precomputed" or callable(self.kernel)
+        # As SVC: a callable kernel takes samples, not a kernel matrix.
+        tags.input_tags.pairwise = self.kernel == "precomputed"
         # As SVC: a precomputed kernel matrix must be dense.
         tags.input_tags.sparse = self.kernel != "precomputed"
         return tags
@@ -338,6 +349,7 @@ class CASVMClassifier(KernelSVMMixin, ClassifierMixin, BaseEstimator):
         -------
         self
         """
+        self._warn_probability()
         group = device_group(self)
         backend = resolve(self.device, X, y) if group is None else None
         precomputed = self._kernel_name == "precomputed"
@@ -369,6 +381,7 @@ class CASVMClassifier(KernelSVMMixin, ClassifierMixin, BaseEstimator):
                                                             y_idx[rows], sample_C[rows]))
             self.devices_ = group.devices
         self._assemble(parts, fits, y_idx)
+        self._fit_probability(X, y, y_idx, sample_C, sample_weight)
         return self
 
     def _fit_parts(self, X, part_rows, y_idx, sample_C) -> list[SVMPartFit]:
