@@ -100,7 +100,7 @@ def _model_bytes(est, traffic, n, d, K, W, kind):
     total += 8 * n * (2 if kind == "svm" else 1)
     total += 8 * n * (d + (2 if kind == "svm" else 1)) * (W - 1) / W
     if kind == "svm":
-        n_sv, n_pairs = est.dual_coef_.shape[1], est.dual_coef_.shape[0]
+        n_sv, n_pairs = est.ovo_dual_coef_.shape[1], est.ovo_dual_coef_.shape[0]
         total += 8 * n_sv * (d + n_pairs + 1)
     else:
         total += 8 * n * (d + 1)

@@ -39,12 +39,31 @@ def pytest_sessionstart(session):
 
 
 def pytest_collection_modifyitems(config, items):
+    _apply_sklearn_suite_tables(config, items)
     if cuda_available():
         return
     skip = pytest.mark.skip(reason="needs a CUDA device (CuPy and a GPU); none answers here")
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+def _apply_sklearn_suite_tables(config, items):
+    """scikit-learn's own test files (tests/test_sklearn_*.py): their DESELECT and KNOWN_FAILURES.
+
+    A test named in its module's ``DESELECT`` is not run (reported as deselected);
+    one named in ``KNOWN_FAILURES`` runs as a strict ``xfail``, so that a fix shows
+    up as a failure until its entry is removed. Keys are test names, or names with
+    a parameter id (``test_x[param]``); values are the one-line reasons.
+    """
+    from _sklearn_suite import selected
+
+    deselected = {id(item) for item, _ in selected(items, "DESELECT")}
+    if deselected:
+        config.hook.pytest_deselected(items=[i for i in items if id(i) in deselected])
+        items[:] = [i for i in items if id(i) not in deselected]
+    for item, reason in selected(items, "KNOWN_FAILURES"):
+        item.add_marker(pytest.mark.xfail(reason=reason, strict=True))
 
 
 @pytest.fixture(scope="session")

@@ -108,7 +108,8 @@ def test_default_spreads_pairs_over_cores_with_the_serial_solution(monkeypatch):
 def test_multiclass_one_vs_one_with_string_labels():
     labels = np.array(["zero", "one", "two", "three"])[Y_DIG]
     clf = AsyGCDSVC(n_workers=2, device="cpu", random_state=0).fit(X_DIG, labels)
-    assert clf.dual_coef_.shape == (6, len(clf.support_))
+    assert clf.dual_coef_.shape == (3, len(clf.support_))  # SVC's packing
+    assert clf.ovo_dual_coef_.shape == (6, len(clf.support_))
     assert set(clf.classes_) == set(labels)
     scores = clf.decision_function(X_DIG)
     assert scores.shape == (len(labels), 4)
@@ -116,9 +117,13 @@ def test_multiclass_one_vs_one_with_string_labels():
     assert clf.score(X_DIG, labels) >= SVC().fit(X_DIG, labels).score(X_DIG, labels) - 0.01
     # Pair (a, b) only involves samples of classes a and b.
     codes = np.searchsorted(clf.classes_, labels[clf.support_])
-    first_pair = clf.dual_coef_[0]
+    first_pair = clf.ovo_dual_coef_[0]
     assert np.all(first_pair[(codes != 0) & (codes != 1)] == 0)
-    assert np.all(first_pair[codes == 1] >= 0) and np.all(first_pair[codes == 0] <= 0)
+    # LIBSVM's sign: positive for the pair's first class.
+    assert np.all(first_pair[codes == 0] >= 0) and np.all(first_pair[codes == 1] <= 0)
+    # Support vectors grouped by class, rows ascending within a class (SVC's order).
+    np.testing.assert_array_equal(np.lexsort((clf.support_, codes)),
+                                  np.arange(len(clf.support_)))
 
 
 def test_sample_and_class_weight_scale_c():

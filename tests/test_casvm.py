@@ -102,8 +102,17 @@ def test_every_partitioner_trains_and_routes(method, digits):
     clf = cpu(n_partitions=4, partition=method, random_state=0, n_jobs=2).fit(Xtr, ytr)
     assert clf.centers_.shape == (4, Xtr.shape[1])
     assert clf.partition_sizes_.sum() == len(ytr)
-    assert clf.intercept_.shape == (4, 45) and clf.n_iter_.shape == (4, 45)
-    assert clf.support_ptr_[-1] == len(clf.support_) == clf.dual_coef_.shape[1]
+    # SVC's shapes, with a part axis on the per-model intercept_ (see the docstring).
+    n_sv = len(clf.support_)
+    assert clf.intercept_.shape == (4, 45) and clf.n_iter_.shape == (45,)
+    assert clf.part_n_iter_.shape == (4, 45) and clf.part_intercept_.shape == (4, 45)
+    np.testing.assert_array_equal(clf.n_iter_, clf.part_n_iter_.sum(axis=0))
+    assert clf.dual_coef_.shape == (9, n_sv) and clf.ovo_dual_coef_.shape == (45, n_sv)
+    assert clf.support_part_.shape == (n_sv,)
+    assert set(np.unique(clf.support_part_)) <= set(range(4))
+    # SVC's order: grouped by class, rows ascending within a class.
+    classes = np.searchsorted(clf.classes_, ytr[clf.support_])
+    np.testing.assert_array_equal(np.lexsort((clf.support_, classes)), np.arange(n_sv))
     assert clf.score(Xte, yte) > 0.85
     if method != "kmeans":
         assert clf.partition_sizes_.max() - clf.partition_sizes_.min() <= 1
@@ -182,6 +191,28 @@ def test_sparse_equals_dense(cancer):
     sparse = cpu(n_partitions=2, random_state=0).fit(sp.csr_matrix(Xtr), ytr)
     np.testing.assert_allclose(sparse.decision_function(sp.csr_matrix(Xte)),
                                dense.decision_function(Xte), atol=1e-6)
+    # Parts with fewer features than rows are solved on the same dense kernel
+    # values: the same SMO steps, the same model (SVC's agree to 1e-7 too; only
+    # gamma="scale", a variance computed on sparse data, differs in the last bits).
+    assert sp.issparse(sparse.dual_coef_) and sp.issparse(sparse.support_vectors_)
+    np.testing.assert_array_equal(sparse.support_, dense.support_)
+    np.testing.assert_allclose(sparse.dual_coef_.toarray(), dense.dual_coef_, rtol=1e-10,
+                               atol=1e-12)
+    np.testing.assert_allclose(sparse.intercept_, dense.intercept_, rtol=1e-10, atol=1e-12)
+
+
+def test_wide_sparse_data_stays_sparse_for_the_solver():
+    # More features than rows (text): the solver gets the sparse rows, and the
+    # model still matches the dense fit to about the tolerance.
+    rng = np.random.default_rng(0)
+    X = sp.random(60, 400, density=0.05, random_state=0, format="csr")
+    y = rng.integers(0, 2, 60)
+    est = cpu(n_partitions=1, kernel="linear")
+    assert sp.issparse(est._solver_rows(X))
+    sparse = est.fit(X, y)
+    dense = cpu(n_partitions=1, kernel="linear").fit(X.toarray(), y)
+    np.testing.assert_allclose(sparse.decision_function(X), dense.decision_function(X.toarray()),
+                               atol=1e-2)
 
 
 @pytest.mark.parametrize(
@@ -334,3 +365,21 @@ def test_poor_parts_warn_and_good_parts_do_not():
         warnings.simplefilter("error")
         CASVMClassifier(n_partitions=4, random_state=0).fit(X, y)
         CASVMClassifier(n_partitions=1).fit(Xb, yb)
+
+
+def test_probability_true_is_calibrated_classifier_cv_with_svc_warnings(cancer):
+    from sklearn.model_selection import StratifiedKFold
+
+    Xtr, Xte, ytr, _ = cancer
+    with pytest.warns(FutureWarning, match="probability.+parameter.+deprecated"):
+        clf = cpu(n_partitions=1, probability=True, random_state=0).fit(Xtr, ytr)
+    seed = np.random.RandomState(0).randint(np.iinfo(np.int32).max)
+    ref = CalibratedClassifierCV(cpu(n_partitions=1, random_state=0), method="sigmoid",
+                                 cv=StratifiedKFold(5, shuffle=True, random_state=seed),
+                                 ensemble=False).fit(Xtr, ytr)
+    np.testing.assert_allclose(clf.predict_proba(Xte), ref.predict_proba(Xte), rtol=1e-12)
+    np.testing.assert_allclose(np.exp(clf.predict_log_proba(Xte)), clf.predict_proba(Xte))
+    with pytest.warns(FutureWarning, match="Attribute `probA_` was deprecated"):
+        assert clf.probA_.shape == (1,)
+    plain = cpu(n_partitions=1).fit(Xtr, ytr)
+    assert not hasattr(plain, "predict_proba")

@@ -99,10 +99,30 @@ def test_exact_gpu_and_float32(cp, diabetes):
     assert np.max(np.abs(pred - ref)) / np.max(np.abs(ref)) < 1e-3
 
 
-def test_singular_system_on_gpu_is_clear(cp):
+def test_singular_system_on_gpu_falls_back_to_least_squares(cp):
     X = cp.repeat(cp.arange(6.0).reshape(-1, 1), 2, axis=0)
-    with pytest.raises(ValueError, match="not positive definite"):
-        BKRRRegressor(lam=0.0, n_partitions=1, device="cuda").fit(X, cp.arange(12.0))
+    with pytest.warns(UserWarning, match="least-squares"):
+        gpu = BKRRRegressor(lam=0.0, n_partitions=1, device="cuda").fit(X, cp.arange(12.0))
+    with pytest.warns(UserWarning, match="least-squares"):
+        cpu = BKRRRegressor(lam=0.0, n_partitions=1, device="cpu").fit(X.get(),
+                                                                       np.arange(12.0))
+    np.testing.assert_allclose(gpu.predict(X).get(), cpu.predict(X.get()), rtol=1e-6,
+                               atol=1e-6)
+
+
+def test_sample_weight_and_precomputed_on_gpu_match_cpu(cp, diabetes):
+    X, y = diabetes
+    sw = np.random.default_rng(0).uniform(0.5, 2.0, len(y))
+    kw = dict(alpha=0.5, gamma=0.05, n_partitions=3, random_state=0)
+    gpu = BKRRRegressor(device="cuda", **kw).fit(cp.asarray(X), cp.asarray(y),
+                                                 sample_weight=cp.asarray(sw))
+    cpu = BKRRRegressor(device="cpu", **kw).fit(X, y, sample_weight=sw)
+    np.testing.assert_allclose(gpu.predict(X), cpu.predict(X), rtol=1e-6, atol=1e-6)
+    K = X @ X.T
+    gpu = BKRRRegressor(kernel="precomputed", alpha=1.0, device="cuda").fit(cp.asarray(K), y)
+    cpu = BKRRRegressor(kernel="precomputed", alpha=1.0, device="cpu").fit(K, y)
+    np.testing.assert_allclose(gpu.predict(cp.asarray(K)).get(), cpu.predict(K), rtol=1e-6,
+                               atol=1e-6)
 
 
 def test_pickle_gpu_model(cp, diabetes, monkeypatch):

@@ -24,8 +24,8 @@ from gpuml.estimators.bkrr import BKRRRegressor
 from gpuml.estimators.casvm import CASVMClassifier
 
 METHODS = ["random", "fcfs", "kmeans", "kbalance", "bkm"]
-CASVM_ATTRS = ["support_", "support_ptr_", "n_support_", "pair_status_", "n_iter_",
-               "partition_sizes_", "fit_status_"]
+CASVM_ATTRS = ["support_", "support_part_", "n_support_", "pair_status_", "n_iter_",
+               "part_n_iter_", "partition_sizes_", "fit_status_"]
 
 
 def bounded(fn, seconds=120.0):
@@ -58,6 +58,7 @@ def assert_same_casvm(a, b):
     for name in CASVM_ATTRS:
         np.testing.assert_array_equal(getattr(a, name), getattr(b, name), err_msg=name)
     np.testing.assert_allclose(a.dual_coef_, b.dual_coef_, rtol=1e-10, atol=1e-12)
+    np.testing.assert_allclose(a.ovo_dual_coef_, b.ovo_dual_coef_, rtol=1e-10, atol=1e-12)
     np.testing.assert_allclose(a.intercept_, b.intercept_, rtol=1e-10, atol=1e-12)
     np.testing.assert_array_equal(a.support_vectors_, b.support_vectors_)
     np.testing.assert_allclose(a.centers_, b.centers_, rtol=1e-12, atol=1e-12)
@@ -89,7 +90,10 @@ def test_casvm_ranks_sparse_weights_and_pickle(digits):
     many = CASVMClassifier(devices=["cpu", "cpu"], **params).fit(Xs, y, sample_weight=weights)
     for name in CASVM_ATTRS:
         np.testing.assert_array_equal(getattr(one, name), getattr(many, name))
-    np.testing.assert_allclose(one.dual_coef_, many.dual_coef_, rtol=1e-10, atol=1e-12)
+    # A sparse fit keeps dual_coef_ sparse, as SVC.
+    assert sp.issparse(one.dual_coef_) and sp.issparse(many.dual_coef_)
+    np.testing.assert_allclose(one.dual_coef_.toarray(), many.dual_coef_.toarray(), rtol=1e-10,
+                               atol=1e-12)
     assert sp.issparse(many.support_vectors_)
     np.testing.assert_array_equal(one.predict(Xs), many.predict(Xs))
     loaded = pickle.loads(pickle.dumps(many))
@@ -168,13 +172,23 @@ def test_bkrr_ranks_float32_multi_target_sparse_pickle(diabetes):
     np.testing.assert_allclose(loaded.predict(Xs), one.predict(Xs), rtol=1e-10, atol=1e-9)
 
 
-def test_error_in_one_rank_names_part_and_device(diabetes):
+def test_error_in_one_rank_names_part_and_device(diabetes, monkeypatch):
+    from gpuml.estimators import bkrr as bkrr_module
+
     X, y = diabetes
     X = np.repeat(X[:60], 2, axis=0)  # duplicate rows: K + 0*I is singular in every part
     y = np.repeat(y[:60], 2)
+
+    def refuse(*args, **kwargs):
+        raise ValueError("least squares refused")
+
+    # The singular parts fall back to least squares (as KernelRidge); make that fail
+    # too, to see an error raised inside a rank come out with its device named.
+    monkeypatch.setattr(bkrr_module, "krr_lstsq_part", refuse)
     est = BKRRRegressor(devices=["cpu", "cpu"], n_partitions=4, lam=0.0, random_state=0)
-    with pytest.raises(ValueError, match="of part [0-3] is not positive definite") as info:
-        bounded(lambda: est.fit(X, y))
+    with pytest.warns(UserWarning, match="part [0-3]"):
+        with pytest.raises(ValueError, match="least squares refused") as info:
+            bounded(lambda: est.fit(X, y))
     assert any("cpu (rank" in note for note in getattr(info.value, "__notes__", []))
 
 
@@ -194,8 +208,8 @@ def test_casvm_subset_fit_and_assemble_equals_one_batch(digits):
     local = [np.arange(e - len(p), e) for p, e in zip(parts.parts[2:], ends)]
     fits += est._fit_parts(Xv[rows], local, y_idx[rows], sample_C[rows])
     fits = pickle.loads(pickle.dumps(fits))  # per-part results travel
-    snapshot = {k: np.copy(getattr(full, k)) for k in CASVM_ATTRS + ["dual_coef_",
-                                                                    "intercept_"]}
+    snapshot = {k: np.copy(getattr(full, k))
+                for k in CASVM_ATTRS + ["dual_coef_", "ovo_dual_coef_", "intercept_"]}
     est._assemble(parts, fits, y_idx)
     for name, value in snapshot.items():
         np.testing.assert_array_equal(getattr(est, name), value, err_msg=name)
@@ -203,8 +217,8 @@ def test_casvm_subset_fit_and_assemble_equals_one_batch(digits):
 
 def test_casvm_assemble_sorts_parts_given_in_another_row_order(digits):
     # Parts whose rows are not ascending (as a caller other than split may give
-    # them) still assemble into support vectors grouped by part, rows ascending,
-    # each with its own coefficients.
+    # them) still assemble into SVC's order (by class, rows ascending), each
+    # support vector with its own part and its own coefficients.
     X, y = digits
     est = CASVMClassifier(device="cpu", n_partitions=3, random_state=0).fit(X, y)
     Xv, y_idx, sample_C = est._validate_targets(X, y, None)
@@ -214,14 +228,15 @@ def test_casvm_assemble_sorts_parts_given_in_another_row_order(digits):
     expected = [dict(zip(rows[f.support].tolist(), f.dual_coef.T.tolist()))
                 for rows, f in zip(parts.parts, fits)]
     est._assemble(parts, fits, y_idx)
+    np.testing.assert_array_equal(np.lexsort((est.support_, y_idx[est.support_])),
+                                  np.arange(len(est.support_)))
     for p, coef_of_row in enumerate(expected):
-        lo, hi = est.support_ptr_[p], est.support_ptr_[p + 1]
-        rows = est.support_[lo:hi]
-        assert (np.diff(rows) > 0).all()
-        assert rows.tolist() == sorted(coef_of_row)
-        np.testing.assert_array_equal(est.dual_coef_[:, lo:hi].T,
+        cols = np.flatnonzero(est.support_part_ == p)
+        rows = est.support_[cols]
+        assert sorted(rows.tolist()) == sorted(coef_of_row)
+        np.testing.assert_array_equal(est.ovo_dual_coef_[:, cols].T,
                                       [coef_of_row[r] for r in rows.tolist()])
-        np.testing.assert_array_equal(est.support_vectors_[lo:hi], Xv[rows])
+        np.testing.assert_array_equal(est.support_vectors_[cols], Xv[rows])
 
 
 def test_bkrr_subset_fit_and_store_equals_one_batch(diabetes):

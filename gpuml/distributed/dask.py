@@ -789,9 +789,13 @@ def _set_features(estimator, X, feature_names):
 
 def fit_casvm(estimator, X, y, sample_weight=None):
     """``CASVMClassifier.fit`` on Dask input (see the module notes); returns the estimator."""
-    if estimator.kernel == "precomputed":
-        raise ValueError("kernel='precomputed' does not run on Dask input: partitioning and "
-                         "routing need the samples' features")
+    if estimator.kernel == "precomputed" or callable(estimator.kernel):
+        raise ValueError(f"kernel={estimator.kernel!r} does not run on Dask input: "
+                         "partitioning and routing need the samples' features")
+    if estimator.probability not in ("deprecated", False):
+        raise ValueError("probability=True does not run on Dask input: fit "
+                         "CalibratedClassifierCV(CASVMClassifier(...)) on in-memory data, or "
+                         "leave probability unset")
     if estimator.devices is not None:
         raise ValueError("devices= is for several devices of one process; on Dask each worker "
                          "fits its parts on its own device: leave devices=None")
@@ -819,6 +823,10 @@ def fit_casvm(estimator, X, y, sample_weight=None):
     estimator.classes_ = classes
     y_for_weights = np.repeat(classes, rows.class_counts)
     cw = compute_class_weight(estimator.class_weight, classes=classes, y=y_for_weights)
+    estimator.class_weight_ = cw
+    estimator._sparse = False  # chunks are dense: dual_coef_ is dense, as SVC's after a dense fit
+    estimator.shape_fit_ = (int(n), int(d))
+    estimator._calibrated = None
     if estimator.kernel == "linear":
         gamma = 1.0
     elif estimator.gamma == "scale":

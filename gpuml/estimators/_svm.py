@@ -1,21 +1,40 @@
 """What the kernel SVM classifiers share (CASVMClassifier, AsyGCDSVC).
 
-* targets and per-sample C: LIBSVM's ``C_i = C * class_weight[y_i] * sample_weight_i``;
+* targets and per-sample C: LIBSVM's ``C_i = C * class_weight[y_i] * sample_weight_i``,
+  rows with ``C_i <= 0`` left out as SVC leaves them out;
+* callable kernels, turned into a precomputed kernel matrix as SVC does;
 * one-vs-one voting and SVC's "ovr"-shaped decision values;
+* SVC's packed ``dual_coef_`` layout and ``coef_`` for the linear kernel;
 * fitted arrays kept on the host, with device copies cached for prediction but
-  never pickled, so a model fitted on a GPU loads where there is none.
+  never pickled, so a model fitted on a GPU loads where there is none;
+* SVC's ``probability=True`` for code written for SVC: Platt scaling by
+  ``CalibratedClassifierCV(..., ensemble=False)``, which is what scikit-learn
+  recommends since it deprecated the parameter (1.9, removed in 1.11).
 """
 
 from __future__ import annotations
 
-import numpy as np
-from sklearn.utils.class_weight import compute_class_weight
-from sklearn.utils.multiclass import check_classification_targets
-from sklearn.utils.validation import _check_sample_weight
+import copy
+import warnings
 
-from .._backend import to_numpy
+import numpy as np
+import scipy.sparse as sp
+from sklearn.base import clone
+from sklearn.exceptions import NotFittedError
+from sklearn.utils import _safe_indexing, check_random_state
+from sklearn.utils._available_if import available_if
+from sklearn.utils.class_weight import compute_class_weight
+from sklearn.utils.deprecation import deprecated
+from sklearn.utils.multiclass import check_classification_targets
+from sklearn.utils.validation import (
+    _check_sample_weight,
+    check_consistent_length,
+    check_is_fitted,
+)
+
+from .._backend import namespace_of, to_numpy, to_output
 from .._validation import validate_X_y
-from ..kernels import make_kernel
+from ..kernels import make_kernel, squared_norms
 
 
 def class_pairs(n_classes: int) -> list[tuple[int, int]]:
@@ -23,16 +42,19 @@ def class_pairs(n_classes: int) -> list[tuple[int, int]]:
     return [(a, b) for a in range(n_classes) for b in range(a + 1, n_classes)]
 
 
-def ovo_votes(values, n_classes: int, voting=None):
+def ovo_votes(values, n_classes: int, voting=None, zero_votes_first=False):
     """Votes and summed confidences from pairwise values.
 
     ``values[:, q] > 0`` is a vote for the first class of pair ``q``;
     ``voting[:, q]`` (default all True) says whether pair ``q`` votes at all.
+    A value of exactly 0 votes for the second class, as LIBSVM's predict does;
+    with ``zero_votes_first`` for the first, as scikit-learn's "ovr"
+    ``decision_function`` counts it (``_ovr_decision_function(dec < 0, ...)``).
     """
     votes = np.zeros((values.shape[0], n_classes))
     confidence = np.zeros_like(votes)
     for q, (a, b) in enumerate(class_pairs(n_classes)):
-        first = values[:, q] > 0
+        first = values[:, q] >= 0 if zero_votes_first else values[:, q] > 0
         vote = np.ones_like(first) if voting is None else voting[:, q]
         votes[:, a] += first & vote
         votes[:, b] += ~first & vote
@@ -46,8 +68,145 @@ def ovr_decision(votes, confidence):
     return votes + confidence / (3 * (np.abs(confidence) + 1))
 
 
+def pack_dual_coef(ovo_coef, sv_class, n_classes: int):
+    """LIBSVM's (n_classes - 1, n_SV) layout from one row per pair.
+
+    ``ovo_coef[q, k]`` is support vector k's ``alpha y`` in pair q (zero when
+    it takes no part). In LIBSVM's layout a support vector of class ``c``
+    keeps its coefficient for the pair with class ``d`` in row ``d - 1`` if
+    ``d > c`` and row ``d`` otherwise; a vector belongs to one class, so the
+    n_classes - 1 rows hold all its pairs.
+    """
+    packed = np.zeros((max(n_classes - 1, 1), ovo_coef.shape[1]), dtype=ovo_coef.dtype)
+    for q, (a, b) in enumerate(class_pairs(n_classes)):
+        in_a = sv_class == a
+        in_b = sv_class == b
+        packed[b - 1, in_a] = ovo_coef[q, in_a]
+        packed[a, in_b] = ovo_coef[q, in_b]
+    return packed
+
+
+def primal_coef(ovo_coef, support_vectors, binary: bool):
+    """``coef_`` of a linear-kernel SVM: ``sum_k coef[q, k] x_k`` per pair, read-only.
+
+    Sparse support vectors give a sparse ``coef_`` (as SVC); the binary sign
+    is SVC's (positive values favour ``classes_[1]``).
+    """
+    if sp.issparse(support_vectors):
+        coef = sp.csr_matrix(ovo_coef) @ support_vectors
+        coef = sp.csr_matrix(-coef if binary else coef)
+        coef.data.flags.writeable = False
+    else:
+        coef = ovo_coef @ np.asarray(support_vectors)
+        coef = -coef if binary else coef
+        coef.flags.writeable = False
+    return coef
+
+
+#: Folds of the cross-validated decision values Platt scaling is fitted on (LIBSVM's 5).
+PROBABILITY_FOLDS = 5
+
+_PROBABILITY_DOC = ("as the `probability=True` option of SVC, which gpuml keeps for code "
+                    "written for SVC, was deprecated in scikit-learn 1.9 and is removed in 1.11")
+
+
 class KernelSVMMixin:
     """Shared fit preamble and device caching for the kernel SVM classifiers."""
+
+    # -- SVC's probability=True (deprecated there; CalibratedClassifierCV underneath) --------
+    def _warn_probability(self):
+        """SVC's FutureWarning whenever ``probability`` is given, pointing to the replacement."""
+        if self.probability != "deprecated":
+            name = type(self).__name__
+            warnings.warn(f"The `probability` parameter was deprecated in 1.9 and will be "
+                          f"removed in version 1.11 (as SVC's). Use "
+                          f"`CalibratedClassifierCV({name}(), ensemble=False)` instead of "
+                          f"`{name}(probability=True)`", FutureWarning, stacklevel=3)
+
+    def _fit_probability(self, X, y, y_idx, sample_C, sample_weight):
+        """Platt scaling on cross-validated decision values, as SVC's ``probability=True``.
+
+        ``CalibratedClassifierCV(clone, method="sigmoid", ensemble=False)`` on the
+        rows the fit kept (positive C), with stratified folds seeded by
+        ``random_state``; a class with a single sample leaves no folds, and the
+        sigmoid is then fitted on the model's own decision values.
+        """
+        from sklearn.calibration import CalibratedClassifierCV
+        from sklearn.model_selection import StratifiedKFold
+
+        self._calibrated = None
+        if self.probability in ("deprecated", False):
+            return
+        kept = np.flatnonzero(sample_C > 0)
+        if callable(self.kernel):
+            X = self._X_fit
+        X, y = _safe_indexing(X, kept), _safe_indexing(np.asarray(to_numpy(y)), kept)
+        weight = None if sample_weight is None else \
+            _safe_indexing(np.asarray(to_numpy(sample_weight), dtype=np.float64), kept)
+        folds = min(PROBABILITY_FOLDS, int(np.bincount(y_idx[kept]).min()))
+        base = clone(self).set_params(probability="deprecated")
+        if folds >= 2:
+            seed = check_random_state(self.random_state).randint(np.iinfo(np.int32).max)
+            cv = StratifiedKFold(folds, shuffle=True, random_state=seed)
+            calibrated = CalibratedClassifierCV(base, method="sigmoid", cv=cv, ensemble=False)
+        else:
+            from sklearn.frozen import FrozenEstimator
+
+            frozen = copy.copy(self)
+            frozen.__dict__.pop("_calibrated", None)
+            # One "fold" holding every row: the frozen model predicts its own training set.
+            every_row = np.arange(len(y))
+            calibrated = CalibratedClassifierCV(FrozenEstimator(frozen), method="sigmoid",
+                                                cv=[(every_row, every_row)], ensemble=False)
+        self._calibrated = calibrated.fit(X, y, sample_weight=weight)
+
+    def _check_proba(self):
+        if self.probability in ("deprecated", False):
+            raise AttributeError("predict_proba is not available when probability=False")
+        return True
+
+    @available_if(_check_proba)
+    def predict_proba(self, X):
+        """Class probabilities by Platt scaling, with ``probability=True`` (deprecated, as SVC).
+
+        Parameters
+        ----------
+        X : array-like or sparse matrix of shape (n_samples, n_features)
+
+        Returns
+        -------
+        ndarray of shape (n_samples, n_classes)
+        """
+        if getattr(self, "_calibrated", None) is None:
+            raise NotFittedError("predict_proba is not available when fitted with "
+                                 "probability=False")
+        return to_output(self._calibrated.predict_proba(X), X)
+
+    @available_if(_check_proba)
+    def predict_log_proba(self, X):
+        """Logarithm of :meth:`predict_proba`."""
+        return np.log(self.predict_proba(X))
+
+    def _platt(self, name):
+        calibrated = getattr(self, "_calibrated", None)
+        if calibrated is None:
+            return np.array([])
+        sigmoids = calibrated.calibrated_classifiers_[0].calibrators
+        return np.array([getattr(c, name) for c in sigmoids])
+
+    @deprecated(f"Attribute `probA_` was deprecated in version 1.9 and will be removed in 1.11 "
+                f"{_PROBABILITY_DOC}.")
+    @property
+    def probA_(self):
+        """Slopes of the Platt sigmoids (one per class, or one for two classes; SVC: per pair)."""
+        return self._platt("a_")
+
+    @deprecated(f"Attribute `probB_` was deprecated in version 1.9 and will be removed in 1.11 "
+                f"{_PROBABILITY_DOC}.")
+    @property
+    def probB_(self):
+        """Offsets of the Platt sigmoids (as ``probA_``)."""
+        return self._platt("b_")
 
     def _validate_targets(self, X, y, sample_weight):
         """Validate ``X`` and ``y``; set ``classes_`` and the kernel; return per-sample C.
@@ -55,10 +214,18 @@ class KernelSVMMixin:
         Returns ``(X, y_idx, sample_C)`` with ``y_idx`` the class index of
         every sample.
         """
+        if sp.issparse(X) and self.kernel == "precomputed":
+            raise TypeError("Sparse precomputed kernels are not supported.")
+        if callable(self.kernel):
+            # As SVC: the callable sees the samples as given (any objects, even
+            # strings) and the fit runs on the kernel matrix it returns.
+            check_consistent_length(X, y)
+            self._X_fit = X
+            X = self._callable_gram(X)
         X, y = validate_X_y(self, X, y)
         y_host = to_numpy(y)
         check_classification_targets(y_host)
-        if self.kernel == "precomputed" and X.shape[0] != X.shape[1]:
+        if self._kernel_name == "precomputed" and X.shape[0] != X.shape[1]:
             raise ValueError(f"Precomputed matrix must be a square matrix. Input is a "
                              f"{X.shape[0]}x{X.shape[1]} matrix.")
         self.classes_, y_idx = np.unique(y_host, return_inverse=True)
@@ -66,10 +233,57 @@ class KernelSVMMixin:
             raise ValueError(f"{type(self).__name__} needs samples of at least two classes in y "
                              f"(the number of classes has to be greater than one; got "
                              f"{len(self.classes_)} class)")
-        sw = _check_sample_weight(sample_weight, X, dtype=np.float64, ensure_non_negative=True)
+        # Negative weights are allowed and, as in SVC, drop their rows (C_i <= 0).
+        sw = _check_sample_weight(sample_weight, X, dtype=np.float64,
+                                  allow_all_zero_weights=True)
         cw = compute_class_weight(self.class_weight, classes=self.classes_, y=y_host)
-        self._kernel = make_kernel(self.kernel, self.gamma, self.degree, self.coef0, X)
-        return X, y_idx, self.C * cw[y_idx] * sw
+        self.class_weight_ = cw
+        sample_C = self.C * cw[y_idx] * sw
+        kept = sample_C > 0
+        if not kept.any():
+            raise ValueError("Invalid input - all samples have zero or negative weights.")
+        if np.unique(y_idx[kept]).size < 2:
+            raise ValueError("Invalid input - all samples with positive weights belong to the "
+                             "same class.")
+        if self._kernel_name != "precomputed" and not bool(
+                namespace_of(X).isfinite(squared_norms(X)).all()):
+            # Before any work: kernel values of such samples overflow, and the solver's
+            # coefficients with them (SVC finds out after its fit; the message is SVC's).
+            raise ValueError("The dual coefficients or intercepts are not finite: the squared "
+                             "norms of some samples overflow, and so do their kernel values. "
+                             "The input data may contain large values and need to be "
+                             "preprocessed.")
+        self._kernel = make_kernel(self._kernel_name, self.gamma, self.degree, self.coef0, X)
+        self._gamma = self._kernel.gamma
+        return X, y_idx, sample_C
+
+    @property
+    def _kernel_name(self) -> str:
+        """The kernel the solver sees: a callable kernel is a precomputed matrix to it."""
+        return "precomputed" if callable(self.kernel) else self.kernel
+
+    def _check_predict_input(self, X):
+        """SVC's checks before prediction; returns the matrix the model is evaluated on."""
+        check_is_fitted(self)
+        if callable(self.kernel):
+            X = self._callable_gram(X)
+        elif (sp.issparse(X) or hasattr(X, "tocsr")) and not self._sparse:
+            # As SVC, whose LIBSVM has separate dense and sparse models.
+            raise ValueError(f"cannot use sparse input in {type(self).__name__!r} trained on "
+                             "dense data")
+        return X
+
+    def _check_finite_model(self, *arrays):
+        """SVC's error for a fit whose coefficients overflowed (features near the float max)."""
+        if not all(np.isfinite(a).all() for a in arrays):
+            raise ValueError("The dual coefficients or intercepts are not finite. The input "
+                             "data may contain large values and need to be preprocessed.")
+
+    def _callable_gram(self, X):
+        """``kernel(X, X_fit)`` of a callable kernel as a dense float64 matrix (as SVC)."""
+        K = self.kernel(X, self._X_fit)
+        K = K.toarray() if sp.issparse(K) else K
+        return np.asarray(to_numpy(K), dtype=np.float64, order="C")
 
     def __getstate__(self):
         # Device copies of fitted arrays are a cache, not part of the model: dropping

@@ -6,6 +6,7 @@ import warnings
 from numbers import Integral, Real
 
 import numpy as np
+import scipy.sparse as sp
 from sklearn.base import BaseEstimator, ClassifierMixin, _fit_context
 from sklearn.exceptions import ConvergenceWarning
 from sklearn.utils import check_random_state
@@ -17,7 +18,14 @@ from .._validation import validate_X
 from ..kernels import GCDProblem, gcd_plan, gcd_solve_batch
 from ..partition import assign_nearest, kmeans, partition
 from ._partitioned import KERNEL_CONSTRAINTS
-from ._svm import KernelSVMMixin, class_pairs, ovo_votes, ovr_decision
+from ._svm import (
+    KernelSVMMixin,
+    class_pairs,
+    ovo_votes,
+    ovr_decision,
+    pack_dual_coef,
+    primal_coef,
+)
 
 #: k-means for the variable blocks runs on at most this many samples (§4.4).
 KMEANS_SUBSAMPLE = 20_000
@@ -63,11 +71,21 @@ class AsyGCDSVC(KernelSVMMixin, ClassifierMixin, BaseEstimator):
     the objective; every run stops at a point whose largest projected
     gradient is below ``tol``.
 
+    The model has no bias term (the dual of seed 001, eq. 4.9, has no
+    equality constraint), so ``intercept_`` is zero; apart from that the
+    fitted attributes and methods are :class:`sklearn.svm.SVC`'s (names,
+    shapes, LIBSVM's ``dual_coef_`` layout and signs, ``coef_`` for the linear
+    kernel, ``decision_function_shape``, ``break_ties``), so the two swap in
+    code that reads them.
+
     Parameters
     ----------
     C : float, default=1.0
-        Upper bound of the dual variables (inverse regularisation), > 0.
-    kernel : {"linear", "poly", "rbf", "sigmoid", "precomputed"}, default="rbf"
+        Upper bound of the dual variables (inverse regularisation), > 0;
+        ``inf`` for the hard margin, as SVC.
+    kernel : {"linear", "poly", "rbf", "sigmoid", "precomputed"} or callable, default="rbf"
+        A callable ``kernel(A, B)`` returns the kernel matrix, as for SVC (it
+        is then a precomputed kernel to the solver).
     gamma : {"scale", "auto"} or float, default="scale"
         As in :class:`sklearn.svm.SVC`.
     degree : int, default=3
@@ -117,6 +135,21 @@ class AsyGCDSVC(KernelSVMMixin, ClassifierMixin, BaseEstimator):
     class_weight : dict, "balanced" or None, default=None
         Multiplies C per class; with ``sample_weight`` the bound of sample i is
         ``C * class_weight[y_i] * sample_weight[i]``.
+    decision_function_shape : {"ovr", "ovo"}, default="ovr"
+        As SVC: "ovo" returns the pairwise values (positive for the pair's
+        first class), "ovr" one column per class (votes plus bounded
+        confidences).
+    probability : bool or "deprecated", default="deprecated"
+        SVC's Platt scaling, kept for code written for SVC, with SVC's
+        ``FutureWarning`` whenever it is given (scikit-learn deprecated it in
+        1.9 and removes it in 1.11). ``True`` fits
+        ``CalibratedClassifierCV(<this classifier>, method="sigmoid",
+        ensemble=False)`` on 5 stratified folds after the fit (about five more
+        fits) and gives ``predict_proba``; use ``CalibratedClassifierCV``
+        directly instead (docs/casvm.md, "Probabilities").
+    break_ties : bool, default=False
+        As SVC: with "ovr" and more than two classes, predict the argmax of
+        ``decision_function`` instead of the one-vs-one vote.
     device : {"auto", "cpu", "cuda"} or "cuda:N", default="auto"
     random_state : int, RandomState or None, default=None
         Seeds the k-means/random split and the random selection.
@@ -126,15 +159,34 @@ class AsyGCDSVC(KernelSVMMixin, ClassifierMixin, BaseEstimator):
     Attributes
     ----------
     classes_ : ndarray of shape (n_classes,)
+    class_weight_ : ndarray of shape (n_classes,)
     support_ : ndarray of shape (n_SV,)
-        Indices of the training samples with a non-zero dual variable in any pair.
+        Indices of the training samples with a non-zero dual variable in any
+        pair, grouped by class and ascending within a class (SVC's order).
     support_vectors_ : ndarray or sparse matrix of shape (n_SV, n_features)
-    n_support_ : ndarray of shape (n_classes,)
+        Shape (0, 0) for a precomputed or callable kernel, as SVC.
+    n_support_ : ndarray of shape (n_classes,), int32
         Support vectors per class.
-    dual_coef_ : ndarray of shape (n_pairs, n_SV)
-        ``y_i * alpha_i`` of every support vector in each binary problem (zero
-        where it does not take part); pairs are ``(a, b)`` with ``a < b`` in
-        lexicographic order, ``y = +1`` for class ``b``. One row for two classes.
+    dual_coef_ : ndarray or CSR matrix of shape (n_classes - 1, n_SV)
+        SVC's (LIBSVM's) layout and signs: a support vector of class ``c``
+        keeps its ``alpha_i y_i`` for the pair with class ``d`` in row
+        ``d - 1`` if ``d > c``, else row ``d``; for two classes positive
+        values favour ``classes_[1]``. CSR after a sparse fit.
+    ovo_dual_coef_ : ndarray of shape (n_pairs, n_SV)
+        The same numbers one row per pair (pairs ``(a, b)``, ``a < b``, in
+        lexicographic order; positive for class ``a``, LIBSVM's sign), zero
+        where a vector takes no part: what prediction uses.
+    coef_ : ndarray or CSR matrix of shape (n_pairs, n_features)
+        Only for ``kernel="linear"``: the primal weights, read-only, as SVC.
+    intercept_ : ndarray of shape (n_pairs,)
+        Zero: the bias-free model has no intercept (kept for SVC's contract).
+    n_iter_ : ndarray of shape (n_pairs,), int32
+        Coordinate updates per binary problem (``n_updates_``), where SVC
+        counts SMO steps.
+    fit_status_ : int
+        0 if every problem reached ``tol``, 1 if ``max_updates`` stopped one.
+    shape_fit_ : tuple
+        Shape of the training ``X`` (of the kernel matrix for a callable kernel).
     objective_ : ndarray of shape (n_pairs,)
         Final dual objective (eq. 4.9) of each binary problem.
     max_violation_ : ndarray of shape (n_pairs,)
@@ -165,8 +217,13 @@ class AsyGCDSVC(KernelSVMMixin, ClassifierMixin, BaseEstimator):
     """
 
     _parameter_constraints: dict = {
-        "C": [Interval(Real, 0.0, None, closed="neither")],
+        # inf included (the hard margin), as SVC's constraint allows it.
+        "C": [Interval(Real, 0.0, None, closed="right")],
         **KERNEL_CONSTRAINTS,
+        "kernel": [*KERNEL_CONSTRAINTS["kernel"], callable],
+        "decision_function_shape": [StrOptions({"ovr", "ovo"})],
+        "break_ties": ["boolean"],
+        "probability": ["boolean", StrOptions({"deprecated"})],
         "n_workers": [Interval(Integral, 1, None, closed="left"), None],
         "selection": [StrOptions({"greedy", "random"})],
         "tol": [Interval(Real, 0.0, None, closed="neither")],
@@ -182,6 +239,7 @@ class AsyGCDSVC(KernelSVMMixin, ClassifierMixin, BaseEstimator):
     def __init__(self, C=1.0, kernel="rbf", gamma="scale", degree=3, coef0=0.0,
                  n_workers=None, selection="greedy", tol=1e-3, max_updates=None,
                  cache_size=None, block_partition="kmeans", class_weight=None,
+                 decision_function_shape="ovr", break_ties=False, probability="deprecated",
                  device="auto", random_state=None, verbose=0):
         self.C = C
         self.kernel = kernel
@@ -195,14 +253,19 @@ class AsyGCDSVC(KernelSVMMixin, ClassifierMixin, BaseEstimator):
         self.cache_size = cache_size
         self.block_partition = block_partition
         self.class_weight = class_weight
+        self.decision_function_shape = decision_function_shape
+        self.break_ties = break_ties
+        self.probability = probability
         self.device = device
         self.random_state = random_state
         self.verbose = verbose
 
     def __sklearn_tags__(self):
         tags = super().__sklearn_tags__()
+        # As SVC: a callable kernel takes samples, not a kernel matrix.
         tags.input_tags.pairwise = self.kernel == "precomputed"
-        tags.input_tags.sparse = True
+        # As SVC: a precomputed kernel matrix must be dense.
+        tags.input_tags.sparse = self.kernel != "precomputed"
         # No intercept: only kernels with a constant component (rbf) can fit classes that sit
         # off the origin, so the others may score poorly on uncentred data by design.
         tags.classifier_tags.poor_score = self.kernel != "rbf"
@@ -218,28 +281,34 @@ class AsyGCDSVC(KernelSVMMixin, ClassifierMixin, BaseEstimator):
             Or the (n_samples, n_samples) kernel matrix with kernel="precomputed".
         y : array-like of shape (n_samples,)
         sample_weight : array-like of shape (n_samples,), default=None
-            Scales C per sample (0 pins that sample's dual variable at 0).
+            Scales C per sample. A weight of 0 or less pins that sample's dual
+            variable at 0, which leaves it out as SVC does.
 
         Returns
         -------
         self
         """
+        self._warn_probability()
         backend = resolve(self.device, X, y)
         X, y_idx, sample_C = self._validate_targets(X, y, sample_weight)
+        self._sparse = sp.issparse(X) or hasattr(X, "tocsr")
+        self.shape_fit_ = tuple(X.shape)
+        sample_C = np.maximum(sample_C, 0.0)
         rng = check_random_state(self.random_state)
+        precomputed = self._kernel_name == "precomputed"
 
         with backend.use():
             Xd = backend.asarray(X)
-            if hasattr(Xd, "toarray") and self.kernel != "precomputed":
+            if hasattr(Xd, "toarray") and not precomputed:
                 Xd = Xd.toarray()
             n_pairs = len(self.classes_) * (len(self.classes_) - 1) // 2
             self.n_workers_, concurrent = gcd_plan(Xd, n_pairs, self.n_workers)
             self._fit_pairs(Xd, backend, y_idx, sample_C, rng, concurrent)
-        self.support_vectors_ = X[self.support_] if self.kernel != "precomputed" else \
-            np.zeros((len(self.support_), 0))
+        self.support_vectors_ = X[self.support_] if not precomputed else np.empty((0, 0))
         if hasattr(self.support_vectors_, "get"):
             self.support_vectors_ = to_numpy(self.support_vectors_)
         self._device_cache = {}
+        self._fit_probability(X, y, y_idx, sample_C, sample_weight)
         return self
 
     def _blocks(self, X, n_workers, rng):
@@ -247,8 +316,9 @@ class AsyGCDSVC(KernelSVMMixin, ClassifierMixin, BaseEstimator):
         n = X.shape[0]
         if n_workers == 1:
             return np.zeros(n, dtype=np.int64)
-        if self.block_partition != "kmeans" or self.kernel == "precomputed":
-            method = "random" if self.kernel == "precomputed" else self.block_partition
+        precomputed = self._kernel_name == "precomputed"
+        if self.block_partition != "kmeans" or precomputed:
+            method = "random" if precomputed else self.block_partition
             return to_numpy(partition(X, n_workers, method, random_state=rng)[0])
         sub = np.sort(rng.choice(n, KMEANS_SUBSAMPLE, replace=False)) if n > KMEANS_SUBSAMPLE \
             else None
@@ -269,7 +339,7 @@ class AsyGCDSVC(KernelSVMMixin, ClassifierMixin, BaseEstimator):
             workers = max(1, min(self.n_workers_, len(rows) // MIN_BLOCK_SIZE))
             if workers > 1:
                 rows_d = backend.asarray(rows)
-                Xp = X[rows_d][:, rows_d] if self.kernel == "precomputed" else X[rows_d]
+                Xp = X[rows_d][:, rows_d] if self._kernel_name == "precomputed" else X[rows_d]
                 blocks = self._blocks(Xp, workers, pair_rng)
             else:
                 blocks = np.zeros(len(rows), dtype=np.int64)
@@ -306,25 +376,44 @@ class AsyGCDSVC(KernelSVMMixin, ClassifierMixin, BaseEstimator):
                           "the workers cannot share the work; block_partition='kbalance' "
                           "keeps the k-means locality with equal blocks (recommended), "
                           "'random' splits evenly", UserWarning, stacklevel=4)
+        # alpha_i y_i with LIBSVM's sign: positive for the first class of the pair
+        # (the problems above label the second class +1).
         coef_full = np.zeros((len(pairs), len(y_idx)))
         for p, (problem, res) in enumerate(zip(problems, results)):
-            coef_full[p, problem.rows] = problem.y * to_numpy(res.alpha).astype(np.float64)
-        self.support_ = np.flatnonzero(np.any(coef_full != 0, axis=0))
-        self.dual_coef_ = coef_full[:, self.support_]
+            coef_full[p, problem.rows] = -problem.y * to_numpy(res.alpha).astype(np.float64)
+        support = np.flatnonzero(np.any(coef_full != 0, axis=0))
+        self.support_ = support[np.argsort(y_idx[support], kind="stable")]
+        self.ovo_dual_coef_ = coef_full[:, self.support_]
+        self._check_finite_model(self.ovo_dual_coef_)
+        sign = -1.0 if n_classes == 2 else 1.0
+        packed = sign * pack_dual_coef(self.ovo_dual_coef_, y_idx[self.support_], n_classes)
+        self.dual_coef_ = sp.csr_matrix(packed) if self._sparse else packed
+        self.intercept_ = np.zeros(len(pairs))
         self.n_support_ = np.bincount(y_idx[self.support_], minlength=n_classes).astype(np.int32)
         self.objective_ = np.array([r.objective for r in results])
         self.max_violation_ = np.array([r.max_violation for r in results])
         self.n_updates_ = np.array([r.n_updates for r in results], dtype=np.int64)
+        self.n_iter_ = self.n_updates_.astype(np.int32)
+        self.fit_status_ = 0 if all(bool(r.converged) for r in results) else 1
+
+    @property
+    def coef_(self):
+        """Primal weights for ``kernel="linear"`` (read-only, as SVC's; see Attributes)."""
+        check_is_fitted(self)
+        if self.kernel != "linear":
+            raise AttributeError("coef_ is only available when using a linear kernel")
+        return primal_coef(self.ovo_dual_coef_, self.support_vectors_,
+                           len(self.classes_) == 2)
 
     def _pair_values(self, X):
-        """Decision value of every pair for every row: ``K(X, SV) @ dual_coef_.T``."""
-        check_is_fitted(self)
+        """Pairwise decision values ``K(X, SV) @ ovo_dual_coef_.T`` (positive: first class)."""
+        X = self._check_predict_input(X)
         backend = resolve(self.device, X)
         X = validate_X(self, X, reset=False)
         with backend.use():
             Xd = backend.asarray(X)
-            coef = self._on_device(backend, "dual_coef_")
-            if self.kernel == "precomputed":
+            coef = self._on_device(backend, "ovo_dual_coef_")
+            if self._kernel_name == "precomputed":
                 values = Xd[:, backend.asarray(self.support_)] @ coef.T
             elif len(self.support_) == 0:
                 values = backend.xp.zeros((X.shape[0], coef.shape[0]))
@@ -333,12 +422,12 @@ class AsyGCDSVC(KernelSVMMixin, ClassifierMixin, BaseEstimator):
             return to_numpy(values).astype(np.float64, copy=False)
 
     def decision_function(self, X):
-        """Signed distance-like values: (n,) for two classes, (n, n_classes) otherwise.
+        """Decision values in SVC's shapes: (n,) for two classes, else (n, n_classes) or ovo.
 
-        For two classes, positive values mean ``classes_[1]``. For more, column
-        k is the number of one-vs-one votes for class k plus its summed pairwise
-        values squashed into (-1/3, 1/3) (SVC's "ovr" shape), so its argmax is
-        the prediction.
+        For two classes, positive values mean ``classes_[1]``. For more, with
+        "ovr" column k is the number of one-vs-one votes for class k plus its
+        summed pairwise values squashed into (-1/3, 1/3) (SVC's recipe); with
+        "ovo" the pairwise values, positive for the pair's first class.
 
         Parameters
         ----------
@@ -346,18 +435,19 @@ class AsyGCDSVC(KernelSVMMixin, ClassifierMixin, BaseEstimator):
 
         Returns
         -------
-        ndarray of shape (n_samples,) or (n_samples, n_classes)
+        ndarray of shape (n_samples,), (n_samples, n_classes) or (n_samples, n_pairs)
         """
         values = self._pair_values(X)
         n_classes = len(self.classes_)
         if n_classes == 2:
-            return to_output(values[:, 0], X)
-        # a positive pairwise value is a vote for the pair's second class
-        votes, confidence = ovo_votes(-values, n_classes)
+            return to_output(-values[:, 0], X)
+        if self.decision_function_shape == "ovo":
+            return to_output(values, X)
+        votes, confidence = ovo_votes(values, n_classes, zero_votes_first=True)
         return to_output(ovr_decision(votes, confidence), X)
 
     def predict(self, X):
-        """Class labels: the sign for two classes, one-vs-one voting otherwise.
+        """Class labels by one-vs-one voting, as SVC (a value of exactly 0 votes second).
 
         Parameters
         ----------
@@ -367,9 +457,11 @@ class AsyGCDSVC(KernelSVMMixin, ClassifierMixin, BaseEstimator):
         -------
         ndarray of shape (n_samples,)
         """
-        scores = to_numpy(self.decision_function(X))
-        if scores.ndim == 1:
-            labels = self.classes_[(scores > 0).astype(np.int64)]
-        else:
-            labels = self.classes_[np.argmax(scores, axis=1)]
-        return to_output(labels, X)
+        check_is_fitted(self)
+        if self.break_ties and self.decision_function_shape == "ovo":
+            raise ValueError("break_ties must be False when decision_function_shape is 'ovo'")
+        if self.break_ties and len(self.classes_) > 2:
+            decision = to_numpy(self.decision_function(X))
+            return to_output(self.classes_[np.argmax(decision, axis=1)], X)
+        votes, _ = ovo_votes(self._pair_values(X), len(self.classes_))
+        return to_output(self.classes_[np.argmax(votes, axis=1)], X)

@@ -10,6 +10,7 @@ or with the average of all parts (DC-KRR). :class:`BKRRRegressorCV` searches
 from __future__ import annotations
 
 import math
+import warnings
 from dataclasses import dataclass
 from numbers import Integral, Real
 
@@ -34,10 +35,13 @@ from .._backend import (
 from .._validation import check_n_partitions, validate_X, validate_X_y
 from ..distributed import balance, cholesky_cost
 from ..kernels import (
+    HOST_KERNELS,
     Kernel,
     NotPositiveDefiniteError,
+    PairwiseKernel,
     available_bytes,
     gpu_solve_bytes,
+    krr_lstsq_part,
     krr_solve_parts,
     sq_distances,
     tridiagonal_batch,
@@ -165,7 +169,9 @@ class _BKRRBase(RegressorMixin, BaseEstimator):
 
     def __sklearn_tags__(self):
         tags = super().__sklearn_tags__()
-        tags.input_tags.sparse = True
+        precomputed = getattr(self, "kernel", "rbf") == "precomputed"
+        tags.input_tags.pairwise = precomputed
+        tags.input_tags.sparse = not precomputed
         tags.target_tags.multi_output = True
         return tags
 
@@ -182,8 +188,13 @@ class _BKRRBase(RegressorMixin, BaseEstimator):
 
     def _split(self, X):
         """Step 1 (Alg 9 for K-balance): the parts, their sample indices (host) and sizes."""
-        P = _n_partitions(self.n_partitions, X.shape[0])
-        return split(X, P, self.partition, self.random_state)
+        return split(X, self._n_parts(X.shape[0]), self.partition, self.random_state)
+
+    def _n_parts(self, n: int) -> int:
+        """P for ``n`` samples: one part for a precomputed kernel (no features to split on)."""
+        if getattr(self, "kernel", "rbf") == "precomputed":
+            return 1
+        return _n_partitions(self.n_partitions, n)
 
     def _memory_need(self, sizes, itemsize, backend, search=False) -> int:
         """Peak bytes of the solve (or of the σ/λ search) for parts of these sizes.
@@ -236,36 +247,71 @@ class _BKRRBase(RegressorMixin, BaseEstimator):
 
     def _check_before_split(self, n, itemsize, backend, *, search=False):
         """The memory check on the lower bound ``[ceil(n / P)]``, before any partitioning."""
-        P = _n_partitions(self.n_partitions, n)
+        P = self._n_parts(n)
         self._check_memory([-(-n // P)], itemsize, backend, search=search, n_samples=n,
                            n_parts=P)
 
     def _kernel(self, gamma: float) -> Kernel:
-        return Kernel(self.kernel, gamma, int(self.degree), float(self.coef0))
+        kernel = getattr(self, "kernel", "rbf")
+        if callable(kernel) or kernel in HOST_KERNELS:
+            return PairwiseKernel(kernel, gamma, int(self.degree), float(self.coef0),
+                                  getattr(self, "kernel_params", None))
+        kernel = "poly" if kernel == "polynomial" else kernel
+        return Kernel(kernel, 1.0 if gamma is None else gamma, int(self.degree),
+                      float(self.coef0))
 
-    def _fit_parts(self, backend, X, y, part_rows, sigma, lam, part_ids=None) -> list[KRRPartFit]:
+    def _fit_gamma(self, sigma, n_features):
+        """The kernel's gamma: ``1 / (2 sigma^2)``, or the ``gamma`` parameter when given."""
+        gamma = getattr(self, "gamma", None)
+        if gamma is None:
+            return 1.0 / (2.0 * sigma**2)
+        return 1.0 / n_features if gamma == "auto" else float(gamma)
+
+    def _shifts(self, sizes, lam):
+        """Each part's diagonal shift: ``lam * m_j`` (eq. 3.6), or ``alpha`` when given."""
+        alpha = getattr(self, "alpha", None)
+        return [float(alpha) if alpha is not None else lam * int(m) for m in sizes]
+
+    def _fit_parts(self, backend, X, y, part_rows, sigma, lam, part_ids=None,
+                   sample_weight=None) -> list[KRRPartFit]:
         """Step 2 for the given parts: ``(K_j + lam*m_j*I) a_j = y_j`` (eq. 3.6, Alg 10 line 12).
 
         ``X`` and ``y`` are on the current device, ``part_rows[k]`` the rows of
-        the k-th part (``part_ids[k]`` names it in errors). One batched solve
-        for all of them; one :class:`KRRPartFit` per part, in order.
+        the k-th part (``part_ids[k]`` names it in warnings). One batched solve
+        for all of them; one :class:`KRRPartFit` per part, in order. A part
+        whose system the Cholesky factorisation refuses (``lam=0`` with
+        duplicate samples, the indefinite sigmoid kernel) is solved by least
+        squares instead, with a warning, as ``KernelRidge`` does.
         """
         xp = backend.xp
-        parts = [_take(xp, X, idx) for idx in part_rows]
+        precomputed = getattr(self, "kernel", "rbf") == "precomputed"
+        parts = [_take(xp, X, idx) if not precomputed else X[xp.asarray(idx)][:, xp.asarray(idx)]
+                 for idx in part_rows]
         targets = [_take(xp, y, idx) for idx in part_rows]
-        shifts = [lam * len(idx) for idx in part_rows]
-        kernel = self._kernel(1.0 / (2.0 * sigma**2))
+        weights = (None if sample_weight is None else
+                   [_take(xp, sample_weight, idx) for idx in part_rows])
+        shifts = self._shifts([len(idx) for idx in part_rows], lam)
+        kernel = self._kernel(self._fit_gamma(sigma, X.shape[1]))
         try:
-            alphas = krr_solve_parts(kernel, parts, targets, shifts, n_jobs=self.n_jobs)
-        except NotPositiveDefiniteError as err:
-            which = ("one part" if err.part is None else
-                     f"part {err.part if part_ids is None else int(part_ids[err.part])}")
-            raise ValueError(
-                f"the system (K + lam*m*I) alpha = y of {which} is not positive definite "
-                f"(kernel={self.kernel!r}, lam={lam!r}): with lam=0 this happens when a part "
-                "holds duplicate or nearly duplicate samples, and the sigmoid kernel is not "
-                "positive semi-definite; use lam > 0 or another kernel"
-            ) from None
+            alphas = krr_solve_parts(kernel, parts, targets, shifts, n_jobs=self.n_jobs,
+                                     weights=weights)
+        except NotPositiveDefiniteError:
+            alphas = []
+            for k, (Xj, yj, shift) in enumerate(zip(parts, targets, shifts)):
+                wj = None if weights is None else [weights[k]]
+                try:
+                    alphas += krr_solve_parts(kernel, [Xj], [yj], [shift], weights=wj)
+                except NotPositiveDefiniteError:
+                    which = k if part_ids is None else int(part_ids[k])
+                    warnings.warn(
+                        f"Singular matrix in solving dual problem of part {which}: the system "
+                        f"(K + shift*I) alpha = y is not positive definite (kernel="
+                        f"{self.kernel!r}, shift={shift!r}; with lam=0 duplicate samples do "
+                        "this, and the sigmoid kernel is not positive semi-definite). Using "
+                        "least-squares solution instead, as KernelRidge.",
+                        stacklevel=3)
+                    alphas.append(krr_lstsq_part(kernel, Xj, yj, shift,
+                                                 None if wj is None else wj[0]))
         return [KRRPartFit(Xj, a) for Xj, a in zip(parts, alphas)]
 
     def _store_fit(self, backend, partitioning, fits, sigma, lam):
@@ -276,9 +322,12 @@ class _BKRRBase(RegressorMixin, BaseEstimator):
         self.part_sizes_ = partitioning.sizes
         self.part_offsets_ = np.concatenate([[0], np.cumsum(self.part_sizes_)])
         self.n_partitions_ = int(len(partitioning.parts))
-        self.sigma_ = float(sigma)
-        self.lam_ = float(lam)
-        self.gamma_ = 1.0 / (2.0 * float(sigma) ** 2)
+        self.gamma_ = self._fit_gamma(sigma, self.n_features_in_)
+        self.sigma_ = (float(sigma) if getattr(self, "gamma", None) is None
+                       else 1.0 / math.sqrt(2.0 * self.gamma_))
+        alpha = getattr(self, "alpha", None)
+        self.lam_ = float(lam) if alpha is None else float(alpha) / int(self.part_sizes_.sum())
+        self.shifts_ = np.array(self._shifts(self.part_sizes_, lam))
         self.device_ = backend.device
 
     # -- prediction --------------------------------------------------------
@@ -419,22 +468,35 @@ class BKRRRegressor(_BKRRBase):
     ``m = n`` samples) and the Gaussian kernel, this is exactly
     ``sklearn.kernel_ridge.KernelRidge(alpha=lam * n, kernel="rbf",
     gamma=1 / (2 * sigma**2))``; with P parts each part is that model with
-    ``alpha = lam * m_j``.
+    ``alpha = lam * m_j``. ``KernelRidge(alpha=a, kernel=k, gamma=g, degree=d,
+    coef0=c, kernel_params=p)`` itself maps, argument for argument and
+    without knowing n, to ``BKRRRegressor(alpha=a, kernel=k, gamma=g or
+    "auto", degree=d, coef0=c, kernel_params=p, n_partitions=1)``: the paper's
+    ``lam`` is normalised by the part size (eq. 3.6), KernelRidge's ``alpha``
+    is not, and a constructor does not know n yet, hence the ``alpha`` and
+    ``gamma`` alternatives to ``lam`` and ``sigma``.
 
     Parameters
     ----------
-    kernel : {"rbf", "linear", "poly", "sigmoid"}, default="rbf"
-        Kernel function (seed 001, Table 3.1). For "poly" and "sigmoid" the
-        inner-product scale is also ``gamma = 1 / (2 sigma^2)`` (the one scale
-        parameter); "linear" ignores ``sigma``. The sigmoid kernel is not
-        positive semi-definite: use it with a ``lam`` large enough for the
-        Cholesky factorisation to succeed (a clear error says when it fails).
+    kernel : str or callable, default="rbf"
+        Kernel function (seed 001, Table 3.1): "rbf", "linear", "poly" (or
+        "polynomial") and "sigmoid" run on any device. For "poly" and
+        "sigmoid" the inner-product scale is also ``gamma = 1 / (2 sigma^2)``
+        (the one scale parameter); "linear" ignores ``sigma``. The sigmoid
+        kernel is not positive semi-definite: a part whose system the
+        Cholesky factorisation refuses is solved by least squares, with a
+        warning (as KernelRidge). "precomputed": ``X`` is the training kernel
+        matrix in ``fit`` and ``K(X_test, X_train)`` in ``predict`` (one part
+        only, since partitioning needs features). KernelRidge's other kernels
+        ("laplacian", "chi2", "additive_chi2", "cosine") and callables are
+        computed by scikit-learn's ``pairwise_kernels`` on the CPU.
     sigma : float > 0, default=1.0
         Gaussian kernel width σ.
     lam : float >= 0, default=1e-4
         Regularisation λ; each part's system is shifted by ``lam * m_j``.
-        ``lam=0`` is allowed while every part's kernel block is positive
-        definite (a clear ``ValueError`` otherwise).
+        With ``lam=0`` a part whose kernel block is singular (duplicate
+        samples) is solved by least squares, with a warning, as KernelRidge
+        does with ``alpha=0``.
     degree : int, default=3
         Degree of the polynomial kernel.
     coef0 : float, default=1.0
@@ -481,6 +543,17 @@ class BKRRRegressor(_BKRRBase):
         itself multi-threaded by BLAS.
     random_state : int, RandomState or None, default=None
         Seeds the partitioner.
+    alpha : float >= 0 or None, default=None
+        KernelRidge's regularisation: when given, every part's system is
+        ``(K_j + alpha I) a_j = y_j`` and ``lam`` is ignored. It lets
+        ``KernelRidge(alpha=...)`` map onto this class without knowing n
+        (``alpha = lam * n`` for one part).
+    gamma : float > 0, "auto" or None, default=None
+        KernelRidge's kernel coefficient: when given, it replaces
+        ``1 / (2 sigma^2)`` (and ``sigma`` is ignored); "auto" is
+        ``1 / n_features``, KernelRidge's ``gamma=None``.
+    kernel_params : dict or None, default=None
+        Keyword arguments of a callable kernel, as KernelRidge's.
 
     Attributes
     ----------
@@ -496,7 +569,11 @@ class BKRRRegressor(_BKRRBase):
         Part ``j`` is ``X_fit_[part_offsets_[j]:part_offsets_[j + 1]]``.
     n_partitions_ : int
     sigma_, lam_, gamma_ : float
-        The fitted σ, λ, and ``gamma_ = 1 / (2 sigma_^2)``.
+        The fitted σ, λ, and ``gamma_ = 1 / (2 sigma_^2)``. With ``alpha``
+        given, ``lam_ = alpha / n_samples`` (one part's λ); with ``gamma``
+        given, ``sigma_ = 1 / sqrt(2 gamma_)``.
+    shifts_ : ndarray of shape (n_partitions_,)
+        The diagonal shift of every part's system (``lam * m_j`` or ``alpha``).
     device_ : str
         Device holding the fitted arrays. A model fitted on a GPU pickles its
         arrays as NumPy; unpickled where that GPU exists they go back to it,
@@ -532,16 +609,21 @@ class BKRRRegressor(_BKRRBase):
     """
 
     _parameter_constraints = {
-        "kernel": [StrOptions({"rbf", "linear", "poly", "sigmoid"})],
+        "kernel": [StrOptions({"rbf", "linear", "poly", "polynomial", "sigmoid", "precomputed",
+                               *HOST_KERNELS}), callable],
         "sigma": [Interval(Real, 0.0, None, closed="neither")],
         "lam": [Interval(Real, 0.0, None, closed="left")],
         **_COMMON_CONSTRAINTS,
         "devices": PARTITION_CONSTRAINTS["devices"],
+        "alpha": [Interval(Real, 0.0, None, closed="left"), None],
+        "gamma": [Interval(Real, 0.0, None, closed="neither"), StrOptions({"auto"}), None],
+        "kernel_params": [dict, None],
     }
 
     def __init__(self, kernel="rbf", sigma=1.0, lam=1e-4, degree=3, coef0=1.0,
                  n_partitions="auto", partition="kbalance", combine="nearest",
-                 dtype="float64", device="auto", devices=None, n_jobs=None, random_state=None):
+                 dtype="float64", device="auto", devices=None, n_jobs=None, random_state=None,
+                 alpha=None, gamma=None, kernel_params=None):
         self.kernel = kernel
         self.sigma = sigma
         self.lam = lam
@@ -555,15 +637,26 @@ class BKRRRegressor(_BKRRBase):
         self.devices = devices
         self.n_jobs = n_jobs
         self.random_state = random_state
+        self.alpha = alpha
+        self.gamma = gamma
+        self.kernel_params = kernel_params
 
-    def fit(self, X, y):
+    def _host_only(self) -> bool:
+        return callable(self.kernel) or self.kernel in HOST_KERNELS
+
+    def fit(self, X, y, sample_weight=None):
         """Partition, then solve one kernel ridge system per part.
 
         Parameters
         ----------
         X : array-like or sparse CSR of shape (n_samples, n_features)
-            NumPy, pandas, SciPy CSR or CuPy.
+            NumPy, pandas, SciPy CSR or CuPy. With ``kernel="precomputed"``
+            the (n_samples, n_samples) kernel matrix (left untouched).
         y : array-like of shape (n_samples,) or (n_samples, n_targets)
+        sample_weight : float or array-like of shape (n_samples,), default=None
+            Weights of the samples' squared errors, as KernelRidge's: each
+            part solves ``(S K_j S + shift I) b = S y`` with
+            ``S = diag(sqrt(w))`` and keeps ``a = S b``.
 
         Returns
         -------
@@ -576,24 +669,49 @@ class BKRRRegressor(_BKRRBase):
         # A refit invalidates the device copies of the previous model's arrays.
         for name in ("devices_", "part_device_", "part_worker_", "_device_cache"):
             self.__dict__.pop(name, None)
+        if self.kernel == "precomputed" and self.n_partitions not in (1, "auto"):
+            raise ValueError("kernel='precomputed' needs n_partitions=1 (or 'auto'): "
+                             "partitioning and nearest-centre routing need the samples' "
+                             "features")
+        if self.kernel == "precomputed" and group is not None:
+            raise ValueError("kernel='precomputed' fits on one device: use devices=None")
+        if self._host_only() and (group is not None or self.device not in ("auto", "cpu")):
+            raise ValueError(f"kernel={self.kernel!r} is computed by scikit-learn's "
+                             "pairwise_kernels on the CPU: use device='cpu' (or 'auto') and "
+                             "devices=None")
         if group is not None:
-            return self._fit_on_devices(group, X, y)
-        backend, X, y = self._prepare(X, y)
+            return self._fit_on_devices(group, X, y, sample_weight)
+        backend, X, y = self._prepare(X, y, CPU if self._host_only() else None)
+        sample_weight = self._sample_weight(backend, sample_weight, X)
         with backend.use():
             self._check_before_split(X.shape[0], X.dtype.itemsize, backend)
             partitioning = self._split(X)
             self._check_memory(partitioning.sizes, X.dtype.itemsize, backend)
-            fits = self._fit_parts(backend, X, y, partitioning.parts, self.sigma, self.lam)
+            fits = self._fit_parts(backend, X, y, partitioning.parts, self.sigma, self.lam,
+                                   sample_weight=sample_weight)
             self._store_fit(backend, partitioning, fits, self.sigma, self.lam)
         return self
 
-    def _fit_on_devices(self, group, X, y):
+    def _sample_weight(self, backend, sample_weight, X):
+        """KernelRidge's ``sample_weight`` (None, a float, or one per sample) on the device."""
+        if sample_weight is None:
+            return None
+        from sklearn.utils.validation import _check_sample_weight
+
+        host = _check_sample_weight(to_numpy(sample_weight) if is_cupy_array(sample_weight)
+                                    else sample_weight, np.empty((X.shape[0], 0)),
+                                    dtype=np.float64, ensure_non_negative=True)
+        with backend.use():
+            return backend.asarray(host, X.dtype)
+
+    def _fit_on_devices(self, group, X, y, sample_weight=None):
         """``fit`` over several devices: shard, partition, place parts by cost, fit, assemble.
 
         The fitted arrays are assembled on the host (``device_ == "cpu"``); each
         device keeps its parts' arrays for prediction.
         """
         _, X, y = self._prepare(X, y, backend=CPU)
+        sample_weight = self._sample_weight(CPU, sample_weight, X)
         n, itemsize = X.shape[0], X.dtype.itemsize
         for backend in group.backends:
             with backend.use():
@@ -609,7 +727,9 @@ class BKRRRegressor(_BKRRBase):
         def fit_local(backend, ids, rows, local):
             return self._fit_parts(backend, backend.asarray(_take(np, X, rows)),
                                    backend.asarray(y[rows]), local, self.sigma, self.lam,
-                                   part_ids=ids)
+                                   part_ids=ids,
+                                   sample_weight=None if sample_weight is None
+                                   else backend.asarray(sample_weight[rows]))
 
         fits, part_device = fit_on_devices(group, partitioning, placement, fit_local)
         # Only the coefficients come back: the training rows are on the host already.

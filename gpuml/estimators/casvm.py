@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import dataclasses
 import warnings
 from dataclasses import dataclass
 from numbers import Integral, Real
 
 import numpy as np
+import scipy.sparse as sp
 from sklearn.base import BaseEstimator, ClassifierMixin, _fit_context
 from sklearn.exceptions import ConvergenceWarning
 from sklearn.utils._param_validation import Interval, StrOptions
@@ -32,7 +32,14 @@ from ._partitioned import (
     stack_rows,
     warn_poor_parts,
 )
-from ._svm import KernelSVMMixin, class_pairs, ovo_votes, ovr_decision
+from ._svm import (
+    KernelSVMMixin,
+    class_pairs,
+    ovo_votes,
+    ovr_decision,
+    pack_dual_coef,
+    primal_coef,
+)
 
 #: Default number of parts, chosen from bench/bench_casvm.py (see docs/casvm.md).
 DEFAULT_N_PARTITIONS = 8
@@ -68,11 +75,6 @@ class SVMPartFit:
     converged: bool
     n_problems: int
 
-    def reordered(self, order) -> SVMPartFit:
-        """The same model with its support vectors in ``order``."""
-        return dataclasses.replace(self, support=self.support[order],
-                                   support_vectors=self.support_vectors[order],
-                                   dual_coef=self.dual_coef[:, order])
 
 
 class CASVMClassifier(KernelSVMMixin, ClassifierMixin, BaseEstimator):
@@ -99,12 +101,15 @@ class CASVMClassifier(KernelSVMMixin, ClassifierMixin, BaseEstimator):
     C : float, default=1.0
         Regularisation; the upper bound of every dual variable before class
         and sample weights (``C_i = C * class_weight[y_i] * sample_weight_i``,
-        as LIBSVM).
-    kernel : {"rbf", "linear", "poly", "sigmoid", "precomputed"}, default="rbf"
+        as LIBSVM). ``C=inf`` gives the hard-margin SVM, as in SVC.
+    kernel : {"rbf", "linear", "poly", "sigmoid", "precomputed"} or callable, default="rbf"
         With "precomputed", ``X`` is the square training kernel matrix in
         ``fit`` and ``K(X_test, X_train)`` in ``predict``; only
         ``n_partitions=1`` is allowed then, because partitioning and
-        nearest-centre routing need the samples' features.
+        nearest-centre routing need the samples' features. A callable
+        ``kernel(A, B)`` returns the kernel matrix between the samples of
+        ``A`` and ``B`` (which it receives as given, as SVC passes them); it
+        is turned into a precomputed matrix, with the same restriction.
     gamma : {"scale", "auto"} or float, default="scale"
         Kernel coefficient, resolved on the whole training set as SVC does.
     degree : int, default=3
@@ -146,6 +151,18 @@ class CASVMClassifier(KernelSVMMixin, ClassifierMixin, BaseEstimator):
     decision_function_shape : {"ovr", "ovo"}, default="ovr"
         As SVC: "ovr" turns the one-vs-one values into one column per class
         (votes plus bounded confidences); "ovo" returns the pairwise values.
+    probability : bool or "deprecated", default="deprecated"
+        SVC's Platt scaling, kept for code written for SVC, with SVC's
+        ``FutureWarning`` whenever it is given (scikit-learn deprecated it in
+        1.9 and removes it in 1.11). ``True`` fits
+        ``CalibratedClassifierCV(<this classifier>, method="sigmoid",
+        ensemble=False)`` on 5 stratified folds after the fit (about five more
+        fits) and gives ``predict_proba``; use ``CalibratedClassifierCV``
+        directly instead (docs/casvm.md, "Probabilities").
+    break_ties : bool, default=False
+        As SVC: with "ovr" and more than two classes, ``predict`` returns the
+        argmax of ``decision_function`` (ties in the votes broken by the
+        confidences) instead of the one-vs-one vote (ties: lowest class).
     device : str, default="auto"
         "auto", "cpu", "cuda" or "cuda:N" (see :mod:`gpuml._backend`).
     devices : None, "all" or list, default=None
@@ -169,36 +186,74 @@ class CASVMClassifier(KernelSVMMixin, ClassifierMixin, BaseEstimator):
 
     Attributes
     ----------
+    The attributes SVC has carry SVC's names, shapes, layouts and signs, so that
+    ``CASVMClassifier(n_partitions=1)`` is a drop-in for ``SVC``. With
+    ``n_partitions > 1`` every sample belongs to one part, and so does every
+    support vector: ``support_``, ``support_vectors_``, ``n_support_`` and
+    ``dual_coef_`` are the union of the parts' models (each vector's
+    coefficients come from its own part and ``support_part_`` says which);
+    the per-model arrays ``intercept_`` and ``coef_`` gain a leading part
+    axis, because each part has its own hyperplanes and a sample is scored
+    by the part it is routed to. gpuml's own layouts used by prediction are
+    kept as the extra attributes ``ovo_dual_coef_``, ``part_intercept_``,
+    ``part_n_iter_``, ``pair_status_`` and ``objective_``.
+
     classes_ : ndarray of shape (n_classes,)
+    class_weight_ : ndarray of shape (n_classes,)
+        The multiplier of C per class (1 without ``class_weight``), as SVC.
     n_features_in_ : int
+        For a callable kernel, the number of training samples (the width of
+        the kernel matrix the fit ran on).
+    shape_fit_ : tuple
+        Shape of the training ``X`` (of the kernel matrix for a callable
+        kernel), as SVC.
     centers_ : ndarray of shape (n_partitions, n_features)
         Routing centres (the part means for balanced splits).
     partition_sizes_ : ndarray of shape (n_partitions,)
     support_ : ndarray of shape (n_SV,)
-        Training indices of the support vectors, grouped by part.
-    support_vectors_ : ndarray of shape (n_SV, n_features)
-        Empty for ``kernel="precomputed"``.
-    support_ptr_ : ndarray of shape (n_partitions + 1,)
-        Part ``p`` owns ``support_[support_ptr_[p]:support_ptr_[p + 1]]``.
-    n_support_ : ndarray of shape (n_classes,)
-        Support vectors per class, over all parts.
-    dual_coef_ : ndarray of shape (n_pairs, n_SV)
-        ``alpha_i y_i`` of every support vector in every one-vs-one problem
-        (pairs ordered as SVC's: (0, 1), (0, 2), ..., (1, 2), ...; ``y = +1``
-        for the first class of the pair); zero where a vector takes no part.
-    intercept_ : ndarray of shape (n_partitions, n_pairs)
-        Per part and pair; a pair not trained in a part has coefficient 0 and
-        intercept +1, -1 or 0 (vote for the present class, or none).
+        Training indices of the support vectors, grouped by class and
+        ascending within a class (SVC's order).
+    support_vectors_ : ndarray or CSR matrix of shape (n_SV, n_features)
+        In the order of ``support_``; sparse after a sparse fit. Shape (0, 0)
+        for a precomputed or callable kernel, as SVC.
+    n_support_ : ndarray of shape (n_classes,), int32
+        Support vectors per class.
+    dual_coef_ : ndarray or CSR matrix of shape (n_classes - 1, n_SV)
+        LIBSVM's layout, as SVC: a support vector of class ``c`` holds its
+        ``alpha_i y_i`` for the pair with class ``d`` in row ``d - 1`` if
+        ``d > c``, else row ``d``. For two classes the sign is SVC's:
+        positive for ``classes_[1]``. Sparse (CSR) after a sparse fit.
+    coef_ : ndarray or CSR matrix of shape (n_pairs, n_features)
+        Only for ``kernel="linear"``: the primal weights, read-only, as SVC
+        (sparse after a sparse fit); ``(n_partitions, n_pairs, n_features)``,
+        one set per part, when ``n_partitions > 1``.
+    intercept_ : ndarray of shape (n_pairs,)
+        SVC's intercepts (binary sign as ``dual_coef_``);
+        ``(n_partitions, n_pairs)`` when ``n_partitions > 1``. A pair not
+        trained in a part has intercept -1, +1 or 0 there (a constant vote
+        for the class that is present, or none; see ``pair_status_``).
+    n_iter_ : ndarray of shape (n_pairs,), int32
+        SMO steps per pair, summed over the parts.
+    fit_status_ : int
+        0 if every problem converged, 1 if ``max_iter`` stopped one (as SVC).
+    support_part_ : ndarray of shape (n_SV,)
+        The part each support vector belongs to (and predicts in).
+    ovo_dual_coef_ : ndarray of shape (n_pairs, n_SV)
+        gpuml's layout: ``alpha_i y_i`` of every support vector in every
+        one-vs-one problem, ``y = +1`` for the first class of the pair
+        (pairs ordered as SVC's: (0, 1), (0, 2), ..., (1, 2), ...); zero
+        where a vector takes no part. Columns as ``support_``.
+    part_intercept_ : ndarray of shape (n_partitions, n_pairs)
+        Per part and pair, LIBSVM's sign (``+`` favours the pair's first
+        class) for every number of classes.
     pair_status_ : ndarray of shape (n_partitions, n_pairs)
         2: the pair was trained in the part; 1: only one of its classes was
         there (constant vote); 0: neither (no vote).
-    n_iter_ : ndarray of shape (n_partitions, n_pairs)
+    part_n_iter_ : ndarray of shape (n_partitions, n_pairs)
         SMO steps per part and pair (0 when not trained).
     objective_ : ndarray of shape (n_partitions, n_pairs)
         LIBSVM's dual objective ``1/2 a'Qa - sum(a)`` per problem (NaN when
         not trained).
-    fit_status_ : int
-        0 if every problem converged, 1 if ``max_iter`` stopped one.
     devices_ : tuple of str
         Only after a fit with ``devices``: the devices, in rank order.
     part_device_ : ndarray of shape (n_partitions,)
@@ -228,8 +283,10 @@ class CASVMClassifier(KernelSVMMixin, ClassifierMixin, BaseEstimator):
     """
 
     _parameter_constraints: dict = {
-        "C": [Interval(Real, 0.0, None, closed="neither")],
+        # inf included (the hard margin), as SVC's constraint allows it.
+        "C": [Interval(Real, 0.0, None, closed="right")],
         **KERNEL_CONSTRAINTS,
+        "kernel": [*KERNEL_CONSTRAINTS["kernel"], callable],
         **PARTITION_CONSTRAINTS,
         "tol": [Interval(Real, 0.0, None, closed="neither")],
         "max_iter": [Interval(Integral, -1, None, closed="left")],
@@ -237,14 +294,16 @@ class CASVMClassifier(KernelSVMMixin, ClassifierMixin, BaseEstimator):
         "shrinking": ["boolean"],
         "class_weight": [StrOptions({"balanced"}), dict, None],
         "decision_function_shape": [StrOptions({"ovr", "ovo"})],
+        "break_ties": ["boolean"],
+        "probability": ["boolean", StrOptions({"deprecated"})],
         "verbose": ["verbose"],
     }
 
     def __init__(self, C=1.0, kernel="rbf", gamma="scale", degree=3, coef0=0.0,
                  n_partitions=DEFAULT_N_PARTITIONS, partition="random", tol=1e-3,
                  max_iter=-1, cache_size=DEFAULT_CACHE_SIZE, shrinking=False, class_weight=None,
-                 decision_function_shape="ovr", device="auto", devices=None, n_jobs=None,
-                 random_state=None, verbose=0):
+                 decision_function_shape="ovr", break_ties=False, probability="deprecated",
+                 device="auto", devices=None, n_jobs=None, random_state=None, verbose=0):
         self.C = C
         self.kernel = kernel
         self.gamma = gamma
@@ -258,6 +317,8 @@ class CASVMClassifier(KernelSVMMixin, ClassifierMixin, BaseEstimator):
         self.shrinking = shrinking
         self.class_weight = class_weight
         self.decision_function_shape = decision_function_shape
+        self.break_ties = break_ties
+        self.probability = probability
         self.device = device
         self.devices = devices
         self.n_jobs = n_jobs
@@ -266,8 +327,10 @@ class CASVMClassifier(KernelSVMMixin, ClassifierMixin, BaseEstimator):
 
     def __sklearn_tags__(self):
         tags = super().__sklearn_tags__()
+        # As SVC: a callable kernel takes samples, not a kernel matrix.
         tags.input_tags.pairwise = self.kernel == "precomputed"
-        tags.input_tags.sparse = True
+        # As SVC: a precomputed kernel matrix must be dense.
+        tags.input_tags.sparse = self.kernel != "precomputed"
         return tags
 
     @_fit_context(prefer_skip_nested_validation=True)
@@ -280,22 +343,27 @@ class CASVMClassifier(KernelSVMMixin, ClassifierMixin, BaseEstimator):
             Or the (n_samples, n_samples) kernel matrix with kernel="precomputed".
         y : array-like of shape (n_samples,)
         sample_weight : array-like of shape (n_samples,), default=None
-            Scales C per sample; samples with weight 0 are left out.
+            Scales C per sample; samples with weight 0 or less are left out
+            (as SVC; an error if that leaves no sample or one class).
 
         Returns
         -------
         self
         """
+        self._warn_probability()
         if any(is_dask_collection(v) for v in (X, y, sample_weight)):
             return dask_module().fit_casvm(self, X, y, sample_weight)
         group = device_group(self)
         backend = resolve(self.device, X, y) if group is None else None
-        X, y_idx, sample_C = self._validate_targets(X, y, sample_weight)
-        if self.kernel == "precomputed" and self.n_partitions != 1:
-            raise ValueError("kernel='precomputed' needs n_partitions=1: partitioning and "
+        precomputed = self._kernel_name == "precomputed"
+        if precomputed and self.n_partitions != 1:
+            raise ValueError(f"kernel={self.kernel!r} needs n_partitions=1: partitioning and "
                              "nearest-centre routing need the samples' features")
-        if self.kernel == "precomputed" and group is not None:
-            raise ValueError("kernel='precomputed' fits on one device: use devices=None")
+        if precomputed and group is not None:
+            raise ValueError(f"kernel={self.kernel!r} fits on one device: use devices=None")
+        X, y_idx, sample_C = self._validate_targets(X, y, sample_weight)
+        self._sparse = sp.issparse(X) or hasattr(X, "tocsr")
+        self.shape_fit_ = tuple(X.shape)
         self._gamma = self._kernel.gamma
         # A refit invalidates the device copies of the previous model's arrays.
         for name in ("devices_", "part_device_", "part_worker_", "_device_cache"):
@@ -316,6 +384,7 @@ class CASVMClassifier(KernelSVMMixin, ClassifierMixin, BaseEstimator):
                                                             y_idx[rows], sample_C[rows]))
             self.devices_ = group.devices
         self._assemble(parts, fits, y_idx)
+        self._fit_probability(X, y, y_idx, sample_C, sample_weight)
         return self
 
     def _fit_parts(self, X, part_rows, y_idx, sample_C) -> list[SVMPartFit]:
@@ -337,7 +406,8 @@ class CASVMClassifier(KernelSVMMixin, ClassifierMixin, BaseEstimator):
             # two index runs whose kernel blocks the solver can share.
             pos = pos[np.argsort(y_idx[rows[pos]], kind="stable")]
             sel = to_output(rows[pos], X)
-            Xs.append(X[sel] if self.kernel != "precomputed" else X[sel][:, sel])
+            Xs.append(self._solver_rows(X[sel]) if self._kernel.name != "precomputed"
+                      else X[sel][:, sel])
             # Class c holds the part's rows bounds[c]:bounds[c + 1].
             bounds = np.searchsorted(y_idx[rows[pos]], np.arange(n_classes + 1))
             present = np.diff(bounds) > 0
@@ -388,7 +458,7 @@ class CASVMClassifier(KernelSVMMixin, ClassifierMixin, BaseEstimator):
                                    objective, all(bool(res.converged) for res in mine), len(q)))
         # The support vectors of all parts in one gather and one copy to the host.
         sv_rows = np.concatenate(supports + [np.zeros(0, np.int64)])
-        if self.kernel == "precomputed":
+        if self._kernel.name == "precomputed":
             vectors = [np.empty((0, 0))] * len(fits)
         else:
             stacked = to_numpy(X[to_output(sv_rows, X)])
@@ -398,29 +468,60 @@ class CASVMClassifier(KernelSVMMixin, ClassifierMixin, BaseEstimator):
             fit.support_vectors = block
         return fits
 
+    def _solver_rows(self, Xp):
+        """A part's rows as the solver gets them: sparse ones dense when that costs little.
+
+        A sparse part with no more features than rows is no larger dense than
+        the kernel matrix its solver holds anyway. Densified, its kernel values
+        come from the same GEMM as a dense fit's, bit for bit, so the sparse fit
+        takes the same SMO steps and gives the same model (as SVC's dense and
+        sparse LIBSVM agree); a product of sparse matrices sums in another
+        order, and rounding differences then steer the working-set selection
+        elsewhere (differences of the order of ``tol``). Wide sparse data
+        (text) stays sparse.
+        """
+        if not hasattr(Xp, "tocsr"):
+            return Xp
+        m, d = Xp.shape
+        if d <= m and m * d * Xp.dtype.itemsize <= self.cache_size * (1 << 20):
+            return Xp.toarray()
+        return Xp
+
     def _assemble(self, parts, fits, y_idx):
-        """The fitted attributes from the per-part models (in part order) and the centres."""
-        supports, coefs, vectors = [], [], []
-        for rows, fit in zip(parts.parts, fits):
-            support = np.asarray(rows, dtype=np.int64)[fit.support]
-            order = np.argsort(support, kind="stable")
-            if np.any(np.diff(support) < 0):  # parts given in another row order
-                support, fit = support[order], fit.reordered(order)
-            supports.append(support)
-            coefs.append(fit.dual_coef)
-            vectors.append(fit.support_vectors)
-        self.support_ = np.concatenate(supports + [np.zeros(0, np.int64)])
-        self.support_ptr_ = np.concatenate([[0], np.cumsum([len(s) for s in supports])]
-                                           ).astype(np.int64)
-        self.dual_coef_ = np.concatenate(coefs, axis=1)
-        self.n_support_ = np.bincount(y_idx[self.support_],
-                                      minlength=len(self.classes_)).astype(np.int32)
-        self.support_vectors_ = (stack_rows(vectors) if self.kernel != "precomputed"
-                                 else np.empty((0, 0)))
-        self.intercept_ = np.stack([f.intercept for f in fits])
+        """The fitted attributes from the per-part models (in part order) and the centres.
+
+        The support vectors of all parts are put in SVC's order (by class,
+        then by row); gpuml's pairwise layout (``ovo_dual_coef_``) and SVC's
+        packed one (``dual_coef_``) are both kept, in that order.
+        """
+        n_classes = len(self.classes_)
+        rows = [np.asarray(r, dtype=np.int64)[f.support] for r, f in zip(parts.parts, fits)]
+        support = np.concatenate(rows + [np.zeros(0, np.int64)])
+        support_part = np.repeat(np.arange(len(fits)), [len(r) for r in rows])
+        ovo_coef = np.concatenate([f.dual_coef for f in fits], axis=1)
+        order = np.lexsort((support, y_idx[support]))
+        self.support_ = support[order]
+        self.support_part_ = support_part[order]
+        self.ovo_dual_coef_ = np.ascontiguousarray(ovo_coef[:, order])
+        self.n_support_ = np.bincount(y_idx[self.support_], minlength=n_classes).astype(np.int32)
+        if self._kernel.name == "precomputed":
+            self.support_vectors_ = np.empty((0, 0))
+        else:
+            vectors = stack_rows([f.support_vectors for f in fits])
+            self.support_vectors_ = vectors[order]
+        self.part_intercept_ = np.stack([f.intercept for f in fits])
         self.pair_status_ = np.stack([f.pair_status for f in fits])
-        self.n_iter_ = np.stack([f.n_iter for f in fits])
+        self.part_n_iter_ = np.stack([f.n_iter for f in fits])
         self.objective_ = np.stack([f.objective for f in fits])
+        # SVC's public arrays: LIBSVM's packing, and for two classes SVC's sign
+        # (its decision function is minus LIBSVM's, positive for classes_[1]).
+        sign = -1.0 if n_classes == 2 else 1.0
+        packed = sign * pack_dual_coef(self.ovo_dual_coef_, y_idx[self.support_], n_classes)
+        self.dual_coef_ = sp.csr_matrix(packed) if self._sparse else packed
+        intercept = sign * self.part_intercept_
+        self.intercept_ = intercept[0] if len(fits) == 1 else intercept
+        self.n_iter_ = self.part_n_iter_.sum(axis=0).astype(np.int32)
+        self._check_finite_model(self.part_intercept_, ovo_coef)
         converged = all(f.converged for f in fits)
         self.fit_status_ = 0 if converged else 1
         self.centers_ = to_numpy(parts.centers)
@@ -434,67 +535,104 @@ class CASVMClassifier(KernelSVMMixin, ClassifierMixin, BaseEstimator):
                           ConvergenceWarning, stacklevel=3)
         if self.verbose:
             print(f"[CASVM] {len(fits)} parts, {sum(f.n_problems for f in fits)} SMO problems, "
-                  f"{int(self.n_iter_.sum())} iterations, {len(self.support_)} support vectors")
+                  f"{int(self.part_n_iter_.sum())} iterations, {len(self.support_)} support "
+                  "vectors")
+
+    @property
+    def coef_(self):
+        """Primal weights for ``kernel="linear"`` (read-only, as SVC's; see Attributes)."""
+        check_is_fitted(self)
+        if self.kernel != "linear":
+            raise AttributeError("coef_ is only available when using a linear kernel")
+        binary = len(self.classes_) == 2
+        if self.part_intercept_.shape[0] == 1:
+            return primal_coef(self.ovo_dual_coef_, self.support_vectors_, binary)
+        return np.stack([
+            to_numpy(sp.csr_matrix.toarray(c) if sp.issparse(c) else c)
+            for c in (primal_coef(self.ovo_dual_coef_[:, cols], self.support_vectors_[cols],
+                                  binary)
+                      for cols in self._part_columns())])
+
+    def _part_columns(self):
+        """The columns (support vectors) of every part, in part order."""
+        return [np.flatnonzero(self.support_part_ == p)
+                for p in range(self.part_intercept_.shape[0])]
+
+    def _check_predict_input(self, X):
+        """SVC's checks before prediction; returns the matrix the model is evaluated on."""
+        check_is_fitted(self)
+        if callable(self.kernel):
+            X = self._callable_gram(X)
+        elif (sp.issparse(X) or hasattr(X, "tocsr")) and not self._sparse:
+            # As SVC, whose LIBSVM has separate dense and sparse models.
+            raise ValueError(f"cannot use sparse input in {type(self).__name__!r} trained on "
+                             "dense data")
+        return X
 
     def _ovo_values(self, X):
         """Pairwise decision values of every row, each from the model of its part (Alg 5)."""
-        check_is_fitted(self)
+        X = self._check_predict_input(X)
         group = prediction_group(getattr(self, "devices_", None))
         if group is not None:
             return self._ovo_values_on_devices(group, X)
         backend = resolve(self.device, X)
         X = validate_X(self, X, reset=False)
+        precomputed = self._kernel.name == "precomputed"
         with backend.use():
             Xd = backend.asarray(X)
             xp = backend.xp
-            owner = route(Xd, backend.asarray(self.centers_)) if self.kernel != "precomputed" \
+            owner = route(Xd, backend.asarray(self.centers_)) if not precomputed \
                 else np.zeros(X.shape[0], dtype=np.int64)
-            out = xp.empty((X.shape[0], self.dual_coef_.shape[0]), dtype=np.float64)
-            sv_all = self._on_device(backend, "support_vectors_")
-            for p in np.unique(owner):
+            out = xp.empty((X.shape[0], self.ovo_dual_coef_.shape[0]), dtype=np.float64)
+            for p in np.unique(owner).tolist():
                 sel = backend.asarray(np.flatnonzero(owner == p))
-                lo, hi = self.support_ptr_[p], self.support_ptr_[p + 1]
-                coef = backend.asarray(self.dual_coef_[:, lo:hi].T)
-                vals = backend.asarray(self.intercept_[p])[None, :]
-                if hi > lo:
-                    if self.kernel == "precomputed":
-                        block = Xd[sel][:, backend.asarray(self.support_[lo:hi])]
-                        vals = vals + block @ coef
-                    else:
-                        vals = vals + self._kernel.dot(Xd[sel], sv_all[lo:hi], coef)
-                out[sel] = vals
+                out[sel] = self._part_values(backend, p, Xd[sel])
         return out, owner
+
+    def _part_model(self, backend, p):
+        """Part ``p``'s support vectors (their rows for a precomputed kernel), ``alpha y``
+        per pair and intercepts, on ``backend``; copied to a GPU once and cached there."""
+        def upload():
+            cols = np.flatnonzero(self.support_part_ == p)
+            vectors = (self.support_[cols] if self._kernel.name == "precomputed"
+                       else self.support_vectors_[cols])
+            return (backend.asarray(vectors), backend.asarray(self.ovo_dual_coef_[:, cols].T),
+                    backend.asarray(self.part_intercept_[p]))
+
+        return on_device(self, backend, ("part", p), upload)
+
+    def _part_values(self, backend, p, Xp):
+        """Pairwise decision values of the rows ``Xp`` (on ``backend``) under part ``p``'s model."""
+        vectors, coef, intercept = self._part_model(backend, p)
+        values = intercept[None, :]
+        if vectors.shape[0]:
+            if self._kernel.name == "precomputed":
+                values = values + Xp[:, vectors] @ coef
+            else:
+                values = values + self._kernel.dot(Xp, vectors, coef)
+        return values
 
     def _ovo_values_on_devices(self, group, X):
         """Step 3 on the devices of the fit: each row to its part's device, one batch each."""
         X = to_numpy(validate_X(self, X, reset=False))
         owner = route_on_devices(group, X, self.centers_)
 
-        def part_model(backend, p):
-            lo, hi = self.support_ptr_[p], self.support_ptr_[p + 1]
-            return (backend.asarray(self.support_vectors_[lo:hi]),
-                    backend.asarray(self.dual_coef_[:, lo:hi].T),
-                    backend.asarray(self.intercept_[p]))
-
         def predict_local(backend, Xd, parts):
-            out = backend.xp.empty((Xd.shape[0], self.dual_coef_.shape[0]), dtype=np.float64)
+            out = backend.xp.empty((Xd.shape[0], self.ovo_dual_coef_.shape[0]),
+                                   dtype=np.float64)
             for p in np.unique(parts).tolist():
                 sel = backend.asarray(np.flatnonzero(parts == p))
-                sv, coef, intercept = on_device(self, backend, ("part", p), part_model,
-                                                backend, p)
-                vals = intercept[None, :]
-                if sv.shape[0]:
-                    vals = vals + self._kernel.dot(Xd[sel], sv, coef)
-                out[sel] = vals
+                out[sel] = self._part_values(backend, p, Xd[sel])
             return out
 
         return predict_on_devices(group, X, owner, self.part_device_, predict_local), owner
 
-    def _votes(self, X):
+    def _votes(self, X, zero_votes_first=False):
         """One-vs-one votes per class and the summed pairwise values (SVC's ovr recipe)."""
         values, owner = self._ovo_values(X)
         values = to_numpy(values)
-        votes, confidence = ovo_votes(values, len(self.classes_), self.pair_status_[owner] > 0)
+        votes, confidence = ovo_votes(values, len(self.classes_), self.pair_status_[owner] > 0,
+                                      zero_votes_first)
         return votes, confidence, values
 
     def decision_function(self, X):
@@ -519,7 +657,7 @@ class CASVMClassifier(KernelSVMMixin, ClassifierMixin, BaseEstimator):
                        else k * (k - 1) // 2)
             return dask_module().predict_blocks(self, X, "decision_function",
                                                 out_columns=columns, dtype=np.float64)
-        votes, confidence, values = self._votes(X)
+        votes, confidence, values = self._votes(X, zero_votes_first=True)
         if len(self.classes_) == 2:
             return to_output(-values[:, 0], X)
         if self.decision_function_shape == "ovo":
@@ -528,6 +666,10 @@ class CASVMClassifier(KernelSVMMixin, ClassifierMixin, BaseEstimator):
 
     def predict(self, X):
         """One-vs-one voting inside the part each sample is routed to (ties: lower class).
+
+        As SVC: a pairwise value of exactly 0 votes for the pair's second
+        class, and with ``break_ties=True`` (``"ovr"``, more than two
+        classes) the class is the argmax of ``decision_function``.
 
         Parameters
         ----------
@@ -538,9 +680,14 @@ class CASVMClassifier(KernelSVMMixin, ClassifierMixin, BaseEstimator):
         ndarray of shape (n_samples,)
             A lazy Dask array for Dask input (each chunk predicted on its worker).
         """
+        check_is_fitted(self)
+        if self.break_ties and self.decision_function_shape == "ovo":
+            raise ValueError("break_ties must be False when decision_function_shape is 'ovo'")
         if is_dask_collection(X):
-            check_is_fitted(self)
             return dask_module().predict_blocks(self, X, "predict", out_columns=None,
                                                 dtype=self.classes_.dtype)
+        if self.break_ties and len(self.classes_) > 2:
+            decision = to_numpy(self.decision_function(X))
+            return to_output(self.classes_[np.argmax(decision, axis=1)], X)
         votes, _, _ = self._votes(X)
         return to_output(self.classes_[np.argmax(votes, axis=1)], X)

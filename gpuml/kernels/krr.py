@@ -42,6 +42,7 @@ __all__ = [
     "gpu_solve_bytes",
     "gpu_solve_plan",
     "gram_batch",
+    "krr_lstsq_part",
     "krr_solve_parts",
     "tridiagonal_batch",
 ]
@@ -404,13 +405,69 @@ def cholesky_solve_batch(As: list, Bs: list, *, overwrite_a=False, n_jobs=None) 
     return _map(lambda j: _cho_solve_host(As[j], Bs[j], j, overwrite_a), range(len(As)), n_jobs)
 
 
-def krr_solve_parts(kernel: Kernel, parts: list, targets: list, shifts, *, n_jobs=None) -> list:
+def _weigh(K, targets, w):
+    """Sample weights as KernelRidge applies them: ``S K S`` and ``S y`` with ``S = diag(sqrt w)``.
+
+    The solution of the weighted system is then ``S a``. Only the filled part of
+    ``K`` matters; the rest may hold anything, hence no floating-point warnings.
+    """
+    xp = namespace_of(K)
+    root = xp.sqrt(w)
+    with np.errstate(all="ignore"):
+        K *= root[..., :, None]
+        K *= root[..., None, :]
+    scale = root[..., :, None] if targets.ndim == K.ndim else root
+    return targets * scale, root
+
+
+def _own_block(kernel: Kernel, X):
+    """A part's kernel matrix that the solver may overwrite (a copy of a precomputed one)."""
+    if kernel.name == "precomputed":
+        xp = namespace_of(X)
+        return xp.array(X.toarray() if hasattr(X, "toarray") else X, dtype=X.dtype, copy=True)
+    if kernel.name == "pairwise":
+        return kernel.matrix(X, max_bytes=1 << 62)
+    return _upper_gram_host(kernel, X) if not is_cupy_array(X) else kernel.matrix(X)
+
+
+def krr_lstsq_part(kernel: Kernel, X, y, shift: float, weights=None):
+    """``(K + s I) a = y`` of one part by least squares, for a singular or indefinite system.
+
+    What ``sklearn.kernel_ridge.KernelRidge`` falls back to when the Cholesky
+    factorisation fails (``lam=0`` with duplicate samples, an indefinite
+    sigmoid kernel): LAPACK's ``gelsd`` on the host, ``cupy.linalg.lstsq`` on
+    a GPU. ``weights`` as in :func:`krr_solve_parts`.
+    """
+    xp = namespace_of(X)
+    K = kernel.matrix(X) if kernel.name != "precomputed" else _own_block(kernel, X)
+    K = xp.array(K, copy=True)
+    if weights is not None:
+        y, root = _weigh(K, y, weights)
+    diagonal = xp.arange(K.shape[0])
+    K[diagonal, diagonal] += shift
+    if xp is np:
+        a = scipy.linalg.lstsq(K, y)[0]
+    else:
+        a = xp.linalg.lstsq(K, y, rcond=None)[0]
+    if weights is not None:
+        a = a * (root[:, None] if a.ndim == 2 else root)
+    return a
+
+
+def krr_solve_parts(kernel: Kernel, parts: list, targets: list, shifts, *, n_jobs=None,
+                    weights=None) -> list:
     """Dual coefficients of every part: solve ``(K(X_j, X_j) + s_j I) a_j = y_j`` (eq. 3.6).
 
     The kernel block of a part is built, shifted, factored in place and freed
     before the next part of the same thread starts (CPU), or per chunk of
     equal-size parts (GPU, :func:`gpu_solve_plan`): peak memory is ``n_jobs``
     blocks on the CPU and :func:`gpu_solve_bytes` on the GPU.
+
+    With ``kernel.name == "precomputed"`` each part is its own kernel block
+    (left untouched). ``weights[j]`` (optional, non-negative, one per sample)
+    weighs part j's squared errors as ``KernelRidge(...).fit(..., sample_weight)``
+    does: the system becomes ``(S K S + s I) b = S y`` with ``S = diag(sqrt w)``
+    and ``a = S b``.
 
     Examples
     --------
@@ -424,17 +481,24 @@ def krr_solve_parts(kernel: Kernel, parts: list, targets: list, shifts, *, n_job
     """
     shifts = [float(s) for s in shifts]
     if parts and is_cupy_array(parts[0]):
-        return _solve_parts_device(kernel, parts, targets, shifts)
+        return _solve_parts_device(kernel, parts, targets, shifts, weights)
 
     def solve(j):
-        K = _upper_gram_host(kernel, parts[j])
+        K = _own_block(kernel, parts[j])
+        y = targets[j]
+        if weights is not None:
+            y, root = _weigh(K, y, weights[j])
         K.flat[:: K.shape[0] + 1] += shifts[j]
-        return _cho_solve_host(K, targets[j], j, overwrite=True)
+        a = _cho_solve_host(K, y, j, overwrite=True)
+        if weights is not None:
+            a = a * (root[:, None] if a.ndim == 2 else root)
+        return a
 
     return _map(solve, range(len(parts)), n_jobs)
 
 
-def _solve_parts_device(kernel: Kernel, parts: list, targets: list, shifts: list) -> list:
+def _solve_parts_device(kernel: Kernel, parts: list, targets: list, shifts: list,
+                        weights=None) -> list:
     """The GPU side of :func:`krr_solve_parts`, chunk by chunk of :func:`gpu_solve_plan`.
 
     Per chunk: the kernel blocks of its parts as one (g, m, m) stack (batched
@@ -449,20 +513,29 @@ def _solve_parts_device(kernel: Kernel, parts: list, targets: list, shifts: list
     solver = _DeviceCholesky(xp, len(parts))
     for chunk, batched in gpu_solve_plan(sizes, np.dtype(parts[0].dtype).itemsize):
         members = [parts[j] for j in chunk]
-        if _is_sparse(parts[0]):
+        if kernel.name == "precomputed":
+            A = xp.stack([_own_block(kernel, X) for X in members])
+        elif _is_sparse(parts[0]):
             A = xp.stack(gram_batch(kernel, members))
         else:
             A = _stacked_gram(kernel, xp.stack(members))
+        rhs = xp.stack([targets[j] for j in chunk])
+        root = None
+        if weights is not None:
+            rhs, root = _weigh(A, rhs, xp.stack([xp.asarray(weights[j]) for j in chunk]))
         diagonal = xp.arange(A.shape[1])
         A[:, diagonal, diagonal] += xp.asarray([shifts[j] for j in chunk],
                                                dtype=A.dtype)[:, None]
         if batched:
-            X = solver.batched(chunk, A, xp.stack([targets[j] for j in chunk]))
+            X = solver.batched(chunk, A, rhs)
             for slot, j in enumerate(chunk):
                 out[j] = X[slot]
         else:
             for slot, j in enumerate(chunk):
-                out[j] = solver.single(int(j), A[slot], targets[j])
+                out[j] = solver.single(int(j), A[slot], rhs[slot])
+        if root is not None:
+            for slot, j in enumerate(chunk):
+                out[j] = out[j] * (root[slot][:, None] if out[j].ndim == 2 else root[slot])
         del A
     solver.raise_if_failed()
     return out

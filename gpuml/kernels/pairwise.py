@@ -250,3 +250,53 @@ def sq_distances(X, Y, y_norms=None):
     D = shifted_sq_distances(X, Y, y_norms)
     D += squared_norms(X)[:, None]
     return namespace_of(D).maximum(D, 0.0, out=D)
+
+
+#: Kernels of ``sklearn.kernel_ridge.KernelRidge`` that gpuml computes through
+#: scikit-learn's ``pairwise_kernels`` on the host (no GEMM form to put on a GPU).
+HOST_KERNELS = ("laplacian", "chi2", "additive_chi2", "cosine")
+
+
+@dataclass
+class PairwiseKernel:
+    """A kernel that ``sklearn.metrics.pairwise.pairwise_kernels`` computes, on the host.
+
+    KernelRidge's kernels beyond :data:`KERNELS` (laplacian, chi2,
+    additive_chi2, cosine) and callables, with KernelRidge's parameters:
+    ``gamma``, ``degree`` and ``coef0`` for a named kernel (``gamma=None``
+    is 1 / n_features), ``params`` for a callable. The interface is
+    :class:`Kernel`'s (``matrix``, ``dot``), NumPy only.
+    """
+
+    metric: object
+    gamma: float | None = None
+    degree: int = 3
+    coef0: float = 1.0
+    params: dict | None = None
+    name = "pairwise"
+
+    def _kwargs(self):
+        if callable(self.metric):
+            return dict(self.params or {})
+        return {"gamma": self.gamma, "degree": self.degree, "coef0": self.coef0}
+
+    def matrix(self, X, Y=None, *, max_bytes: int = MAX_BYTES):
+        """``K(X, Y)`` as a dense float64 host array (``Y=X`` by default)."""
+        from sklearn.metrics.pairwise import pairwise_kernels
+
+        n, m = X.shape[0], (X if Y is None else Y).shape[0]
+        if n * m * 8 > max_bytes:
+            raise MemoryError(f"the {n} x {m} kernel matrix would take more than "
+                              f"max_bytes={max_bytes / 2**30:.1f} GiB")
+        K = pairwise_kernels(X, Y, metric=self.metric, filter_params=True, **self._kwargs())
+        return np.ascontiguousarray(K, dtype=np.float64)
+
+    def dot(self, X, Y, coef, *, block_bytes: int = BLOCK_BYTES):
+        """``K(X, Y) @ coef`` by row blocks of at most ``block_bytes``."""
+        coef = np.asarray(coef)
+        rows = max(1, block_bytes // max(1, Y.shape[0] * 8))
+        out = np.empty((X.shape[0],) + coef.shape[1:], dtype=np.float64)
+        for start in range(0, X.shape[0], rows):
+            stop = min(start + rows, X.shape[0])
+            out[start:stop] = self.matrix(X[start:stop], Y, max_bytes=1 << 62) @ coef
+        return out

@@ -470,8 +470,9 @@ def _check_flat(ys, Cs, alpha0s) -> _Checked:
     Cs = [np.asarray(c, dtype=np.float64) for c in Cs]
     C = np.concatenate([c if c.shape == (n,) else np.broadcast_to(c, (n,))
                         for c, n in zip(Cs, sizes.tolist())])
-    if not np.all(np.isfinite(C)) or np.any(C <= 0):
-        raise ValueError("C must be positive and finite for every sample")
+    # C = +inf is the hard-margin SVM (no upper bound), which SVC accepts too.
+    if np.any(np.isnan(C)) or np.any(C <= 0):
+        raise ValueError("C must be positive (or +inf) for every sample")
     alpha = np.zeros_like(y)
     for w, alpha0 in enumerate(alpha0s):
         if alpha0 is None:
