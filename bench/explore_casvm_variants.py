@@ -28,13 +28,13 @@ from gpuml.estimators._svm import ovo_votes
 def part_values(model, X):
     """Every part's one-vs-one values for every row: shape (P, n, pairs)."""
     P = len(model.partition_sizes_)
-    V = np.empty((P, X.shape[0], model.dual_coef_.shape[0]))
+    V = np.empty((P, X.shape[0], model.ovo_dual_coef_.shape[0]))
     for p in range(P):
-        lo, hi = model.support_ptr_[p], model.support_ptr_[p + 1]
-        V[p] = model.intercept_[p][None, :]
-        if hi > lo:
-            V[p] += model._kernel.dot(X, model.support_vectors_[lo:hi],
-                                      model.dual_coef_[:, lo:hi].T)
+        mine = np.flatnonzero(model.support_part_ == p)
+        V[p] = model.part_intercept_[p][None, :]
+        if mine.size:
+            V[p] += model._kernel.dot(X, model.support_vectors_[mine],
+                                      model.ovo_dual_coef_[:, mine].T)
     return V
 
 
