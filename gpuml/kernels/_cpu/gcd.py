@@ -337,12 +337,16 @@ def _work(w, X, sq_norms, y, C, qdiag, starts, kind, gamma, coef0, degree, greed
     ring = log_seq.shape[0]
     mask = ring - 1
     done = applied[w * PAD]
-    clock = slot_time.max()
+    # The LRU clock resumes after the latest use (a loop: np.max costs ~1 s more to compile).
+    clock = 0
+    for t in range(slot_time.shape[0]):
+        clock = max(clock, slot_time[t])
+    unbounded = np.int64(-1)  # not the literal -1: one compiled _catch_up serves the drain too
     room = -1  # claims below this number have a free log slot (refreshed when passed)
     polls = 0
     while atomic_load(counters, C_STOP) == RUNNING:
         # 1. Everyone else's updates, in log order, into this block's part of g.
-        done, clock = _catch_up(lo, hi, done, -1, X, sq_norms, y, kind, gamma, coef0, degree,
+        done, clock = _catch_up(lo, hi, done, unbounded, X, sq_norms, y, kind, gamma, coef0, degree,
                                 g, log_var, log_delta, log_seq, cache, slot_of, slot_var,
                                 slot_time, clock)
         atomic_store(applied, w * PAD, done)
@@ -403,7 +407,7 @@ def _work(w, X, sq_norms, y, C, qdiag, starts, kind, gamma, coef0, degree, greed
             room += ring  # entries below every worker's position are read: their slots are free
             if s < room:
                 break
-            done, clock = _catch_up(lo, hi, done, -1, X, sq_norms, y, kind, gamma, coef0,
+            done, clock = _catch_up(lo, hi, done, unbounded, X, sq_norms, y, kind, gamma, coef0,
                                     degree, g, log_var, log_delta, log_seq, cache, slot_of,
                                     slot_var, slot_time, clock)
             atomic_store(applied, w * PAD, done)
