@@ -1,4 +1,4 @@
-"""AsyGCDSVC: kernel SVM trained by asynchronous greedy coordinate descent (seed 001, ch. 4)."""
+"""AsyGCDSVC: kernel SVM trained by asynchronous greedy coordinate descent (You 2020, ch. 4)."""
 
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ MIN_BLOCK_SIZE = 256
 class AsyGCDSVC(KernelSVMMixin, ClassifierMixin, BaseEstimator):
     r"""Bias-free kernel SVM solved by asynchronous parallel greedy coordinate descent.
 
-    Solves the dual of the SVM without intercept (seed 001, eq. 4.9)
+    Solves the dual of the SVM without intercept (You 2020, eq. 4.9)
 
     .. math:: \min_\alpha \tfrac12 \alpha^\top Q \alpha - e^\top \alpha
               \quad\text{s.t.}\quad 0 \le \alpha_i \le C_i,\qquad
@@ -147,8 +147,9 @@ class AsyGCDSVC(KernelSVMMixin, ClassifierMixin, BaseEstimator):
 
     References
     ----------
-    Seed 001 (Y. You, PhD thesis), chapter 4: Alg 12 (Asy-GCD), Alg 13 (GCD for
-    the kernel SVM dual), Alg 14 (Asy-GCD for kernel SVM), eq. 4.9-4.11, §4.4
+    Yang You, "Fast and Accurate Machine Learning on Distributed Systems and
+    Supercomputers", PhD thesis, UC Berkeley, 2020, chapter 4: Alg 12 (Asy-GCD),
+    Alg 13 (GCD for the kernel SVM dual), Alg 14 (Asy-GCD for kernel SVM), eq. 4.9-4.11, §4.4
     (kernel caching, variable partitioning). Also You, Lian, Liu, Yu, Dhillon,
     Demmel, Hsieh, "Asynchronous parallel greedy coordinate descent", NIPS 2016.
 

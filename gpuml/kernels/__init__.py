@@ -80,7 +80,7 @@ __all__ = [
 def fill_nearest_open(D, counts, caps):
     """Assign each row of the distance block ``D`` to its nearest part with room left.
 
-    A sequential greedy pass (seed 001, Alg 3 and 9): the order of rows
+    A sequential greedy pass (You 2020, Alg 3 and 9): the order of rows
     matters, so it runs as one numba loop on the host; a device block is
     copied over once. ``counts`` (host int64) is updated in place. Returns the
     labels in ``D``'s namespace.
@@ -99,7 +99,7 @@ def fill_nearest_open(D, counts, caps):
 
 def smo_solve_batch(kernel, Xs, problems, *, tol=1e-3, max_iter=-1, cache_size=1024.0,
                     shrinking=True, n_jobs=None):
-    """Solve a batch of SVM dual problems (SMO with WSS2, seed 001 Alg 1), CPU or GPU.
+    """Solve a batch of SVM dual problems (SMO with WSS2, You 2020 Alg 1), CPU or GPU.
 
     ``Xs`` is a list of matrices (all NumPy or all CuPy); each
     :class:`SMOProblem` names its matrix (``group``) and rows. Problems of one

@@ -5,7 +5,7 @@ Numba has no float atomics of its own, so these intrinsics emit LLVM's
 address of ``arr[i]``. ``atomicrmw fadd`` is lowered by LLVM to the target's
 native instruction or to a compare-and-swap loop (x86), so concurrent adds
 from several threads never lose an update. They are what lets Asy-GCD
-workers (seed 001, Alg 14, step 3) share the gradient ``g`` with no lock.
+workers (You 2020, Alg 14, step 3) share the gradient ``g`` with no lock.
 
 Orderings: the gradient adds are ``monotonic`` (every add lands, in some
 order; the paper reads ``g`` without synchronisation); the counters that
