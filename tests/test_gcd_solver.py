@@ -486,3 +486,17 @@ def test_a_small_update_log_wraps_around_without_losing_updates(monkeypatch):
     np.testing.assert_allclose(res.gradient, gcd_gradient(X_DIG, Y_DIG, kernel, res.alpha),
                                rtol=0, atol=1e-10)
     assert abs(res.objective + 217.76) < 0.05
+
+
+@pytest.mark.parametrize("share", [None, 0.0, 0.9])
+def test_unequal_blocks_reach_the_exact_objective_whatever_the_greedy_share(share):
+    # 90% / 10% blocks: the small block's worker waits while the large block holds a violator
+    # over 1/share times its own (share 0: Alg 14 as written, it never waits).
+    kernel = make_kernel("rbf", "scale", 3, 0.0, X_DIG)
+    C = np.ones(len(Y_DIG))
+    blocks = (np.random.default_rng(1).random(len(Y_DIG)) < 0.1).astype(np.int64)
+    res = cpu_gcd.solve(X_DIG, Y_DIG, C, kernel, blocks, tol=1e-4, greedy_share=share)
+    assert res.converged and res.n_workers == 2 and res.max_violation < 1e-4
+    Q = _q_matrix(kernel, X_DIG, Y_DIG)
+    assert _objective(Q, res.alpha) == pytest.approx(-217.7601, abs=3e-3)
+    np.testing.assert_allclose(res.gradient, Q @ res.alpha - 1.0, rtol=0, atol=1e-10)

@@ -18,7 +18,9 @@ contiguous block of variables (the wrapper reorders the data so that block
    worker's update ``delta_j q_j`` into its rows of ``g``;
 2. pick the variable of its block with the largest projected gradient
    (eq. 4.11) (``selection="greedy"``), or a uniformly random one
-   (``"random"``, the PSCD baseline of §4.5);
+   (``"random"``, the PSCD baseline of §4.5); a greedy worker whose largest
+   violation is under half the largest any worker published waits instead
+   (:data:`GREEDY_SHARE`, a CPU-only rule: see below);
 3. the closed-form step ``delta`` (eq. 4.10, damped: below);
 4. append ``(i, delta)`` to the log, set ``a_i += delta`` (only the owner
    writes ``a_i``) and add ``delta q_i`` into its own rows of ``g``.
@@ -39,7 +41,12 @@ shared but one atomic counter per update and the log: a ring of
 store of its number. A worker's rows of ``g`` are exact for "its own updates
 plus the first ``done`` updates of the log", where ``done`` is its position
 in the log, so its step is stale by at most the updates claimed but not yet
-read (on idle cores, a fraction of one update on average).
+read (on idle cores, a fraction of one update on average). Because an update
+costs every worker its rows, a worker with a small block (cheap updates) or a
+nearly converged one would flood the others with small steps; so greedy workers
+publish their block's largest violation and step only when theirs is at least
+half the largest (an approximate Gauss-Southwell rule). The GPU kernel, where
+an update costs only its maker, has no such rule.
 
 Stopping. A worker whose block has no projected gradient above ``tol`` at
 log position ``s`` publishes ``s`` as its quiet state. When every worker
@@ -126,6 +133,15 @@ RUNNING, CERTIFIED, CAPPED = 0, 1, 2
 OVERSHOOT = -0.5
 ETA_MIN = 2.0 ** -12
 ETA_GROWTH = 1.1
+#: A greedy worker steps only when its block's largest violation is at least this share of
+#: the largest one any worker published (an approximate Gauss-Southwell rule: Nutini,
+#: Schmidt, Laradji, Friedlander and Koepke, "Coordinate descent converges faster with the
+#: Gauss-Southwell rule than random selection", ICML 2015); else it waits, reading the log.
+#: An update costs every worker its rows, so a worker with a small or nearly converged
+#: block would otherwise make many cheap, small steps that the others must all add in:
+#: on letter with k-means blocks (unequal) two workers made 157,626 updates to the serial
+#: run's 25,060; with the rule 34,342, and the fit 2.9 s -> 1.6 s (serial 3.7 s).
+GREEDY_SHARE = 0.5
 #: What :func:`_work` returns: the run is over, or the worker found nothing to do for a while.
 DONE, IDLE = 0, 1
 #: Looks at the log with nothing new (its block quiet) before an idle worker goes back to
@@ -320,9 +336,18 @@ def _agree(counters, quiet, n_workers, state):
 
 
 @njit(nogil=True, cache=True)
+def _largest(vmax, n_workers):
+    """The largest block violation the workers published."""
+    v = 0.0
+    for u in range(n_workers):
+        v = max(v, atomic_load(vmax, u * PAD))
+    return v
+
+
+@njit(nogil=True, cache=True)
 def _work(w, X, sq_norms, y, C, qdiag, starts, kind, gamma, coef0, degree, greedy, tol,
-          max_updates, idle_polls, alpha, g, counters, log_var, log_delta, log_seq, applied, quiet,
-          cache, slot_of, slot_var, slot_time, rng, damp, state):
+          max_updates, idle_polls, share, vmax, alpha, g, counters, log_var, log_delta,
+          log_seq, applied, quiet, cache, slot_of, slot_var, slot_time, rng, damp, state):
     """Worker w's loop (Alg 14, owner-computes updates) until the run stops (DONE) or it
     idles (IDLE).
 
@@ -342,6 +367,7 @@ def _work(w, X, sq_norms, y, C, qdiag, starts, kind, gamma, coef0, degree, greed
     for t in range(slot_time.shape[0]):
         clock = max(clock, slot_time[t])
     unbounded = np.int64(-1)  # not the literal -1: one compiled _catch_up serves the drain too
+    waited_at = -1  # the log position of the last scan that found a far larger violator
     room = -1  # claims below this number have a free log slot (refreshed when passed)
     polls = 0
     while atomic_load(counters, C_STOP) == RUNNING:
@@ -358,13 +384,25 @@ def _work(w, X, sq_norms, y, C, qdiag, starts, kind, gamma, coef0, degree, greed
             if polls >= idle_polls:
                 return IDLE
             continue
-        polls = 0
+        if waited_at != done:
+            polls = 0
         # 2. Pick a variable of the block.
         if greedy:
             i, best_v = _scan(g, alpha, C, qdiag, lo, hi)
             if best_v < tol or i < 0:
+                atomic_store(vmax, w * PAD, 0.0)
                 state[1] = done
                 atomic_store(quiet, w * PAD, done)
+                continue
+            atomic_store(vmax, w * PAD, best_v)
+            if n_workers > 1 and best_v < share * _largest(vmax, n_workers):
+                # Another block holds a far larger violator: wait (reading the log) rather
+                # than make everyone add in a step worth a fraction of its step.
+                if waited_at == done:
+                    polls += 1
+                    if polls >= idle_polls:
+                        return IDLE
+                waited_at = done
                 continue
         else:
             state[2] += 1
@@ -547,11 +585,13 @@ def max_violation(alpha, g, C) -> float:
 
 def solve(X, y, C, kernel, blocks, *, selection="greedy", tol=1e-3, max_updates=None,
           cache_bytes=256 << 20, random_state=0, trace_interval=None, time_limit=None,
-          threads_per_worker=1):
+          threads_per_worker=1, greedy_share=None):
     """Run Asy-GCD on NumPy data; see :func:`gpuml.kernels.gcd_solve` for the parameters.
 
     ``threads_per_worker``: how many solves run side by side (:func:`solve_batch`), so
     that the workers know whether they outnumber the cores and should sleep when idle.
+    ``greedy_share``: :data:`GREEDY_SHARE` when None; 0 lets every greedy worker step on
+    its own block's largest violator whatever the others hold (Alg 14 as written).
     """
     n = y.shape[0]
     labels = np.asarray(blocks, dtype=np.int64)
@@ -585,6 +625,8 @@ def solve(X, y, C, kernel, blocks, *, selection="greedy", tol=1e-3, max_updates=
     kparams = (kind, float(kernel.gamma), float(kernel.coef0), int(kernel.degree))
     args = (Xw, sq_norms, yw, Cw, qdiag, starts, *kparams, selection == "greedy", float(tol),
             limit, IDLE_POLLS if n_workers * int(threads_per_worker) > _cores() else SPIN_POLLS,
+            float(GREEDY_SHARE if greedy_share is None else greedy_share),
+            np.zeros(max(n_workers, 1) * PAD),
             alpha, g, counters, log_var, log_delta, log_seq, applied, quiet)
     # Per worker: an LRU cache of its rows of kernel columns (cache_bytes / workers in all;
     # a part-column is block-long, so each worker holds about as many columns as one worker
