@@ -28,7 +28,9 @@ Also one fit of :class:`~gpuml.estimators.asygcd.AsyGCDSVC` per worker count on
 the binary problem with its default settings but ``n_workers`` (the estimator
 adds its block partition and validation to the solve).
 
-Run: ``python -m bench.run asygcd_speedup`` (``asygcd_speedup:quick``: 4,000 rows).
+Run: ``python -m bench.run asygcd_speedup`` (``asygcd_speedup:quick``: 4,000 rows). More
+workers on a larger machine: ``python -c 'from bench.bench_asygcd_speedup import main;
+main(workers=(1, 2, 4, 8, 16))'``.
 """
 
 from __future__ import annotations
@@ -127,17 +129,18 @@ def estimator_rows(name, X, y, workers=WORKERS):
     return rows
 
 
-def main(quick: bool = False, gpu: bool = False) -> None:
+def main(quick: bool = False, gpu: bool = False, workers=WORKERS) -> None:
+    """Both tables; ``workers``: the counts to compare (the first is the baseline)."""
     solver, fits = [], []
     for name, (X, y) in _data(quick).items():
-        rows = speedup_rows(name, X, y, repeat=2 if quick else 3)
+        rows = speedup_rows(name, X, y, workers=tuple(workers), repeat=2 if quick else 3)
         solver += rows
         for row in rows:
             print(f"{name:7s} n={row['n']} workers={row['workers']}: wall {row['wall_s']:.2f} s "
                   f"speedup {row['speedup']:.2f}x (CPU-normalised {row['cpu_speedup']:.2f}x, "
                   f"cpu/wall {row['cpu_per_wall']:.2f}), {row['updates']} updates, objective "
                   f"{row['objective']:.6f} (gap {row['objective_gap']:+.1e})", flush=True)
-        fits += estimator_rows(name, X, y)
+        fits += estimator_rows(name, X, y, workers=tuple(workers))
     command = "python -m bench.run asygcd_speedup" + (":quick" if quick else "")
     note = (f"{os.cpu_count()} CPU cores. Even random blocks, rbf, C={C:g}, tol={TOL:g} (largest "
             "projected gradient), medians of alternating runs. speedup: wall; cpu_speedup: one "
