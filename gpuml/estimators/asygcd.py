@@ -39,10 +39,12 @@ class AsyGCDSVC(KernelSVMMixin, ClassifierMixin, BaseEstimator):
     assignment, §4.4, or an even random split); each worker repeatedly takes
     the variable of its block with the largest projected gradient (eq. 4.11),
     makes the exact one-variable step (eq. 4.10) and adds ``delta * q_i`` into
-    the shared gradient with lock-free atomic adds, never waiting for the
-    other workers. On the CPU the workers are threads running compiled code
-    outside the GIL, each with its own LRU kernel-column cache; on a GPU each
-    worker is a persistent CUDA thread block. One worker is the serial greedy
+    the gradient, never waiting for the other workers. On the CPU the workers
+    are threads running compiled code outside the GIL, each owning its block's
+    rows of the gradient and adding the others' updates from a log (no atomic
+    adds; see :mod:`gpuml.kernels._cpu.gcd`), each with its own LRU cache of
+    kernel-column pieces; on a GPU each worker is a persistent CUDA thread
+    block adding into one shared gradient with atomic adds. One worker is the serial greedy
     coordinate descent of Alg 13.
 
     The model has no bias term (unlike :class:`sklearn.svm.SVC`): the
