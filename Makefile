@@ -21,7 +21,8 @@ $(STAMP): pyproject.toml Makefile
 	# so CI moves to them on purpose, not by surprise. (The GPU image, triton 3.6 + numpy 2.5,
 	# compiles the kernels for real and never uses the interpreter.)
 	$(PY) -m pip install -q torch==2.13.0 triton==3.9.0 "numpy>=2,<2.5" cupy-cuda13x
-	$(PY) -m pip install -q -e ".[test,bench]"
+	# dask: the Dask tests (a two-worker LocalCluster) run in CI too.
+	$(PY) -m pip install -q -e ".[test,bench,dask]"
 	# Compile the numba CPU kernels into their disk cache now (~15 s once), not in the
 	# first fit of a test, the demo or a benchmark (a cold first fit: 7-9 s; warm: < 0.4 s).
 	$(PY) -m gpuml.precompile
@@ -42,7 +43,7 @@ demo: $(DATA_STAMP)
 	$(PY) -m bench.demo
 
 lint: $(STAMP)
-	$(PY) -m ruff check gpuml tests bench
+	$(PY) -m ruff check gpuml tests bench examples
 
 test: lint $(DATA_STAMP)
 	$(PY) -m pytest -q -ra

@@ -22,10 +22,12 @@ References (the short forms used throughout gpuml's docstrings, docs and tests):
   Training ImageNet in 1 Hour", 2017.
 """
 
+from .estimators._partitioned import PartitionWarning
 from .estimators.asygcd import AsyGCDSVC
 from .estimators.bkrr import BKRRRegressor, BKRRRegressorCV
 from .estimators.casvm import CASVMClassifier
 
 __version__ = "0.1.0"
 
-__all__ = ["AsyGCDSVC", "BKRRRegressor", "BKRRRegressorCV", "CASVMClassifier", "__version__"]
+__all__ = ["AsyGCDSVC", "BKRRRegressor", "BKRRRegressorCV", "CASVMClassifier", "PartitionWarning",
+           "__version__"]

@@ -76,6 +76,24 @@ def is_cupy_array(a) -> bool:
     return mod.startswith("cupy") or mod.startswith("cupyx")
 
 
+def is_dask_collection(a) -> bool:
+    """True for Dask arrays, dataframes and series (without importing Dask).
+
+    Every Dask collection implements the ``__dask_graph__`` protocol method.
+    """
+    return a is not None and callable(getattr(type(a), "__dask_graph__", None))
+
+
+def dask_module():
+    """:mod:`gpuml.distributed.dask`, or a clear ImportError naming the optional dependency."""
+    try:
+        from .distributed import dask as dask_support
+    except ImportError as err:
+        raise ImportError("Dask input needs dask and distributed: pip install 'gpuml[dask]' "
+                          f"({err})") from err
+    return dask_support
+
+
 @dataclass(frozen=True)
 class Backend:
     """The array namespace and device a computation runs on.

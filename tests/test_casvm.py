@@ -304,3 +304,33 @@ def test_pickle_drops_device_copies(cancer):
     assert "_device_cache" not in back.__dict__
     assert isinstance(back.support_vectors_, np.ndarray)
     np.testing.assert_array_equal(back.predict(Xte), clf.predict(Xte))
+
+
+def test_poor_parts_warn_and_good_parts_do_not():
+    """A PartitionWarning names each problem of a partitioned fit; a sound fit is silent."""
+    import warnings
+
+    from sklearn.datasets import make_classification
+
+    from gpuml import PartitionWarning
+
+    # Many classes, few rows per class and part (the letter failure mode).
+    X, y = make_classification(3000, 10, n_informative=8, n_classes=10, random_state=0)
+    with pytest.warns(PartitionWarning, match=r"hold 19 rows per class on average"):
+        CASVMClassifier(n_partitions=16, random_state=0).fit(X, y)
+    # Parts smaller than MIN_PART_ROWS: P is large for n.
+    X, y = make_classification(2000, 10, random_state=0)
+    with pytest.warns(PartitionWarning, match=r"150 of 150 parts have fewer than 20 rows"):
+        CASVMClassifier(n_partitions=150, random_state=0).fit(X, y)
+    # Two far-apart blobs of one class each: k-means gives two single-class parts.
+    rng = np.random.default_rng(0)
+    Xb = np.vstack([rng.normal(size=(200, 2)), rng.normal(size=(200, 2)) + 50])
+    yb = np.repeat([0, 1], 200)
+    with pytest.warns(PartitionWarning, match=r"2 of 2 parts hold samples of one class only"):
+        clf = CASVMClassifier(n_partitions=2, partition="kmeans", random_state=0).fit(Xb, yb)
+    np.testing.assert_array_equal(clf.predict(Xb), yb)  # still fitted and usable
+    # Enough rows per class and part, every part with both classes: no warning; P=1 never.
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        CASVMClassifier(n_partitions=4, random_state=0).fit(X, y)
+        CASVMClassifier(n_partitions=1).fit(Xb, yb)

@@ -25,6 +25,7 @@ part's device (:func:`route_on_devices`, :func:`predict_on_devices`).
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 from numbers import Integral, Real
 
@@ -55,6 +56,69 @@ PARTITION_CONSTRAINTS = {
     "n_jobs": [Integral, None],
     "random_state": ["random_state"],
 }
+
+
+class PartitionWarning(UserWarning):
+    """A partitioned fit whose parts are a poor fit for the data (the message says why).
+
+    Raised as a warning, never an error: the model is fitted and usable, but its
+    accuracy is likely far from the one-part model's. Silence it with
+    ``warnings.filterwarnings("ignore", category=gpuml.PartitionWarning)``.
+    """
+
+
+#: Fewer rows than this in a part: the local model has too little data (P is large for n).
+MIN_PART_ROWS = 20
+#: Fewer rows per class per part than this on average: the measured accuracy loss is large
+#: (letter, 26 classes, P=16 on 15,000 rows: about 36 rows per class and part; the random
+#: split lost 17 points against SVC, k-means 2.3; adult at P=16: 625 per class and part,
+#: 0.6-1.8 points; bench/results/cpu-2core/casvm_partitioners.md).
+MIN_ROWS_PER_CLASS = 50
+
+
+def warn_poor_parts(part_rows, y_idx, n_classes, partition):
+    """Warn about parts that make a partitioned classifier's accuracy unpredictable.
+
+    ``part_rows`` are the rows of each part, ``y_idx`` every row's class index.
+    One warning per fit naming each problem found: parts that hold a single class
+    (every sample routed to them gets that class), parts smaller than
+    :data:`MIN_PART_ROWS`, and fewer than :data:`MIN_ROWS_PER_CLASS` rows per class
+    per part on average. A single part never warns (it is the exact model).
+    """
+    P = len(part_rows)
+    if P < 2:
+        return
+    sizes = np.array([len(r) for r in part_rows], dtype=np.int64)
+    problems = []
+    if n_classes >= 2:
+        single = [p for p, rows in enumerate(part_rows)
+                  if len(rows) and np.unique(y_idx[np.asarray(rows)]).size == 1]
+        if single:
+            problems.append(
+                f"{len(single)} of {P} parts hold samples of one class only (parts "
+                f"{_some(single)}): every sample routed to them is predicted as that class")
+    small = np.flatnonzero(sizes < MIN_PART_ROWS).tolist()
+    if small:
+        problems.append(f"{len(small)} of {P} parts have fewer than {MIN_PART_ROWS} rows "
+                        f"(parts {_some(small)}; the smallest has {int(sizes.min())}): "
+                        f"n_partitions={P} is large for {int(sizes.sum())} samples")
+    per_class = sizes.sum() / (P * max(n_classes, 1))
+    if n_classes >= 2 and per_class < MIN_ROWS_PER_CLASS:
+        hint = ("" if partition == "kmeans" else
+                "; partition='kmeans' loses far less on many-class data")
+        problems.append(
+            f"the parts hold {per_class:.0f} rows per class on average, fewer than "
+            f"{MIN_ROWS_PER_CLASS}: expect a large accuracy loss against one part (26-class "
+            f"letter at 36 rows per class and part: 17 points with the random split, 2.3 "
+            f"with k-means){hint}")
+    if problems:
+        warnings.warn("; ".join(problems) + ". Use a smaller n_partitions, or n_partitions=1 "
+                      "for the exact model.", PartitionWarning, stacklevel=5)
+
+
+def _some(items, limit=8):
+    head = ", ".join(str(i) for i in items[:limit])
+    return head + (", ..." if len(items) > limit else "")
 
 
 @dataclass

@@ -23,8 +23,10 @@ from sklearn.utils.validation import check_is_fitted
 from .._backend import (
     CPU,
     Backend,
+    dask_module,
     float_dtype,
     is_cupy_array,
+    is_dask_collection,
     resolve,
     to_numpy,
     to_output,
@@ -568,9 +570,11 @@ class BKRRRegressor(_BKRRBase):
         self
         """
         self._validate_params()
+        if is_dask_collection(X) or is_dask_collection(y):
+            return dask_module().fit_bkrr(self, X, y)
         group = device_group(self)
         # A refit invalidates the device copies of the previous model's arrays.
-        for name in ("devices_", "part_device_", "_device_cache"):
+        for name in ("devices_", "part_device_", "part_worker_", "_device_cache"):
             self.__dict__.pop(name, None)
         if group is not None:
             return self._fit_on_devices(group, X, y)
@@ -633,8 +637,14 @@ class BKRRRegressor(_BKRRBase):
         Returns
         -------
         y_pred : array of shape (n_samples,) or (n_samples, n_targets)
-            CuPy for CuPy input, NumPy otherwise.
+            CuPy for CuPy input, a lazy Dask array for Dask input (each chunk
+            predicted on its worker), NumPy otherwise.
         """
+        if is_dask_collection(X):
+            check_is_fitted(self, "dual_coef_")
+            columns = self.dual_coef_.shape[1] if self.dual_coef_.ndim == 2 else None
+            return dask_module().predict_blocks(self, X, "predict", out_columns=columns,
+                                                dtype=self.dual_coef_.dtype)
         return self._predict(X)
 
 

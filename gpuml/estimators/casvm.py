@@ -13,7 +13,7 @@ from sklearn.exceptions import ConvergenceWarning
 from sklearn.utils._param_validation import Interval, StrOptions
 from sklearn.utils.validation import check_is_fitted
 
-from .._backend import namespace_of, resolve, to_numpy, to_output
+from .._backend import dask_module, is_dask_collection, namespace_of, resolve, to_numpy, to_output
 from .._validation import validate_X
 from ..distributed import balance, smo_cost
 from ..kernels import SMOProblem, smo_solve_batch
@@ -30,6 +30,7 @@ from ._partitioned import (
     split,
     split_on_devices,
     stack_rows,
+    warn_poor_parts,
 )
 from ._svm import KernelSVMMixin, class_pairs, ovo_votes, ovr_decision
 
@@ -285,6 +286,8 @@ class CASVMClassifier(KernelSVMMixin, ClassifierMixin, BaseEstimator):
         -------
         self
         """
+        if any(is_dask_collection(v) for v in (X, y, sample_weight)):
+            return dask_module().fit_casvm(self, X, y, sample_weight)
         group = device_group(self)
         backend = resolve(self.device, X, y) if group is None else None
         X, y_idx, sample_C = self._validate_targets(X, y, sample_weight)
@@ -295,7 +298,7 @@ class CASVMClassifier(KernelSVMMixin, ClassifierMixin, BaseEstimator):
             raise ValueError("kernel='precomputed' fits on one device: use devices=None")
         self._gamma = self._kernel.gamma
         # A refit invalidates the device copies of the previous model's arrays.
-        for name in ("devices_", "part_device_", "_device_cache"):
+        for name in ("devices_", "part_device_", "part_worker_", "_device_cache"):
             self.__dict__.pop(name, None)
 
         if group is None:
@@ -422,6 +425,7 @@ class CASVMClassifier(KernelSVMMixin, ClassifierMixin, BaseEstimator):
         self.fit_status_ = 0 if converged else 1
         self.centers_ = to_numpy(parts.centers)
         self.partition_sizes_ = parts.sizes
+        warn_poor_parts(parts.parts, y_idx, len(self.classes_), self.partition)
         if not converged:
             cap = ("" if self.max_iter >= 0 else
                    ": an SMO problem reached LIBSVM's cap of max(10**7, 100 * n_samples) steps")
@@ -506,7 +510,15 @@ class CASVMClassifier(KernelSVMMixin, ClassifierMixin, BaseEstimator):
         Returns
         -------
         ndarray of shape (n_samples,), (n_samples, n_classes) or (n_samples, n_pairs)
+            A lazy Dask array for Dask input.
         """
+        if is_dask_collection(X):
+            check_is_fitted(self)
+            k = len(self.classes_)
+            columns = (None if k == 2 else k if self.decision_function_shape == "ovr"
+                       else k * (k - 1) // 2)
+            return dask_module().predict_blocks(self, X, "decision_function",
+                                                out_columns=columns, dtype=np.float64)
         votes, confidence, values = self._votes(X)
         if len(self.classes_) == 2:
             return to_output(-values[:, 0], X)
@@ -524,6 +536,11 @@ class CASVMClassifier(KernelSVMMixin, ClassifierMixin, BaseEstimator):
         Returns
         -------
         ndarray of shape (n_samples,)
+            A lazy Dask array for Dask input (each chunk predicted on its worker).
         """
+        if is_dask_collection(X):
+            check_is_fitted(self)
+            return dask_module().predict_blocks(self, X, "predict", out_columns=None,
+                                                dtype=self.classes_.dtype)
         votes, _, _ = self._votes(X)
         return to_output(self.classes_[np.argmax(votes, axis=1)], X)

@@ -8,13 +8,15 @@ handling that the three implementations share.
 from __future__ import annotations
 
 import math
-import os
 from collections.abc import Iterable, Sequence
 from itertools import compress, repeat
 from operator import attrgetter, is_, is_not
 
 import torch
 from torch import Tensor
+
+from gpuml.optim import _sharding as S
+from gpuml.optim._layout import dense_layout, interpreter_on, triton_available  # noqa: F401
 
 __all__ = ["param_groups_by_name"]
 
@@ -33,6 +35,10 @@ def check_nonneg(name: str, value) -> None:
     if isinstance(value, Tensor):
         if value.numel() != 1:
             raise ValueError(f"{name} must be a scalar, got a tensor of shape {tuple(value.shape)}")
+        # read once, when the group is checked (as torch.optim does: a negative or NaN
+        # tensor lr is refused like a float one)
+        if not 0.0 <= float(value):
+            raise ValueError(f"Invalid {name}: {value!r} (must be a number >= 0)")
         return
     if not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
         raise ValueError(f"Invalid {name}: {value!r} (must be a finite number >= 0)")
@@ -64,12 +70,12 @@ def check_exclusion(name: str, value) -> None:
                          f"got {value!r}")
 
 
-def interpreter_on() -> bool:
-    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+def resolve_impl(params: Sequence[Tensor], foreach: bool | None, fused: bool | None,
+                 grads: Sequence[Tensor] | None = None) -> str:
+    """``"fused"`` on CUDA tensors, ``"foreach"`` otherwise, unless asked explicitly.
 
-
-def resolve_impl(params: Sequence[Tensor], foreach: bool | None, fused: bool | None) -> str:
-    """``"fused"`` on CUDA tensors, ``"foreach"`` otherwise, unless asked explicitly."""
+    ``grads`` defaults to the parameters' ``.grad``.
+    """
     if fused and foreach:
         raise ValueError("fused=True and foreach=True are mutually exclusive")
     if fused:
@@ -78,29 +84,12 @@ def resolve_impl(params: Sequence[Tensor], foreach: bool | None, fused: bool | N
         return "loop"
     if foreach:
         return "foreach"
-    if fused is None and params and all(map(_is_cuda, params)) and triton_available() \
-            and all(p.is_contiguous() and p.grad.is_contiguous() or dense_layout(p, p.grad)
-                    for p in params):
-        return "fused"
+    if fused is None and params and all(map(_is_cuda, params)) and triton_available():
+        grads = list(map(_grad, params)) if grads is None else grads
+        if all(p.is_contiguous() and g.is_contiguous() or dense_layout(p, g)
+               for p, g in zip(params, grads)):
+            return "fused"
     return "foreach"
-
-
-def triton_available() -> bool:
-    try:
-        import triton  # noqa: F401
-    except ImportError:
-        return False
-    return True
-
-
-def dense_layout(*tensors: Tensor | None) -> bool:
-    """True when the tensors share one dense memory layout (the fused kernels walk memory)."""
-    ts = [t for t in tensors if t is not None]
-    first = ts[0]
-    dense = first.is_contiguous() or (first.ndim == 4 and first.is_contiguous(
-        memory_format=torch.channels_last)) or (first.ndim == 5 and first.is_contiguous(
-            memory_format=torch.channels_last_3d))
-    return dense and all(t.shape == first.shape and t.stride() == first.stride() for t in ts)
 
 
 def check_fused_devices(params: Sequence[Tensor]) -> None:
@@ -227,26 +216,58 @@ def param_groups_by_name(model: torch.nn.Module, weight_decay: float | None = No
     return [g for g in (first, second) if g["params"]]
 
 
-def global_grad_norm(grads: Sequence[Tensor], impl: str) -> Tensor:
-    """L2 norm of all ``grads`` together, as a 0-d fp32 tensor (no host synchronisation).
+def global_grad_norm(parts: Sequence[tuple[Sequence[Tensor], S.Sharding | None]], impl: str,
+                     reduction: S.NormReduction | None = None) -> Tensor:
+    """L2 norm of all gradients together, as a 0-d fp32 tensor (no host synchronisation).
 
-    Used for LAMB's global gradient clipping, over every param group at once
-    (as apex and timm do), by the loop and foreach paths (``impl``); the fused path
-    computes it in its own kernels (``gpuml.optim._triton.grad_norm``).
+    Used for LAMB's global gradient clipping, over every param group at once (as apex and
+    timm do), by the loop and foreach paths (``impl``); the fused path computes it in its own
+    kernels (``gpuml.optim._triton.grad_norm``). ``parts``: each group's gradients (local
+    tensors) and their sharding; the squared norms of the sharded ones are summed over the
+    ranks by ``reduction`` (one scalar all-reduce for all groups).
     """
-    if not grads:
+    norms = [(_per_tensor_norms(grads, impl), sharding) for grads, sharding in parts if grads]
+    if not norms:
         return torch.zeros((), dtype=torch.float32)
+    device = norms[0][0].device
+    if all(sharding is None for _, sharding in norms):
+        return torch.linalg.vector_norm(torch.cat([n.to(device) for n, _ in norms]))
+    local_sq, sharded_sq = [], []
+    for group_norms, sharding in norms:
+        sq = group_norms.to(device).square()
+        index = None if sharding is None else sharding.index_on(device)
+        if sharding is None:
+            local_sq.append(sq.sum())
+        elif index is None:
+            sharded_sq.append(sq.sum())
+        else:
+            sharded_sq.append(sq[index].sum())
+            sq = sq.clone()
+            sq[index] = 0.0
+            local_sq.append(sq.sum())
+    (total,) = reduction.all_reduce([torch.stack(sharded_sq).sum().reshape(1)])
+    total = total.reshape(())
+    if local_sq:
+        total = total + torch.stack(local_sq).sum()
+    return total.sqrt()
+
+
+def _per_tensor_norms(grads: Sequence[Tensor], impl: str) -> Tensor:
+    """The fp32 L2 norm of each gradient, in order, on the first gradient's device."""
     device = grads[0].device
-    if impl == "foreach":
-        by_key: dict[tuple, list[Tensor]] = {}
-        for g in grads:
-            by_key.setdefault((g.device, g.dtype), []).append(g)
-        norms = []
-        for gs in by_key.values():
-            norms += [n.to(device) for n in torch._foreach_norm(gs, 2, dtype=torch.float32)]
-        return torch.linalg.vector_norm(torch.stack(norms))
-    norms = [torch.linalg.vector_norm(g.float()).to(device) for g in grads]
-    return torch.linalg.vector_norm(torch.stack(norms))
+    if impl != "foreach":
+        return torch.stack([torch.linalg.vector_norm(g.float()).to(device) for g in grads])
+    by_key: dict[tuple, list[int]] = {}
+    for i, g in enumerate(grads):
+        by_key.setdefault((g.device, g.dtype), []).append(i)
+    if len(by_key) == 1:
+        return torch.stack(torch._foreach_norm(list(grads), 2, dtype=torch.float32))
+    out: list = [None] * len(grads)
+    for idx in by_key.values():
+        for i, n in zip(idx, torch._foreach_norm([grads[i] for i in idx], 2,
+                                                  dtype=torch.float32)):
+            out[i] = n.to(device)
+    return torch.stack(out)
 
 
 def scaled_step_coefficient(grad_scale: Tensor | None, clip: Tensor | None) -> Tensor | None:
@@ -313,10 +334,16 @@ class GroupView:
     state) and no sparse gradient. ``prepared`` is the fused path's launch preparation
     (:func:`gpuml.optim._triton.prepare`), which also checks the addresses of the
     parameters and gradients it encodes.
+
+    With DTensor parameters (FSDP2, HSDP) ``dtensors`` is true: ``params``, ``columns``
+    and ``masters`` hold the local tensors the update runs on (``checks`` the DTensors the
+    state dicts hold), and :meth:`grads` returns the gradients' local tensors; ``sharding``
+    (:class:`gpuml.optim._sharding.Sharding`, or None) says which of them are sharded.
     """
 
     __slots__ = ("group", "options", "all_params", "has_grad", "impl", "params", "columns",
-                 "masters", "steps", "adapt", "decay", "state_dicts", "checks", "prepared")
+                 "masters", "steps", "adapt", "decay", "state_dicts", "checks", "prepared",
+                 "dtensors", "sharding")
 
     def grads(self, group: dict) -> list[Tensor] | None:
         """The gradients of ``params`` when the view still holds, else None."""
@@ -331,6 +358,8 @@ class GroupView:
             return None
         if len(grads) != len(self.params):
             grads = list(compress(grads, has))
+        if self.dtensors:
+            grads = S.local(grads)
         for key, column in self.checks:
             if not all(map(is_, map(dict.get, self.state_dicts, repeat(key)), column)):
                 return None
@@ -366,8 +395,48 @@ class LayerwiseOptimizer(torch.optim.Optimizer):
         self._validate_group(self.param_groups[-1])
 
     def load_state_dict(self, state_dict: dict) -> None:
-        super().load_state_dict(state_dict)
+        """``torch.optim.Optimizer.load_state_dict``, keeping the fp32 state fp32.
+
+        torch casts floating state to each parameter's dtype; the moments and master weights
+        are fp32 whatever the parameter's (:func:`fix_state_dtypes`). That fix must see what
+        the load-state-dict pre-hooks returned and come before the post-hooks, whose edits
+        must stand: so the hooks run here, around the load, in torch's order.
+        """
+        state_dict = state_dict.copy()
+        for hook in list(self._optimizer_load_state_dict_pre_hooks.values()):
+            result = hook(self, state_dict)
+            if result is not None:
+                state_dict = result
+        pre, post = (self._optimizer_load_state_dict_pre_hooks,
+                     self._optimizer_load_state_dict_post_hooks)
+        self._optimizer_load_state_dict_pre_hooks = type(pre)()
+        self._optimizer_load_state_dict_post_hooks = type(post)()
+        try:
+            super().load_state_dict(state_dict)
+        finally:
+            self._optimizer_load_state_dict_pre_hooks = pre
+            self._optimizer_load_state_dict_post_hooks = post
         fix_state_dtypes(self, state_dict, self._FP32_STATE)
+        for hook in list(post.values()):
+            hook(self)
+
+    def __setstate__(self, state: dict) -> None:
+        """Fill what an older or hand-made state dict lacks, as torch's optimizers do: the
+        group options missing (this optimizer's defaults, e.g. ``foreach``, ``fused``,
+        ``capturable``) and a ``step`` saved as a number rather than a tensor."""
+        super().__setstate__(state)
+        for group in self.param_groups:
+            for key, value in self.defaults.items():
+                # torch's __setstate__ adds "differentiable" to the defaults: not an option
+                # of ours, so not put in the groups either
+                if key != "differentiable":
+                    group.setdefault(key, value)
+            for p in group["params"]:
+                p_state = self.state.get(p)
+                if p_state and "step" in p_state and not isinstance(p_state["step"], Tensor):
+                    # placed where the group's path needs it when its view is built
+                    p_state["step"] = torch.tensor(float(p_state["step"]),
+                                                   dtype=torch.float32)
 
     def _update(self, plan, grad_scale: Tensor | None, found_inf: Tensor | None) -> None:
         """Apply the update rule to every ``(group, view, grads)`` of ``plan``."""
@@ -423,34 +492,48 @@ class LayerwiseOptimizer(torch.optim.Optimizer):
                 rebuilt = True
             if view.params:
                 plan.append((group, view, grads))
-        if rebuilt:  # a new view may have created state
+        if rebuilt:  # a new view may have created state, or sharded tensors
             self._state_dicts = (states, list(states.values()))
+            self._reduction = S.reduction_for((v.sharding for v in views if v is not None),
+                                              type(self).__name__)
         return grad_scale, found_inf, plan
 
     def _view(self, group: dict) -> tuple[GroupView, list[Tensor]]:
         """Check a group's tensors, pick its path, gather its state: a new view."""
         with_grad = check_group_tensors(group["params"])
-        impl = resolve_impl(with_grad, group["foreach"], group["fused"]) if with_grad else ""
+        grads = list(map(_grad, with_grad))
+        dtensors, sharding = S.inspect(with_grad, grads)
+        local_params, local_grads = (S.local(with_grad), S.local(grads)) if dtensors \
+            else (with_grad, grads)
+        impl = resolve_impl(local_params, group["foreach"], group["fused"],
+                            local_grads) if with_grad else ""
         if impl == "fused":
-            check_fused_devices(with_grad)
+            check_fused_devices(local_params)
         params, grads, columns, masters, steps, adapt, decay = self._gather(
             group, impl, self._STATE_KEYS)
         view = GroupView()
         view.group, view.options, view.impl = group, _view_options(group), impl
         view.all_params = list(group["params"])
         view.has_grad = [p.grad is not None for p in view.all_params]
-        view.params, view.columns, view.masters, view.steps = params, columns, masters, steps
-        view.adapt, view.decay = adapt, decay
         view.state_dicts = [self.state[p] for p in params]
         view.checks = [("step", steps), *zip(self._STATE_KEYS, columns),
                        ("master_param", masters)]
+        view.dtensors, view.sharding = dtensors, sharding
+        if dtensors:  # the update runs on the local shards
+            params, grads = local_params, local_grads
+            columns = [S.local(c) for c in columns]
+            masters = S.local(masters)
+            S.check_local_shapes(params, *columns, masters)
+        view.params, view.columns, view.masters, view.steps = params, columns, masters, steps
+        view.adapt, view.decay = adapt, decay
         view.prepared = None
         if impl == "fused":
             from gpuml.optim import _triton
 
             state = (*columns, None, None)[:2]
             view.prepared = _triton.prepare(self._KIND, params, grads, state, masters, steps,
-                                            adapt, decay)
+                                            adapt, decay,
+                                            sharded=sharding.flags if sharding else None)
         return view, grads
 
     def _gather(self, group: dict, impl: str, keys: Sequence[str]):

@@ -32,7 +32,7 @@ each gradient: a training loop whose tensors keep their addresses uploads nothin
 and checks layouts only when something changed. The scratch buffer the passes write
 (see below) is allocated with the tables and lives as long as they do, so a step
 allocates nothing. :func:`prepare` groups a call's tensors into buckets and finds
-their tables; :func:`lamb_launch` / :func:`lars_launch` launch a prepared call. The
+their tables; :func:`lamb_passes` / :func:`lars_passes` launch a prepared call. The
 cache of recent tables is small and is cleared when full, which hands their device
 memory back to the allocator — memory that a captured CUDA graph reads again at every
 replay. So tables launched while a graph is captured are also held apart, for as long
@@ -95,6 +95,7 @@ from __future__ import annotations
 import contextlib
 import math
 import weakref
+from itertools import repeat
 from operator import attrgetter
 from typing import NamedTuple
 
@@ -103,7 +104,8 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from gpuml.optim._common import dense_layout, interpreter_on
+from gpuml.optim._layout import dense_layout, interpreter_on
+from gpuml.optim._sharding import NormReduction, dtensor_type
 
 CHUNK = 65536
 BLOCK = 1024
@@ -132,21 +134,28 @@ class Tables(NamedTuple):
     (``[n_chunks, 3]`` fp32) takes pass 1's two partial sums of squares per chunk and, in
     the row of a tensor's first chunk, its new step count; every pass writes what it reads
     before it reads it, so one buffer serves every step and lives as long as the tables.
+    ``full_sq`` (``[n_tensors, 2]`` fp32) takes, for sharded tensors, each tensor's two
+    sums of squares, which are then summed over the ranks (:func:`lamb_passes`).
     """
 
     tensors: Tensor
     launches: tuple[tuple[Tensor, int, bool], ...]
     n_chunks: int
     scratch: Tensor
+    n_tensors: int
+    full_sq: Tensor
 
 
 class Bucket(NamedTuple):
-    """The tensors of a prepared call that share a device, dtypes and master weights."""
+    """The tensors of a prepared call that share a device, dtypes, master weights and
+    whether they are shards of tensors spread over several processes (``sharded``: their
+    norms are summed over the ranks between the two passes)."""
 
     device: torch.device
     param_dtype: torch.dtype
     grad_dtype: torch.dtype
     has_master: bool
+    sharded: bool
     tables: Tables
     key: tuple
     anchor: Tensor
@@ -238,7 +247,9 @@ def _build(columns: list, numels: tuple[int, ...], flags: tuple[int, ...],
     launches = tuple((_upload(r, torch.int32, device), len(r) // 2, aligned)
                      for aligned, r in chunk_rows.items() if r)
     scratch = torch.empty(3 * first, dtype=torch.float32, device=device)
-    return Tables(_upload(rows, torch.int64, device), launches, first, scratch)
+    full_sq = torch.empty(2 * len(numels), dtype=torch.float32, device=device)
+    return Tables(_upload(rows, torch.int64, device), launches, first, scratch, len(numels),
+                  full_sq)
 
 
 def _tables(kind: str, columns: list, numels: tuple[int, ...], flags: tuple[int, ...],
@@ -317,11 +328,13 @@ def _column_or_none(tensors: list) -> list | None:
     return tensors
 
 
-def _buckets(params: list[Tensor], grads: list[Tensor],
-             masters: list) -> list[tuple[tuple, list[int]]]:
-    """Indices of the tensors sharing (device, dtype, grad dtype, has master): one table each."""
+def _buckets(params: list[Tensor], grads: list[Tensor], masters: list,
+             sharded: list[bool] | None) -> list[tuple[tuple, list[int]]]:
+    """Indices of the tensors sharing (device, dtype, grad dtype, has master, sharded): one
+    table each."""
     keys = list(zip(map(_device_of, params), map(_dtype_of, params), map(_dtype_of, grads),
-                    [m is not None for m in masters]))
+                    [m is not None for m in masters],
+                    repeat(False) if sharded is None else sharded))
     if keys.count(keys[0]) == len(keys):
         return [(keys[0], list(range(len(keys))))]
     out: dict[tuple, list[int]] = {}
@@ -340,22 +353,32 @@ def _flags(adapt, decay, idx) -> tuple[int, ...]:
 
 def prepare(kind: str, params: list[Tensor], grads: list[Tensor], state: tuple[list, list],
             master_params: list, state_steps: list[Tensor], adapt: list[bool],
-            decay: list[bool], chunk: int | None = None, block: int | None = None) -> Prepared:
+            decay: list[bool], chunk: int | None = None, block: int | None = None,
+            sharded: list[bool] | None = None) -> Prepared:
     """Group the tensors of one call into buckets and find (or build) their tables.
 
     ``state`` holds the two state columns of the update rule (LAMB's moments; LARS' momentum
-    buffers and None), each a list over the tensors or None.
+    buffers and None), each a list over the tensors or None. ``sharded[i]``: tensor ``i`` is
+    the local shard of a tensor spread over several processes (its norms are summed over the
+    ranks: :mod:`gpuml.optim._sharding`); the tensors themselves are plain local tensors.
     """
+    dtensor = dtensor_type()
+    if dtensor is not None and any(map(isinstance, params, repeat(dtensor))):
+        raise TypeError("the fused kernels take the local tensors of DTensor parameters; "
+                        "gpuml.optim.LAMB/LARS and lamb()/lars() unwrap them (and sum the "
+                        "norms of sharded ones over the ranks)")
     chunk, block = _sizes(chunk, block)
     buckets = []
-    for (device, dtype, grad_dtype, has_master), idx in _buckets(params, grads, master_params):
+    for (device, dtype, grad_dtype, has_master, is_sharded), idx in _buckets(
+            params, grads, master_params, sharded):
         ps, gs, steps = (_pick(x, idx) for x in (params, grads, state_steps))
         cols = [None if c is None else _column_or_none(_pick(c, idx)) for c in state]
         masters = _pick(master_params, idx) if has_master else None
         tables, key = _tables(kind, [ps, gs, *cols, masters, steps],
                               tuple(map(Tensor.numel, ps)), _flags(adapt, decay, idx), gs,
                               device, chunk)
-        buckets.append(Bucket(device, dtype, grad_dtype, has_master, tables, key, steps[0]))
+        buckets.append(Bucket(device, dtype, grad_dtype, has_master, is_sharded, tables, key,
+                              steps[0]))
     return Prepared(tuple(buckets), tuple(map(_data_ptr, params)), tuple(map(_data_ptr, grads)),
                     tuple(map(_is_contiguous, grads)), chunk, block)
 
@@ -484,19 +507,22 @@ def _sumsq_kernel(tab, chunks, partials, g_w, NCOL: tl.constexpr, CHUNK: tl.cons
     tl.store(partials + slot, tl.sum(acc, axis=0))
 
 
-def grad_norm(preps: list[Prepared]) -> Tensor:
+def grad_norm(preps: list[Prepared], reduction: NormReduction | None = None) -> Tensor:
     """L2 norm of the gradients of all ``preps`` together, as a 0-d fp32 tensor on the
     device of the first (no host synchronisation).
 
     One launch per bucket writes a partial sum of squares per chunk into one buffer per
-    device; the partials are summed in a fixed order (deterministic, no atomics).
+    device; the partials are summed in a fixed order (deterministic, no atomics). The sum
+    over sharded buckets is summed over the ranks by ``reduction`` (one scalar all-reduce).
     """
     by_device: dict[torch.device, list[tuple[Bucket, int, int]]] = {}
     for prep in preps:
         for b in prep.buckets:
             by_device.setdefault(b.device, []).append((b, prep.chunk, prep.block))
-    total = None
+    local = sharded = None
     for device, buckets in by_device.items():
+        buckets.sort(key=lambda entry: not entry[0].sharded)  # sharded first (stable)
+        n_sharded = sum(b.tables.n_chunks for b, _, _ in buckets if b.sharded)
         with _device_guard(device):
             out = torch.empty(sum(b.tables.n_chunks for b, _, _ in buckets),
                               dtype=torch.float32, device=device)
@@ -508,9 +534,22 @@ def grad_norm(preps: list[Prepared]) -> Tensor:
                                         _dummy(device, b.grad_dtype), NCOL=NCOL, CHUNK=chunk,
                                         BLOCK=block, ALIGNED=aligned)
                 offset += b.tables.n_chunks
-            part_sum = out.sum()
-        total = part_sum if total is None else total + part_sum.to(total.device)
-    return total.sqrt()
+            if n_sharded == 0:
+                local = _add(local, out.sum())
+            else:
+                sharded = _add(sharded, out[:n_sharded].sum())
+                if n_sharded < offset:
+                    local = _add(local, out[n_sharded:].sum())
+    if sharded is not None:
+        if reduction is None:
+            raise RuntimeError("sharded tensors but no process group to sum their norms over")
+        (summed,) = reduction.all_reduce([sharded.reshape(1)])
+        local = _add(local, summed.reshape(()))
+    return local.sqrt()
+
+
+def _add(total: Tensor | None, x: Tensor) -> Tensor:
+    return x if total is None else total + x.to(total.device)
 
 
 @triton.jit
@@ -562,7 +601,8 @@ def _lamb_update(mv, vv, gv, wv, a_m, a_g, a_v, a_g2, eps, wd, EPS_INSIDE: tl.co
 
 
 @triton.jit
-def _tensor_norms(row, partials, PBLOCK: tl.constexpr):
+def _tensor_sumsq(row, partials, PBLOCK: tl.constexpr):
+    """A tensor's two sums of squares: its chunks' partials from pass 1, in a fixed order."""
     c0 = tl.load(row + 7)
     nc = tl.load(row + 8)
     acc0 = tl.zeros([PBLOCK], dtype=tl.float32)
@@ -572,7 +612,32 @@ def _tensor_norms(row, partials, PBLOCK: tl.constexpr):
         msk = idx < c0 + nc
         acc0 += tl.load(partials + 3 * idx, mask=msk, other=0.0)
         acc1 += tl.load(partials + 3 * idx + 1, mask=msk, other=0.0)
-    return tl.sqrt(tl.sum(acc0, axis=0)), tl.sqrt(tl.sum(acc1, axis=0))
+    return tl.sum(acc0, axis=0), tl.sum(acc1, axis=0)
+
+
+@triton.jit
+def _tensor_norms(row, chunks, partials, full_sq, PBLOCK: tl.constexpr,
+                  REDUCED: tl.constexpr):
+    """Pass 2: the two norms of this program's tensor. ``REDUCED``: the tensor is a shard,
+    and ``full_sq`` holds the sums of squares of the full tensor (summed over the ranks),
+    indexed by the tensor's row; else the sums of this tensor's own chunks."""
+    if REDUCED:
+        ti = tl.load(chunks + 2 * tl.program_id(0))
+        s0 = tl.load(full_sq + 2 * ti)
+        s1 = tl.load(full_sq + 2 * ti + 1)
+    else:
+        s0, s1 = _tensor_sumsq(row, partials, PBLOCK)
+    return tl.sqrt(s0), tl.sqrt(s1)
+
+
+@triton.jit
+def _tensor_sumsq_kernel(tab, partials, full_sq, NCOL: tl.constexpr, PBLOCK: tl.constexpr):
+    """Between the passes of a sharded bucket: each tensor's (program's) two local sums of
+    squares, into ``full_sq`` for the all-reduce over the ranks."""
+    t = tl.program_id(0)
+    s0, s1 = _tensor_sumsq(tab + t * NCOL, partials, PBLOCK)
+    tl.store(full_sq + 2 * t, s0)
+    tl.store(full_sq + 2 * t + 1, s1)
 
 
 @triton.jit
@@ -653,14 +718,14 @@ def _lamb_apply(p, g, m, v, w, idx, mask, scale, step_size, a_m, a_g, a_v, a_g2,
 
 
 @triton.jit
-def _lamb_pass2(tab, chunks, partials, p_w, g_w, f_w, norm, gscale, found_inf, lr_ptr,
-                max_norm, lr_val, beta1, beta2, beta3, lb1, lb2, omb2, eps, weight_decay,
-                lower, upper, HAS_CLIP: tl.constexpr, HAS_SCALE: tl.constexpr,
+def _lamb_pass2(tab, chunks, partials, full_sq, p_w, g_w, f_w, norm, gscale, found_inf,
+                lr_ptr, max_norm, lr_val, beta1, beta2, beta3, lb1, lb2, omb2, eps,
+                weight_decay, lower, upper, HAS_CLIP: tl.constexpr, HAS_SCALE: tl.constexpr,
                 HAS_INF: tl.constexpr, HAS_MASTER: tl.constexpr,
                 LR_IS_PTR: tl.constexpr, BIAS_CORRECTION: tl.constexpr,
                 VARIANT: tl.constexpr, EPS_INSIDE: tl.constexpr, NCOL: tl.constexpr,
                 CHUNK: tl.constexpr, BLOCK: tl.constexpr, PBLOCK: tl.constexpr,
-                PARAM_BF16: tl.constexpr, ALIGNED: tl.constexpr):
+                PARAM_BF16: tl.constexpr, ALIGNED: tl.constexpr, REDUCED: tl.constexpr):
     row, slot, ci, live, start, full, end = _chunk(tab, chunks, found_inf, NCOL, CHUNK,
                                                    BLOCK, HAS_INF)
     p = _column(row, 0, p_w, ALIGNED)
@@ -677,7 +742,7 @@ def _lamb_pass2(tab, chunks, partials, p_w, g_w, f_w, norm, gscale, found_inf, l
     scale = _grad_coef(norm, max_norm, gscale, HAS_CLIP, HAS_SCALE)
     a_m, a_g, a_v, a_g2 = _lamb_coefs(t, beta1, beta2, beta3, lb1, lb2, omb2,
                                       BIAS_CORRECTION, VARIANT)
-    w_norm, u_norm = _tensor_norms(row, partials, PBLOCK)
+    w_norm, u_norm = _tensor_norms(row, chunks, partials, full_sq, PBLOCK, REDUCED)
     ok = (w_norm > 0) & (u_norm > 0) & ((flags & 1) != 0)
     phi = tl.minimum(tl.maximum(w_norm, lower), upper)
     ratio = tl.where(ok, phi / tl.where(ok, u_norm, 1.0), 1.0)
@@ -691,12 +756,41 @@ def _lamb_pass2(tab, chunks, partials, p_w, g_w, f_w, norm, gscale, found_inf, l
                 p_w, HAS_MASTER, VARIANT, EPS_INSIDE, PARAM_BF16, True)
 
 
-def lamb_launch(prep: Prepared, *, global_grad_norm: Tensor | None,
+def _sharded_sums(buckets: list[Bucket]) -> Tensor:
+    """Each tensor's two local sums of squares (pass 1's partials summed per tensor) for the
+    buckets of sharded tensors, in one vector: what is summed over the ranks."""
+    parts = []
+    for b in buckets:
+        with _device_guard(b.device):
+            _tensor_sumsq_kernel[(b.tables.n_tensors,)](b.tables.tensors, b.tables.scratch,
+                                                         b.tables.full_sq, NCOL=NCOL,
+                                                         PBLOCK=128)
+        parts.append(b.tables.full_sq)
+    if len(parts) == 1:
+        return parts[0]
+    return torch.cat([x.to(parts[0].device) for x in parts])
+
+
+def _split_sums(summed: Tensor, buckets: list[Bucket]) -> list[Tensor]:
+    out, offset = [], 0
+    for b in buckets:
+        n = 2 * b.tables.n_tensors
+        out.append(summed[offset:offset + n].to(b.device))
+        offset += n
+    return out
+
+
+def lamb_passes(prep: Prepared, *, global_grad_norm: Tensor | None,
                 max_grad_norm: float | None, grad_scale: Tensor | None,
                 found_inf: Tensor | None, lr, beta1, beta2, eps, weight_decay,
-                bias_correction, grad_averaging, trust_bounds, eps_inside_sqrt,
-                variant) -> None:
-    """The two passes of a fused LAMB step over prepared tensors (``step`` included)."""
+                bias_correction, grad_averaging, trust_bounds, eps_inside_sqrt, variant):
+    """The two passes of a fused LAMB step over prepared tensors (``step`` included).
+
+    A generator (driven by :func:`gpuml.optim._sharding.run_steps`): buckets of local tensors
+    run both passes at once; buckets of sharded tensors run pass 1, then it yields their
+    per-tensor sums of squares (weight, update) and runs their pass 2 with the sums over the
+    ranks it receives. Without sharded buckets it never yields.
+    """
     beta1, beta2, eps, weight_decay = float(beta1), float(beta2), float(eps), float(weight_decay)
     beta3 = 1.0 - beta1 if grad_averaging else 1.0
     var = _VARIANT_IDS[variant]
@@ -704,13 +798,13 @@ def lamb_launch(prep: Prepared, *, global_grad_norm: Tensor | None,
     clip = global_grad_norm is not None and max_grad_norm is not None
     max_norm = float(max_grad_norm) if clip else 1.0
     lower, upper = float(trust_bounds[0]), float(trust_bounds[1])
-    for b in prep.buckets:
+
+    def pass1(b: Bucket) -> tuple:
         device, tables = b.device, b.tables
         with _device_guard(device):
             _hold_if_capturing(b)
             norm = _on(global_grad_norm if clip else None, device)
             scale, inf = _on(grad_scale, device), _on(found_inf, device)
-            lr_ptr, lr_val, lr_is_ptr = _scalar_arg(lr, device)
             p_w, g_w = _dummy(device, b.param_dtype), _dummy(device, b.grad_dtype)
             f_w = _dummy(device)
             common = dict(HAS_CLIP=clip, HAS_SCALE=grad_scale is not None,
@@ -722,12 +816,34 @@ def lamb_launch(prep: Prepared, *, global_grad_norm: Tensor | None,
                 _lamb_pass1[(n,)](tables.tensors, chunks, tables.scratch, p_w, g_w, f_w, norm,
                                   scale, inf, max_norm, beta1, beta2, beta3, *logs, eps,
                                   weight_decay, ALIGNED=aligned, **common)
+        return norm, scale, inf, p_w, g_w, f_w, common
+
+    def pass2(b: Bucket, args: tuple, full_sq: Tensor | None) -> None:
+        norm, scale, inf, p_w, g_w, f_w, common = args
+        device, tables = b.device, b.tables
+        with _device_guard(device):
+            lr_ptr, lr_val, lr_is_ptr = _scalar_arg(lr, device)
+            sums = f_w if full_sq is None else full_sq
             for chunks, n, aligned in tables.launches:
-                _lamb_pass2[(n,)](tables.tensors, chunks, tables.scratch, p_w, g_w, f_w, norm,
-                                  scale, inf, lr_ptr, max_norm, lr_val, beta1, beta2, beta3,
-                                  *logs, eps, weight_decay, lower, upper, LR_IS_PTR=lr_is_ptr,
-                                  PBLOCK=128, PARAM_BF16=b.param_dtype == torch.bfloat16,
-                                  ALIGNED=aligned, **common)
+                _lamb_pass2[(n,)](tables.tensors, chunks, tables.scratch, sums, p_w, g_w, f_w,
+                                  norm, scale, inf, lr_ptr, max_norm, lr_val, beta1, beta2,
+                                  beta3, *logs, eps, weight_decay, lower, upper,
+                                  LR_IS_PTR=lr_is_ptr, PBLOCK=128,
+                                  PARAM_BF16=b.param_dtype == torch.bfloat16,
+                                  ALIGNED=aligned, REDUCED=full_sq is not None, **common)
+
+    sharded = []
+    for b in prep.buckets:
+        args = pass1(b)
+        if b.sharded:
+            sharded.append((b, args))
+        else:
+            pass2(b, args, None)
+    if sharded:
+        buckets = [b for b, _ in sharded]
+        summed = yield _sharded_sums(buckets)
+        for (b, args), full_sq in zip(sharded, _split_sums(summed, buckets)):
+            pass2(b, args, full_sq)
 
 
 def lamb_step(params, grads, exp_avgs, exp_avg_sqs, master_params, state_steps, *, adapt,
@@ -735,7 +851,8 @@ def lamb_step(params, grads, exp_avgs, exp_avg_sqs, master_params, state_steps, 
               eps, weight_decay, bias_correction, grad_averaging, trust_bounds,
               eps_inside_sqrt, variant, chunk: int | None = None,
               block: int | None = None) -> None:
-    """One fused LAMB step (see :func:`gpuml.optim.lamb`); tensors may span devices.
+    """One fused LAMB step over local tensors (see :func:`gpuml.optim.lamb`, which also
+    takes sharded ones); tensors may span devices.
 
     With ``max_grad_norm`` and no ``global_grad_norm``, the norm is that of ``grads``,
     unscaled by ``grad_scale``.
@@ -746,11 +863,13 @@ def lamb_step(params, grads, exp_avgs, exp_avg_sqs, master_params, state_steps, 
         global_grad_norm = grad_norm([prep])
         if grad_scale is not None:
             global_grad_norm = global_grad_norm / grad_scale.to(global_grad_norm.device).float()
-    lamb_launch(prep, global_grad_norm=global_grad_norm, max_grad_norm=max_grad_norm,
-                grad_scale=grad_scale, found_inf=found_inf, lr=lr, beta1=beta1, beta2=beta2,
-                eps=eps, weight_decay=weight_decay, bias_correction=bias_correction,
-                grad_averaging=grad_averaging, trust_bounds=trust_bounds,
-                eps_inside_sqrt=eps_inside_sqrt, variant=variant)
+    for _ in lamb_passes(prep, global_grad_norm=global_grad_norm, max_grad_norm=max_grad_norm,
+                         grad_scale=grad_scale, found_inf=found_inf, lr=lr, beta1=beta1,
+                         beta2=beta2, eps=eps, weight_decay=weight_decay,
+                         bias_correction=bias_correction, grad_averaging=grad_averaging,
+                         trust_bounds=trust_bounds, eps_inside_sqrt=eps_inside_sqrt,
+                         variant=variant):
+        raise AssertionError("no bucket of local tensors waits for a reduction")
 
 
 @triton.jit
@@ -830,13 +949,14 @@ def _lars_apply(p, g, buf, w, idx, mask, scale, lr, ratio, first, momentum, damp
 
 
 @triton.jit
-def _lars_pass2(tab, chunks, partials, p_w, g_w, f_w, gscale, found_inf, lr_ptr, lr_val,
-                momentum, dampening, weight_decay, trust_coefficient, eps, lower, upper,
+def _lars_pass2(tab, chunks, partials, full_sq, p_w, g_w, f_w, gscale, found_inf, lr_ptr,
+                lr_val, momentum, dampening, weight_decay, trust_coefficient, eps, lower, upper,
                 HAS_SCALE: tl.constexpr, HAS_INF: tl.constexpr, HAS_MASTER: tl.constexpr,
                 LR_IS_PTR: tl.constexpr, NORMALIZED: tl.constexpr,
                 HAS_MOMENTUM: tl.constexpr, NESTEROV: tl.constexpr, CLIP: tl.constexpr,
                 NCOL: tl.constexpr, CHUNK: tl.constexpr, BLOCK: tl.constexpr,
-                PBLOCK: tl.constexpr, PARAM_BF16: tl.constexpr, ALIGNED: tl.constexpr):
+                PBLOCK: tl.constexpr, PARAM_BF16: tl.constexpr, ALIGNED: tl.constexpr,
+                REDUCED: tl.constexpr):
     row, slot, ci, live, start, full, end = _chunk(tab, chunks, found_inf, NCOL, CHUNK,
                                                    BLOCK, HAS_INF)
     p = _column(row, 0, p_w, ALIGNED)
@@ -851,7 +971,7 @@ def _lars_pass2(tab, chunks, partials, p_w, g_w, f_w, gscale, found_inf, lr_ptr,
     wd = tl.where((flags & 2) != 0, weight_decay, 0.0)
     scale = _grad_coef(gscale, 1.0, gscale, False, HAS_SCALE)
     lr = _load_scalar(lr_ptr, lr_val, LR_IS_PTR)
-    w_norm, d_norm = _tensor_norms(row, partials, PBLOCK)
+    w_norm, d_norm = _tensor_norms(row, chunks, partials, full_sq, PBLOCK, REDUCED)
     ok = (w_norm > 0) & (d_norm > 0)
     if NORMALIZED:
         denom = d_norm + eps
@@ -872,20 +992,22 @@ def _lars_pass2(tab, chunks, partials, p_w, g_w, f_w, gscale, found_inf, lr_ptr,
                 wd, p_w, HAS_MASTER, NORMALIZED, HAS_MOMENTUM, NESTEROV, PARAM_BF16, True)
 
 
-def lars_launch(prep: Prepared, *, grad_scale: Tensor | None, found_inf: Tensor | None, lr,
+def lars_passes(prep: Prepared, *, grad_scale: Tensor | None, found_inf: Tensor | None, lr,
                 momentum, dampening, nesterov, weight_decay, trust_coefficient, eps, clip,
-                trust_bounds, mode) -> None:
-    """The two passes of a fused LARS step over prepared tensors (``step`` included)."""
+                trust_bounds, mode):
+    """The two passes of a fused LARS step over prepared tensors (``step`` included); a
+    generator that yields the per-tensor sums of squares (weight, gradient or momentum) of
+    sharded buckets between their passes, as :func:`lamb_passes`."""
     normalized = mode == "normalized"
     momentum, weight_decay = float(momentum), float(weight_decay)
     floats = (float(dampening), weight_decay, float(trust_coefficient), float(eps),
               float(trust_bounds[0]), float(trust_bounds[1]))
-    for b in prep.buckets:
+
+    def pass1(b: Bucket) -> tuple:
         device, tables = b.device, b.tables
         with _device_guard(device):
             _hold_if_capturing(b)
             scale, inf = _on(grad_scale, device), _on(found_inf, device)
-            lr_ptr, lr_val, lr_is_ptr = _scalar_arg(lr, device)
             p_w, g_w = _dummy(device, b.param_dtype), _dummy(device, b.grad_dtype)
             f_w = _dummy(device)
             common = dict(HAS_SCALE=grad_scale is not None, HAS_INF=found_inf is not None,
@@ -894,23 +1016,46 @@ def lars_launch(prep: Prepared, *, grad_scale: Tensor | None, found_inf: Tensor 
             for chunks, n, aligned in tables.launches:
                 _lars_pass1[(n,)](tables.tensors, chunks, tables.scratch, p_w, g_w, f_w, scale,
                                   inf, momentum, weight_decay, ALIGNED=aligned, **common)
+        return scale, inf, p_w, g_w, f_w, common
+
+    def pass2(b: Bucket, args: tuple, full_sq: Tensor | None) -> None:
+        scale, inf, p_w, g_w, f_w, common = args
+        device, tables = b.device, b.tables
+        with _device_guard(device):
+            lr_ptr, lr_val, lr_is_ptr = _scalar_arg(lr, device)
+            sums = f_w if full_sq is None else full_sq
             for chunks, n, aligned in tables.launches:
-                _lars_pass2[(n,)](tables.tensors, chunks, tables.scratch, p_w, g_w, f_w, scale,
-                                  inf, lr_ptr, lr_val, momentum, *floats,
+                _lars_pass2[(n,)](tables.tensors, chunks, tables.scratch, sums, p_w, g_w, f_w,
+                                  scale, inf, lr_ptr, lr_val, momentum, *floats,
                                   LR_IS_PTR=lr_is_ptr, HAS_MOMENTUM=momentum != 0,
                                   NESTEROV=bool(nesterov), CLIP=bool(clip), PBLOCK=128,
                                   PARAM_BF16=b.param_dtype == torch.bfloat16, ALIGNED=aligned,
-                                  **common)
+                                  REDUCED=full_sq is not None, **common)
+
+    sharded = []
+    for b in prep.buckets:
+        args = pass1(b)
+        if b.sharded:
+            sharded.append((b, args))
+        else:
+            pass2(b, args, None)
+    if sharded:
+        buckets = [b for b, _ in sharded]
+        summed = yield _sharded_sums(buckets)
+        for (b, args), full_sq in zip(sharded, _split_sums(summed, buckets)):
+            pass2(b, args, full_sq)
 
 
 def lars_step(params, grads, momentum_buffers, master_params, state_steps, *, adapt, decay,
               grad_scale, found_inf, lr, momentum, dampening, nesterov, weight_decay,
               trust_coefficient, eps, clip, trust_bounds, mode, chunk: int | None = None,
               block: int | None = None) -> None:
-    """One fused LARS step (see :func:`gpuml.optim.lars`); tensors may span devices."""
+    """One fused LARS step over local tensors (see :func:`gpuml.optim.lars`, which also takes
+    sharded ones); tensors may span devices."""
     prep = prepare("lars", params, grads, (momentum_buffers, None), master_params, state_steps,
                    adapt, decay, chunk, block)
-    lars_launch(prep, grad_scale=grad_scale, found_inf=found_inf, lr=lr, momentum=momentum,
-                dampening=dampening, nesterov=nesterov, weight_decay=weight_decay,
-                trust_coefficient=trust_coefficient, eps=eps, clip=clip,
-                trust_bounds=trust_bounds, mode=mode)
+    for _ in lars_passes(prep, grad_scale=grad_scale, found_inf=found_inf, lr=lr,
+                         momentum=momentum, dampening=dampening, nesterov=nesterov,
+                         weight_decay=weight_decay, trust_coefficient=trust_coefficient,
+                         eps=eps, clip=clip, trust_bounds=trust_bounds, mode=mode):
+        raise AssertionError("no bucket of local tensors waits for a reduction")

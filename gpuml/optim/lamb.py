@@ -18,6 +18,7 @@ import torch
 from torch import Tensor
 
 from gpuml.optim import _common as C
+from gpuml.optim import _sharding as S
 
 __all__ = ["LAMB", "FusedLAMB", "lamb"]
 
@@ -176,23 +177,28 @@ class LAMB(C.LayerwiseOptimizer):
         """One global norm over every group, then each group's update.
 
         Fused groups launch from their views' prepared tables
-        (:func:`gpuml.optim._triton.lamb_launch`, what :func:`_fused_lamb` does after
-        preparing them per call); the others go through :func:`lamb`.
+        (:func:`gpuml.optim._triton.lamb_passes`, what :func:`_fused_lamb` does after
+        preparing them per call); the others run :func:`lamb`'s implementations. With
+        sharded parameters the global norm takes one scalar all-reduce and the trust ratios
+        one all-reduce for all groups (:func:`gpuml.optim._sharding.run_steps`).
         """
         if not plan:
             return
+        reduction = self._reduction
         fused = all(view.impl == "fused" for _, view, _ in plan)
         norm = None
         if any(group["max_grad_norm"] is not None for group, _, _ in plan):
             if fused:
                 from gpuml.optim import _triton
 
-                norm = _triton.grad_norm([view.prepared for _, view, _ in plan])
+                norm = _triton.grad_norm([view.prepared for _, view, _ in plan], reduction)
             else:
                 impl = "loop" if all(v.impl == "loop" for _, v, _ in plan) else "foreach"
-                norm = C.global_grad_norm([g for _, _, grads in plan for g in grads], impl)
+                norm = C.global_grad_norm([(grads, view.sharding) for _, view, grads in plan],
+                                          impl, reduction)
             if grad_scale is not None:
                 norm = norm / grad_scale.to(norm.device).float()
+        steps = []
         for group, view, grads in plan:
             beta1, beta2 = group["betas"]
             options = dict(
@@ -204,12 +210,16 @@ class LAMB(C.LayerwiseOptimizer):
             if view.prepared is not None:
                 from gpuml.optim import _triton
 
-                _triton.lamb_launch(view.prepared, global_grad_norm=norm, **options)
+                steps.append(_triton.lamb_passes(view.prepared, global_grad_norm=norm,
+                                                 **options))
                 continue
             ms, vs = view.columns
-            lamb(view.params, grads, ms, vs, view.masters, view.steps, adapt=view.adapt,
-                 decay=view.decay, global_grad_norm=norm, foreach=view.impl == "foreach",
-                 fused=view.impl == "fused", capturable=group["capturable"], **options)
+            func = _single_tensor_lamb if view.impl == "loop" else _multi_tensor_lamb
+            steps.append(func(view.params, grads, ms, vs, view.masters, view.steps,
+                              adapt=view.adapt, decay=view.decay, global_grad_norm=norm,
+                              capturable=group["capturable"], sharding=view.sharding,
+                              **options))
+        S.run_steps(steps, reduction)
 
 
 class FusedLAMB(LAMB):
@@ -225,7 +235,7 @@ def _validate(group: dict) -> None:
         raise ValueError(f"betas must be a pair, got {group['betas']!r}")
     C.check_beta("beta1", group["betas"][0])
     C.check_beta("beta2", group["betas"][1])
-    C.check_positive("eps", group["eps"])
+    C.check_nonneg("eps", group["eps"])  # 0 allowed, as torch.optim.AdamW allows it
     C.check_nonneg("weight_decay", group["weight_decay"])
     if group["max_grad_norm"] is not None:
         C.check_positive("max_grad_norm", group["max_grad_norm"])
@@ -270,22 +280,31 @@ def lamb(params: list[Tensor], grads: list[Tensor], exp_avgs: list[Tensor],
     ``adapt[i]`` / ``decay[i]`` say whether tensor ``i`` gets the trust ratio and
     weight decay. ``global_grad_norm`` is the unscaled norm used for clipping
     (computed from ``grads`` when None and ``max_grad_norm`` is set; the fused path
-    computes it from the tables it builds for the step).
+    computes it from the tables it builds for the step). DTensor parameters (FSDP2) are
+    updated through their local shards with the norms of the full tensors (see
+    :mod:`gpuml.optim._sharding`).
     """
-    impl = C.resolve_impl(params, foreach, fused)
+    dtensors, sharding = S.inspect(params, grads)
+    if dtensors:
+        params, grads, exp_avgs, exp_avg_sqs, master_params = (
+            S.local(x) for x in (params, grads, exp_avgs, exp_avg_sqs, master_params))
+        S.check_local_shapes(params, exp_avgs, exp_avg_sqs, master_params)
+    reduction = S.reduction_for([sharding], "lamb")
+    impl = C.resolve_impl(params, foreach, fused, grads)
     if max_grad_norm is not None and global_grad_norm is None and grads and impl != "fused":
-        global_grad_norm = C.global_grad_norm(grads, impl)
+        global_grad_norm = C.global_grad_norm([(grads, sharding)], impl, reduction)
         if grad_scale is not None:
             global_grad_norm = global_grad_norm / grad_scale.float()
     func = {"loop": _single_tensor_lamb, "foreach": _multi_tensor_lamb,
             "fused": _fused_lamb}[impl]
-    func(params, grads, exp_avgs, exp_avg_sqs, master_params, state_steps, adapt=adapt,
-         decay=decay, global_grad_norm=global_grad_norm, grad_scale=grad_scale,
-         found_inf=found_inf, lr=lr, beta1=beta1, beta2=beta2, eps=eps,
-         weight_decay=weight_decay, bias_correction=bias_correction,
-         grad_averaging=grad_averaging, max_grad_norm=max_grad_norm,
-         trust_bounds=trust_bounds, eps_inside_sqrt=eps_inside_sqrt, variant=variant,
-         capturable=capturable)
+    S.run_steps([func(
+        params, grads, exp_avgs, exp_avg_sqs, master_params, state_steps, adapt=adapt,
+        decay=decay, global_grad_norm=global_grad_norm, grad_scale=grad_scale,
+        found_inf=found_inf, lr=lr, beta1=beta1, beta2=beta2, eps=eps,
+        weight_decay=weight_decay, bias_correction=bias_correction,
+        grad_averaging=grad_averaging, max_grad_norm=max_grad_norm,
+        trust_bounds=trust_bounds, eps_inside_sqrt=eps_inside_sqrt, variant=variant,
+        capturable=capturable, sharding=sharding)], reduction)
 
 
 def _trust_ratio(w_norm: Tensor, u_norm: Tensor, bounds: tuple[float, float]) -> Tensor:
@@ -297,13 +316,16 @@ def _trust_ratio(w_norm: Tensor, u_norm: Tensor, bounds: tuple[float, float]) ->
 def _single_tensor_lamb(params, grads, exp_avgs, exp_avg_sqs, master_params, state_steps, *,
                         adapt, decay, global_grad_norm, grad_scale, found_inf, lr, beta1, beta2,
                         eps, weight_decay, bias_correction, grad_averaging, max_grad_norm,
-                        trust_bounds, eps_inside_sqrt, variant, capturable):
-    if C.skip_step(found_inf):
+                        trust_bounds, eps_inside_sqrt, variant, capturable, sharding=None):
+    # A generator, as the other two paths: it yields once when tensors are sharded (the
+    # partial squared norms) and receives their sums over the ranks (_sharding.run_steps).
+    if not params or C.skip_step(found_inf):
         return
     clip = C.clip_factor(global_grad_norm, max_grad_norm) if global_grad_norm is not None \
         else None
     coef = C.scaled_step_coefficient(grad_scale, clip)
     beta3 = 1.0 - beta1 if grad_averaging else 1.0
+    ws, updates = [], []
     for i, p in enumerate(params):
         g = grads[i].float()
         if coef is not None:
@@ -323,10 +345,16 @@ def _single_tensor_lamb(params, grads, exp_avgs, exp_avg_sqs, master_params, sta
         w = C.compute_view(p, master_params[i])
         if decay[i] and weight_decay != 0:
             update = update + weight_decay * w
+        ws.append(w)
+        updates.append(update)
+    if any(adapt):
+        norms = torch.stack([torch.stack([torch.linalg.vector_norm(w) for w in ws]),
+                             torch.stack([torch.linalg.vector_norm(u) for u in updates])])
+        w_norms, u_norms = yield from S.full_norms(norms, sharding)
+    for i, (p, w, update) in enumerate(zip(params, ws, updates)):
         ratio = 1.0
         if adapt[i]:
-            ratio = _trust_ratio(torch.linalg.vector_norm(w), torch.linalg.vector_norm(update),
-                                 trust_bounds)
+            ratio = _trust_ratio(w_norms[i], u_norms[i], trust_bounds)
         w.sub_(update * (ratio * lr))
         if w is not p:
             p.copy_(w)
@@ -335,7 +363,7 @@ def _single_tensor_lamb(params, grads, exp_avgs, exp_avg_sqs, master_params, sta
 def _multi_tensor_lamb(params, grads, exp_avgs, exp_avg_sqs, master_params, state_steps, *,
                        adapt, decay, global_grad_norm, grad_scale, found_inf, lr, beta1, beta2,
                        eps, weight_decay, bias_correction, grad_averaging, max_grad_norm,
-                       trust_bounds, eps_inside_sqrt, variant, capturable):
+                       trust_bounds, eps_inside_sqrt, variant, capturable, sharding=None):
     if not params or C.skip_step(found_inf):
         return
     device = params[0].device
@@ -384,8 +412,9 @@ def _multi_tensor_lamb(params, grads, exp_avgs, exp_avg_sqs, master_params, stat
         torch._foreach_add_([updates[i] for i in dec], [ws[i] for i in dec], alpha=weight_decay)
     adapt_mask = C.device_constant(adapt, torch.bool, device) if any(adapt) else None
     if adapt_mask is not None:
-        w_norms = torch.stack(torch._foreach_norm(ws))
-        u_norms = torch.stack(torch._foreach_norm(updates))
+        norms = torch.stack([torch.stack(torch._foreach_norm(ws)),
+                             torch.stack(torch._foreach_norm(updates))])
+        w_norms, u_norms = yield from S.full_norms(norms, sharding)
         ratio = torch.where(adapt_mask, _trust_ratio(w_norms, u_norms, trust_bounds), 1.0)
         scale = ratio * (-lr if not isinstance(lr, Tensor) else -lr.to(device))
         torch._foreach_mul_(updates, list(scale.unbind(0)))
@@ -403,16 +432,22 @@ def _multi_tensor_lamb(params, grads, exp_avgs, exp_avg_sqs, master_params, stat
 def _fused_lamb(params, grads, exp_avgs, exp_avg_sqs, master_params, state_steps, *,
                 adapt, decay, global_grad_norm, grad_scale, found_inf, lr, beta1, beta2,
                 eps, weight_decay, bias_correction, grad_averaging, max_grad_norm,
-                trust_bounds, eps_inside_sqrt, variant, capturable):
+                trust_bounds, eps_inside_sqrt, variant, capturable, sharding=None):
     if not params:
         return
     from gpuml.optim import _triton
 
     C.check_fused_devices(params)
-    _triton.lamb_step(params, grads, exp_avgs, exp_avg_sqs, master_params, state_steps,
-                      adapt=adapt, decay=decay, global_grad_norm=global_grad_norm,
-                      max_grad_norm=max_grad_norm, grad_scale=grad_scale,
-                      found_inf=found_inf, lr=lr, beta1=beta1, beta2=beta2, eps=eps,
-                      weight_decay=weight_decay, bias_correction=bias_correction,
-                      grad_averaging=grad_averaging, trust_bounds=trust_bounds,
-                      eps_inside_sqrt=eps_inside_sqrt, variant=variant)
+    prep = _triton.prepare("lamb", params, grads, (exp_avgs, exp_avg_sqs), master_params,
+                           state_steps, adapt, decay,
+                           sharded=sharding.flags if sharding is not None else None)
+    if max_grad_norm is not None and global_grad_norm is None:
+        global_grad_norm = _triton.grad_norm([prep], S.reduction_for([sharding], "lamb"))
+        if grad_scale is not None:
+            global_grad_norm = global_grad_norm / grad_scale.to(global_grad_norm.device).float()
+    yield from _triton.lamb_passes(
+        prep, global_grad_norm=global_grad_norm, max_grad_norm=max_grad_norm,
+        grad_scale=grad_scale, found_inf=found_inf, lr=lr, beta1=beta1, beta2=beta2, eps=eps,
+        weight_decay=weight_decay, bias_correction=bias_correction,
+        grad_averaging=grad_averaging, trust_bounds=trust_bounds,
+        eps_inside_sqrt=eps_inside_sqrt, variant=variant)

@@ -11,6 +11,7 @@ import torch
 from torch import Tensor
 
 from gpuml.optim import _common as C
+from gpuml.optim import _sharding as S
 
 __all__ = ["LARS", "FusedLARS", "lars"]
 
@@ -156,7 +157,10 @@ class LARS(C.LayerwiseOptimizer):
 
     def _update(self, plan, grad_scale, found_inf) -> None:
         """Each group's update: fused groups launch from their views' prepared tables
-        (:func:`gpuml.optim._triton.lars_launch`), the others go through :func:`lars`."""
+        (:func:`gpuml.optim._triton.lars_passes`), the others run :func:`lars`'s
+        implementations; with sharded parameters, one all-reduce of the norms of every group
+        (:func:`gpuml.optim._sharding.run_steps`)."""
+        steps = []
         for group, view, grads in plan:
             options = dict(
                 grad_scale=grad_scale, found_inf=found_inf, lr=group["lr"],
@@ -167,12 +171,15 @@ class LARS(C.LayerwiseOptimizer):
             if view.prepared is not None:
                 from gpuml.optim import _triton
 
-                _triton.lars_launch(view.prepared, **options)
+                steps.append(_triton.lars_passes(view.prepared, **options))
                 continue
             (bufs,) = view.columns
-            lars(view.params, grads, bufs, view.masters, view.steps, adapt=view.adapt,
-                 decay=view.decay, foreach=view.impl == "foreach",
-                 fused=view.impl == "fused", capturable=group["capturable"], **options)
+            func = _single_tensor_lars if view.impl == "loop" else _multi_tensor_lars
+            steps.append(func(view.params, grads, bufs, view.masters, view.steps,
+                              adapt=view.adapt, decay=view.decay,
+                              capturable=group["capturable"], sharding=view.sharding,
+                              **options))
+        S.run_steps(steps, self._reduction)
 
 
 class FusedLARS(LARS):
@@ -190,7 +197,7 @@ def _validate(group: dict) -> None:
         raise ValueError(f"Invalid dampening: {group['dampening']!r} (must lie in [0, 1])")
     C.check_nonneg("weight_decay", group["weight_decay"])
     C.check_positive("trust_coefficient", group["trust_coefficient"])
-    C.check_positive("eps", group["eps"])
+    C.check_nonneg("eps", group["eps"])  # 0 allowed, as torch.optim.AdamW allows it
     group["trust_bounds"] = C.check_bounds(group["trust_bounds"])
     if group["mode"] not in _MODES:
         raise ValueError(f"mode must be one of {_MODES}, got {group['mode']!r}")
@@ -212,15 +219,26 @@ def lars(params: list[Tensor], grads: list[Tensor], momentum_buffers: list[Tenso
          momentum: float, dampening: float, nesterov: bool, weight_decay: float,
          trust_coefficient: float, eps: float, clip: bool, trust_bounds: tuple[float, float],
          mode: str, capturable: bool = False) -> None:
-    """Functional LARS: see :class:`LARS` for the update rule and the options."""
-    impl = C.resolve_impl(params, foreach, fused)
+    """Functional LARS: see :class:`LARS` for the update rule and the options.
+
+    DTensor parameters (FSDP2) are updated through their local shards with the norms of the
+    full tensors (see :mod:`gpuml.optim._sharding`).
+    """
+    dtensors, sharding = S.inspect(params, grads)
+    if dtensors:
+        params, grads, momentum_buffers, master_params = (
+            S.local(x) for x in (params, grads, momentum_buffers, master_params))
+        S.check_local_shapes(params, momentum_buffers, master_params)
+    impl = C.resolve_impl(params, foreach, fused, grads)
     func = {"loop": _single_tensor_lars, "foreach": _multi_tensor_lars,
             "fused": _fused_lars}[impl]
-    func(params, grads, momentum_buffers, master_params, state_steps, adapt=adapt,
-         decay=decay, grad_scale=grad_scale, found_inf=found_inf, lr=lr, momentum=momentum,
-         dampening=dampening, nesterov=nesterov, weight_decay=weight_decay,
-         trust_coefficient=trust_coefficient, eps=eps, clip=clip, trust_bounds=trust_bounds,
-         mode=mode, capturable=capturable)
+    S.run_steps([func(
+        params, grads, momentum_buffers, master_params, state_steps, adapt=adapt,
+        decay=decay, grad_scale=grad_scale, found_inf=found_inf, lr=lr, momentum=momentum,
+        dampening=dampening, nesterov=nesterov, weight_decay=weight_decay,
+        trust_coefficient=trust_coefficient, eps=eps, clip=clip, trust_bounds=trust_bounds,
+        mode=mode, capturable=capturable, sharding=sharding)],
+        S.reduction_for([sharding], "lars"))
 
 
 def _lars_ratio(w_norm, d_norm, wd, *, trust_coefficient, eps, lr, clip, trust_bounds,
@@ -237,11 +255,14 @@ def _lars_ratio(w_norm, d_norm, wd, *, trust_coefficient, eps, lr, clip, trust_b
 def _single_tensor_lars(params, grads, momentum_buffers, master_params, state_steps, *, adapt,
                         decay, grad_scale, found_inf, lr, momentum, dampening, nesterov,
                         weight_decay, trust_coefficient, eps, clip, trust_bounds, mode,
-                        capturable):
-    if C.skip_step(found_inf):
+                        capturable, sharding=None):
+    # A generator, as the other two paths: it yields once when tensors are sharded (the
+    # partial squared norms) and receives their sums over the ranks (_sharding.run_steps).
+    if not params or C.skip_step(found_inf):
         return
     coef = C.scaled_step_coefficient(grad_scale, None)
     normalized = mode == "normalized"
+    gs, ws, wds = [], [], []
     for i, p in enumerate(params):
         g = grads[i].float()
         if coef is not None:
@@ -250,24 +271,31 @@ def _single_tensor_lars(params, grads, momentum_buffers, master_params, state_st
         step += 1
         w = C.compute_view(p, master_params[i])
         wd = weight_decay if decay[i] else 0.0
-        d = g + wd * w if wd != 0 else g
+        if normalized:
+            d = g + wd * w if wd != 0 else g
+            momentum_buffers[i].mul_(momentum).add_(d, alpha=1.0 - momentum)
+        gs.append(g)
+        ws.append(w)
+        wds.append(wd)
+    if any(adapt):
+        # the norm of the new momentum (Alg 15) or of the gradient (eq. 5.1)
+        ds = momentum_buffers if normalized else gs
+        norms = torch.stack([torch.stack([torch.linalg.vector_norm(w) for w in ws]),
+                             torch.stack([torch.linalg.vector_norm(d) for d in ds])])
+        w_norms, d_norms = yield from S.full_norms(norms, sharding)
+    for i, (p, g, w, wd) in enumerate(zip(params, gs, ws, wds)):
         ratio = torch.ones((), device=w.device)
+        if adapt[i]:
+            ratio = _lars_ratio(w_norms[i], d_norms[i], wd, trust_coefficient=trust_coefficient,
+                                eps=eps, lr=lr, clip=clip, trust_bounds=trust_bounds,
+                                normalized=normalized)
         buf = momentum_buffers[i]
         if normalized:
-            buf.mul_(momentum).add_(d, alpha=1.0 - momentum)
-            if adapt[i]:
-                ratio = _lars_ratio(torch.linalg.vector_norm(w), torch.linalg.vector_norm(buf),
-                                    wd, trust_coefficient=trust_coefficient, eps=eps, lr=lr,
-                                    clip=clip, trust_bounds=trust_bounds, normalized=True)
             direction = ratio * buf
         else:
-            if adapt[i]:
-                ratio = _lars_ratio(torch.linalg.vector_norm(w), torch.linalg.vector_norm(g),
-                                    wd, trust_coefficient=trust_coefficient, eps=eps, lr=lr,
-                                    clip=clip, trust_bounds=trust_bounds, normalized=False)
-            d = ratio * d
+            d = ratio * (g + wd * w if wd != 0 else g)
             if momentum != 0:
-                first = step == 1 if capturable else C.step_value(step) == 1
+                first = state_steps[i] == 1 if capturable else C.step_value(state_steps[i]) == 1
                 buf.copy_(torch.where(torch.as_tensor(first, device=buf.device), d,
                                       momentum * buf + (1.0 - dampening) * d))
                 direction = d + momentum * buf if nesterov else buf
@@ -281,7 +309,7 @@ def _single_tensor_lars(params, grads, momentum_buffers, master_params, state_st
 def _multi_tensor_lars(params, grads, momentum_buffers, master_params, state_steps, *, adapt,
                        decay, grad_scale, found_inf, lr, momentum, dampening, nesterov,
                        weight_decay, trust_coefficient, eps, clip, trust_bounds, mode,
-                       capturable):
+                       capturable, sharding=None):
     if not params or C.skip_step(found_inf):
         return
     device = params[0].device
@@ -310,18 +338,21 @@ def _multi_tensor_lars(params, grads, momentum_buffers, master_params, state_ste
         torch._foreach_add_(momentum_buffers, ds, alpha=1.0 - momentum)
         ratio = torch.ones(len(params), device=device)
         if any(adapt):
-            ratio = torch.where(adapt_mask, _lars_ratio(
-                torch.stack(torch._foreach_norm(ws)),
-                torch.stack(torch._foreach_norm(momentum_buffers)), wd_vec, normalized=True,
-                **kw), 1.0)
+            norms = torch.stack([torch.stack(torch._foreach_norm(ws)),
+                                 torch.stack(torch._foreach_norm(momentum_buffers))])
+            w_norms, m_norms = yield from S.full_norms(norms, sharding)
+            ratio = torch.where(adapt_mask, _lars_ratio(w_norms, m_norms, wd_vec,
+                                                        normalized=True, **kw), 1.0)
         torch._foreach_add_(ws, torch._foreach_mul(momentum_buffers,
                                                    list((ratio * neg_lr).unbind(0))))
     else:
         ratio = torch.ones(len(params), device=device)
         if any(adapt):
-            ratio = torch.where(adapt_mask, _lars_ratio(
-                torch.stack(torch._foreach_norm(ws)), torch.stack(torch._foreach_norm(gs)),
-                wd_vec, normalized=False, **kw), 1.0)
+            norms = torch.stack([torch.stack(torch._foreach_norm(ws)),
+                                 torch.stack(torch._foreach_norm(gs))])
+            w_norms, g_norms = yield from S.full_norms(norms, sharding)
+            ratio = torch.where(adapt_mask, _lars_ratio(w_norms, g_norms, wd_vec,
+                                                        normalized=False, **kw), 1.0)
         ds = torch._foreach_mul(ds, list(ratio.unbind(0)))
         if momentum != 0:
             bufs = momentum_buffers
@@ -353,14 +384,17 @@ def _multi_tensor_lars(params, grads, momentum_buffers, master_params, state_ste
 
 def _fused_lars(params, grads, momentum_buffers, master_params, state_steps, *, adapt, decay,
                 grad_scale, found_inf, lr, momentum, dampening, nesterov, weight_decay,
-                trust_coefficient, eps, clip, trust_bounds, mode, capturable):
+                trust_coefficient, eps, clip, trust_bounds, mode, capturable, sharding=None):
     if not params:
         return
     from gpuml.optim import _triton
 
     C.check_fused_devices(params)
-    _triton.lars_step(params, grads, momentum_buffers, master_params, state_steps, adapt=adapt,
-                      decay=decay, grad_scale=grad_scale, found_inf=found_inf, lr=lr,
-                      momentum=momentum, dampening=dampening, nesterov=nesterov,
-                      weight_decay=weight_decay, trust_coefficient=trust_coefficient, eps=eps,
-                      clip=clip, trust_bounds=trust_bounds, mode=mode)
+    prep = _triton.prepare("lars", params, grads, (momentum_buffers, None), master_params,
+                           state_steps, adapt, decay,
+                           sharded=sharding.flags if sharding is not None else None)
+    yield from _triton.lars_passes(
+        prep, grad_scale=grad_scale, found_inf=found_inf, lr=lr, momentum=momentum,
+        dampening=dampening, nesterov=nesterov, weight_decay=weight_decay,
+        trust_coefficient=trust_coefficient, eps=eps, clip=clip, trust_bounds=trust_bounds,
+        mode=mode)

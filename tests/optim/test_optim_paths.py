@@ -269,7 +269,7 @@ def test_nan_gradients_without_scaler(impl):
 
 @pytest.mark.parametrize("kw", [
     {"lr": -1.0}, {"betas": (-0.1, 0.9)}, {"betas": (0.9, 1.0)}, {"betas": (1.0, 0.9)},
-    {"eps": 0.0}, {"eps": -1e-8}, {"weight_decay": -0.01}, {"variant": "adam"},
+    {"lr": torch.tensor(-1.0)}, {"eps": -1e-8}, {"weight_decay": -0.01}, {"variant": "adam"},
     {"variant": "nlamb", "bias_correction": False}, {"trust_bounds": (2.0, 1.0)},
     {"max_grad_norm": 0.0}, {"exclude_from_adaptation": "bias"},
     {"fused": True, "foreach": True}, {"lr": float("nan")},
@@ -280,7 +280,8 @@ def test_lamb_rejects_bad_arguments(kw):
 
 
 @pytest.mark.parametrize("kw", [
-    {"lr": -1.0}, {"momentum": 1.0}, {"momentum": -0.5}, {"eps": 0.0},
+    {"lr": -1.0}, {"momentum": 1.0}, {"momentum": -0.5}, {"eps": -1e-8},
+    {"lr": torch.tensor(-1.0)},
     {"weight_decay": -1e-4}, {"trust_coefficient": 0.0}, {"nesterov": True, "momentum": 0.0},
     {"mode": "normalized", "nesterov": True}, {"mode": "sgd"}, {"dampening": 2.0},
 ])

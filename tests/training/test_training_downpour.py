@@ -7,7 +7,7 @@ import time
 
 import pytest
 import torch
-from _training_procs import free_port, gloo_missing, run_processes
+from _procs import free_port, gloo_missing, run_processes
 from _training_workers import downpour, least_squares_loss, synchronous_adagrad
 
 from gpuml.training import DownpourWorker, ParameterServer, PeerFailureError

@@ -5,7 +5,7 @@ import itertools
 
 import numpy as np
 import pytest
-from _training_procs import free_port, gloo_missing, run_processes
+from _procs import free_port, gloo_missing, run_processes
 from _training_workers import households_failing, households_schedule
 
 from gpuml.training import HouseholdAverager, HouseholdLayout

@@ -1,12 +1,14 @@
-"""Spawn a few real processes for the multi-process tests of gpuml.training, bounded in time.
+"""Spawn a few real processes for the multi-process tests, bounded in time.
 
-The process entry points live in ``_training_workers`` (importable without pytest). They are
-started by a *forkserver* that has imported them (and with them torch and gpuml) once: each
-child is then a fork of that clean, single-threaded server, not a fork of pytest (whose torch
-thread pools may be running) and not a fresh interpreter that spends seconds importing torch,
-numba and scikit-learn again — on the 2 shared cores of CI that import is most of a test's
-time. The queue gathers what the children report; whatever still runs at the deadline is
-killed.
+The process entry points live in ``training/_training_workers`` and
+``optim/_sharded_workers`` (importable without pytest). They are started by a *forkserver*
+that has imported them (and with them torch and gpuml) once: each child is then a fork of
+that clean, single-threaded server, not a fork of pytest (whose torch thread pools may be
+running) and not a fresh interpreter that spends seconds importing torch, numba and
+scikit-learn again — on the 2 shared cores of CI that import is most of a test's time. A
+process has one forkserver, started by the first test that needs it, so it preloads the
+workers of every test directory. The queue gathers what the children report; whatever still
+runs at the deadline is killed.
 """
 
 import multiprocessing
@@ -34,22 +36,28 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-_HERE = os.path.dirname(os.path.abspath(__file__))
-_ROOT = os.path.dirname(os.path.dirname(_HERE))
+_TESTS = os.path.dirname(os.path.abspath(__file__))
+_ROOT = os.path.dirname(_TESTS)
+# _sharded_workers first: it switches Triton's interpreter on (CPU only), which must happen
+# before anything imports triton
+_WORKERS = {"_sharded_workers": os.path.join(_TESTS, "optim"),
+            "_training_workers": os.path.join(_TESTS, "training"),
+            "_example_workers": os.path.join(_TESTS, "training")}
 _context = None
 
 
 def _forkserver():
-    """The forkserver context, its server started with ``_training_workers`` imported."""
+    """The forkserver context, its server started with the worker modules imported."""
     global _context
     if _context is None:
         ctx = multiprocessing.get_context("forkserver")
-        ctx.set_forkserver_preload(["_training_workers"])
+        ctx.set_forkserver_preload(list(_WORKERS))
         # Python 3.11's forkserver ignores the sys.path handed to it and skips a preload it
         # cannot import without a word; it does inherit the environment, so the path goes
         # there, this repository first (the gpuml under test, not an installed one).
         old = os.environ.get("PYTHONPATH")
-        os.environ["PYTHONPATH"] = os.pathsep.join([_HERE, _ROOT] + ([old] if old else []))
+        os.environ["PYTHONPATH"] = os.pathsep.join([*_WORKERS.values(), _ROOT]
+                                                   + ([old] if old else []))
         try:
             multiprocessing.forkserver.ensure_running()
         finally:

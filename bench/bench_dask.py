@@ -1,0 +1,201 @@
+"""Fit time on 1 and 2 Dask workers, and the bytes each fit moves against the cost model.
+
+CA-SVM P=16 on adult (36,631 training rows x 108) and BKRR2 P=16 (K-balance) on
+california housing (15,480 x 8), each fitted on a ``LocalCluster`` of one and
+of two worker processes, one thread each, BLAS/OpenMP/numba pinned to one
+thread in the workers (checked with threadpoolctl and reported); the clusters
+run one after the other in the same process, on the same data, persisted on
+the workers before the timed fits (in a real cluster the data is loaded there).
+
+Bytes moved per fit, counted three ways and added:
+
+* what the client sent in task arguments and gathered back (the driver's
+  count in :class:`gpuml.distributed.dask.Traffic`: ``nbytes`` of arrays,
+  the pickle of anything else);
+* what the workers fetched from each other during the fit (each worker's
+  ``transfer_incoming_log``, sizes as distributed estimates them).
+
+The model (docs/scale-out.md, "What moves over the network"), with n rows, d
+features, K chunks, W workers, P parts, I Lloyd steps (counted by the driver):
+
+* partitioning: per Lloyd step the P x d centres to each chunk and P x (d + 1)
+  sums and counts back, ``8 K (2Pd + P)``; k-means++ (P picks, each a centre
+  to every chunk and a row back) ``8 P (K d + d + K)``; the fill: the centres
+  to each chunk, ``8 K P d``; the random split: the labels, ``8 n``;
+* labels to the client: ``8 n`` (CA-SVM: and the class indices, ``8 n``);
+* rows shipped once to their part's worker: ``8 n (d + 2) (W - 1) / W`` for CA-SVM
+  (a row, its class and its C), ``8 n (d + 1) (W - 1) / W`` for BKRR (parts are
+  placed by cost, not where their rows are);
+* fitted parts back: CA-SVM ``8 n_SV (d + n_pairs + 1)``, BKRR ``8 n (d + 1)``.
+
+Targets (issue 12): the 2-worker CA-SVM fit at least 1.6x faster than the
+1-worker fit, counted traffic within 2x of the model.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import time
+
+from bench._harness import record
+from bench.datasets import load_adult, load_california, train_test_split_std
+
+#: Pinned in every worker before it starts (distributed's pre-spawn environment).
+THREAD_ENV = {"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
+              "NUMBA_NUM_THREADS": "1"}
+N_CHUNKS = 8
+
+
+def _cluster(n_workers):
+    import dask
+    from distributed import Client, LocalCluster
+
+    environ = dict(dask.config.get("distributed.nanny.pre-spawn-environ", {}), **THREAD_ENV)
+    with dask.config.set({"distributed.nanny.pre-spawn-environ": environ}):
+        cluster = LocalCluster(n_workers=n_workers, threads_per_worker=1, processes=True,
+                               memory_limit="6GiB", dashboard_address=None, silence_logs=40)
+    return cluster, Client(cluster)
+
+
+def _worker_threads(client) -> str:
+    """The BLAS/OpenMP thread counts each worker reports (threadpoolctl), and numba's."""
+
+    def probe():
+        import numba
+        from threadpoolctl import threadpool_info
+
+        pools = sorted({f"{p['internal_api']}={p['num_threads']}" for p in threadpool_info()})
+        return ",".join(pools + [f"numba={numba.config.NUMBA_NUM_THREADS}"])
+
+    return ";".join(sorted(set(client.run(probe).values())))
+
+
+def _between_workers(client, since: float) -> int:
+    """Bytes the workers fetched from each other since ``since`` (time.time()).
+
+    From each worker's log of incoming transfers (peer to peer only: a client's
+    gather is not in it), sizes as distributed estimates them (``nbytes`` of arrays).
+    """
+
+    def incoming(dask_worker):
+        return sum(e["total"] for e in dask_worker.transfer_incoming_log if e["start"] >= since)
+
+    return int(sum(client.run(incoming).values()))
+
+
+def _model_bytes(est, traffic, n, d, K, W, kind):
+    """Bytes the cost model of docs/scale-out.md predicts for this fit."""
+    P = len(est.partition_sizes_) if kind == "svm" else est.n_partitions_
+    partition = est.partition
+    total = 0.0
+    if partition == "random":
+        total += 8 * n
+    else:
+        I = traffic.steps + 1  # the Lloyd steps, and the first assignment
+        total += 8 * K * (2 * P * d + P) * I
+        total += 8 * P * (K * d + d + K)
+        total += 8 * K * P * d
+    total += 8 * K * P * (d + 1)  # the part means
+    total += 8 * n * (2 if kind == "svm" else 1)
+    total += 8 * n * (d + (2 if kind == "svm" else 1)) * (W - 1) / W
+    if kind == "svm":
+        n_sv, n_pairs = est.dual_coef_.shape[1], est.dual_coef_.shape[0]
+        total += 8 * n_sv * (d + n_pairs + 1)
+    else:
+        total += 8 * n * (d + 1)
+    return total
+
+
+def _case_rows(name, make, X, y, Xtest, ytest, kind, repeat):
+    import dask.array as da
+    from distributed import wait
+    from threadpoolctl import threadpool_limits
+
+    n, d = X.shape
+    rows = {}
+    for W in (1, 2):
+        cluster, client = _cluster(W)
+        try:
+            chunk = -(-n // N_CHUNKS)
+            Xd = client.persist(da.from_array(X, chunks=(chunk, d)))
+            yd = client.persist(da.from_array(y, chunks=chunk))
+            wait([Xd, yd])
+            threads = _worker_threads(client)
+            make().fit(Xd, yd)  # warm-up: imports and numba's cached kernels in every worker
+            seconds, counted, modelled, driver = [], [], [], []
+            for _ in range(repeat):
+                since = time.time()
+                t0 = time.perf_counter()
+                est = make().fit(Xd, yd)
+                seconds.append(time.perf_counter() - t0)
+                between = _between_workers(client, since)
+                tr = est._dask_traffic
+                counted.append(tr.sent + tr.gathered + between)
+                driver.append((tr.sent, tr.gathered, between, tr.steps))
+                modelled.append(_model_bytes(est, tr, n, d, N_CHUNKS, W, kind))
+            score = est.score(Xtest, ytest)
+            rows[W] = {"fit_s": statistics.median(seconds), "fit_min_s": min(seconds),
+                       "counted_MB": statistics.median(counted) / 1e6,
+                       "model_MB": statistics.median(modelled) / 1e6,
+                       "driver": driver[-1], "threads": threads, "score": score,
+                       "parts": list(est.part_worker_)}
+        finally:
+            client.close()
+            cluster.close()
+    with threadpool_limits(1):
+        make().fit(X[:2000], y[:2000])
+        t0 = time.perf_counter()
+        local = make().fit(X, y)
+        in_process = time.perf_counter() - t0
+    out = []
+    for W in (1, 2):
+        r = rows[W]
+        sent, gathered, between, steps = r["driver"]
+        out.append({
+            "case": name, "n": n, "d": d, "workers": W, "fit_s": r["fit_s"],
+            "fit_min_s": r["fit_min_s"], "speedup_vs_1": rows[1]["fit_s"] / r["fit_s"],
+            "in_process_1thread_s": in_process, "lloyd_steps": steps,
+            "client_sent_MB": sent / 1e6, "client_gathered_MB": gathered / 1e6,
+            "between_workers_MB": between / 1e6, "counted_MB": r["counted_MB"],
+            "model_MB": r["model_MB"], "counted_over_model": r["counted_MB"] / r["model_MB"],
+            "score": r["score"], "score_in_process": local.score(Xtest, ytest),
+            "worker_threads": r["threads"]})
+    return out
+
+
+def main(quick: bool = False, gpu: bool = False) -> None:
+    from gpuml import BKRRRegressor, CASVMClassifier
+
+    repeat = 1 if quick else 3
+    load = os.getloadavg()
+    Xa, ya = load_adult()
+    Xa, Xa_test, ya, ya_test = train_test_split_std(Xa, ya, test_size=0.25, random_state=0)
+    Xc, yc = load_california()
+    Xc, Xc_test, yc, yc_test = train_test_split_std(Xc, yc, test_size=0.25, random_state=0)
+    if quick:
+        Xa, ya, Xc, yc = Xa[:6000], ya[:6000], Xc[:6000], yc[:6000]
+    rows = _case_rows("CA-SVM P=16 adult",
+                      lambda: CASVMClassifier(n_partitions=16, random_state=0),
+                      Xa, ya, Xa_test, ya_test, "svm", repeat)
+    rows += _case_rows("BKRR2 P=16 california",
+                       lambda: BKRRRegressor(sigma=1.0, lam=1e-4, n_partitions=16,
+                                             partition="kbalance", random_state=0),
+                       Xc, yc, Xc_test, yc_test, "krr", repeat)
+    after = os.getloadavg()
+    svm2 = next(r for r in rows if r["case"].startswith("CA-SVM") and r["workers"] == 2)
+    notes = (
+        f"Load average (1, 5, 15 min) before: {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}, "
+        f"after: {after[0]:.2f} {after[1]:.2f} {after[2]:.2f} on {os.cpu_count()} cores. "
+        f"fit_s: median of {repeat} fits after a warm-up fit; each cluster: W worker "
+        "processes, one thread each, OMP/OPENBLAS/MKL/NUMBA threads 1 (worker_threads "
+        "as the workers report them); data persisted on the workers in "
+        f"{N_CHUNKS} chunks before timing. in_process_1thread_s: the same fit in this "
+        "process with BLAS limited to one thread. counted = client_sent + client_gathered + "
+        "between_workers (distributed's transfer counters); model: docs/scale-out.md. "
+        f"Targets: CA-SVM 2-worker speedup >= 1.6 (here {svm2['speedup_vs_1']:.2f}); "
+        "counted_over_model within [0.5, 2].")
+    suffix = " --quick" if quick else ""
+    record("dask" + ("_quick" if quick else ""), rows,
+           title="Dask: fit time on 1 and 2 workers, bytes moved vs the cost model",
+           command="python -m bench.run dask" + suffix, notes=notes)

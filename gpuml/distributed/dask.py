@@ -1,0 +1,943 @@
+"""Partitioned estimators on a Dask cluster: the parts are fitted on the workers.
+
+``CASVMClassifier.fit`` and ``BKRRRegressor.fit`` hand Dask input (a
+``dask.array.Array`` or a ``dask.dataframe`` of rows) to this module; it needs a
+``distributed.Client``. The estimator stays the same object, and the fitted
+model is the one an in-process fit of the same rows with the same partition
+gives (You 2020, "Fast and Accurate Machine Learning on Distributed Systems and
+Supercomputers", ch. 2-3: the local models never communicate, so only the
+partitioning needs a few small reductions).
+
+The steps, each a set of Dask tasks run from the client (the "driver"):
+
+1. **Check the chunks** before any work: known row chunk sizes, ``y`` (and
+   ``sample_weight``) chunked like ``X`` along the rows, one chunk along the
+   columns (re-chunked if not), and the size of a part against the smallest
+   worker's memory budget. Each chunk is then validated on its worker (finite,
+   numeric) and a first pass sums what ``gamma="scale"``, k-means' tolerance and
+   the class list need.
+2. **Partition with a distributed Lloyd** over the chunks (k-means++ seeding,
+   Lloyd steps, the greedy fill of FCFS and K-balance; You 2020, Alg. 3 and 9):
+   the same algorithms and the same random draws as
+   :mod:`gpuml.distributed.partition`, written for stateless tasks. Every Lloyd
+   step sends the P x d centres to each chunk's task and brings back one small
+   array of per-centre sums and counts per chunk, summed on the client in
+   chunk order. The k-means++ distances and the labels stay on the workers as
+   futures. The greedy fill is sequential over the rows, so it runs as a chain
+   of one task per chunk that passes the P fill counts to the next. The
+   partition is the one :func:`gpuml.partition.partition` computes on the same
+   rows with the same seed (the tests check the labels).
+3. **Ship each part's rows** to the worker it is placed on: parts are placed
+   by Graham's LPT rule on the estimator's cost model
+   (:func:`gpuml.distributed.balance`), one group of parts per worker; each
+   chunk's task cuts out the rows of the group's parts and the group's fit
+   task gathers them (the only time rows move, once).
+4. **Fit** each group on its worker with the estimator's own ``_fit_parts``
+   (one batch: one SMO launch or one batched Cholesky; on a GPU under
+   dask-cuda, where each worker sees one GPU, ``device="auto"`` resolves to it).
+5. **Gather** the small per-part fits (picklable ``SVMPartFit`` /
+   ``KRRPartFit``) and the labels, and assemble the fitted attributes on the
+   client exactly as an in-process fit does.
+
+Prediction on Dask input is lazy (:func:`predict_blocks`): ``map_blocks`` with
+the fitted model as one ``dask.delayed`` object, sent once to each worker that
+predicts; the rows never move.
+
+A worker lost mid-fit: every task here is a pure function of its inputs, so
+the scheduler recomputes what was on the lost worker and runs the lost tasks
+again elsewhere, with the same result. A task whose workers keep dying ends
+the fit with a :class:`RuntimeError` that says so.
+"""
+
+from __future__ import annotations
+
+import math
+import pickle
+import uuid
+from dataclasses import dataclass
+
+import dask
+import dask.array as da
+import numpy as np
+from dask.base import is_dask_collection
+from distributed import KilledWorker, get_client
+from joblib import effective_n_jobs
+from sklearn.utils import check_random_state
+from sklearn.utils.class_weight import compute_class_weight
+from sklearn.utils.validation import check_array
+
+from .._backend import CPU, resolve, to_numpy
+from .._validation import check_n_partitions
+from ..estimators._partitioned import Partitioning
+from ..kernels import (
+    Kernel,
+    fill_nearest_open,
+    nearest_centres,
+    part_sums,
+    row_blocks,
+    shifted_sq_distances,
+    squared_norms,
+)
+from ..partition import PARTITIONERS, _capacities, _divide
+from .placement import balance, cholesky_cost, smo_cost
+
+#: Task keys start with this, then the step; tests and dashboards find gpuml's tasks by it.
+KEY_PREFIX = "gpuml"
+
+#: The partitioners that run over chunks (all but BKM, see :func:`partition_chunks`).
+DASK_PARTITIONERS = ("random", "fcfs", "kmeans", "kbalance")
+
+
+# ---------------------------------------------------------------------------------------
+# traffic: what the driver sends in task arguments and gathers back
+# ---------------------------------------------------------------------------------------
+@dataclass
+class Traffic:
+    """Bytes the client sent in task arguments and gathered from the workers.
+
+    Sizes are ``nbytes`` for arrays and the pickle of anything else: what goes
+    over the wire up to the framing. Rows moved between workers are
+    counted by distributed itself (each worker's ``transfer_incoming_log``).
+    """
+
+    sent: int = 0
+    gathered: int = 0
+    steps: int = 0
+
+
+class _Driver:
+    """The client side of a fit: submits tasks, gathers small results, counts bytes."""
+
+    def __init__(self, client):
+        self.client = client
+        self.token = uuid.uuid4().hex[:8]
+        self.traffic = Traffic()
+        self._count = 0
+
+    def key(self, step: str) -> str:
+        self._count += 1
+        return f"{KEY_PREFIX}-{step}-{self.token}-{self._count}"
+
+    def submit(self, step, fn, *args, **kwargs):
+        self.traffic.sent += sum(_nbytes(a) for a in args)
+        return self.client.submit(fn, *args, key=self.key(step), pure=False, **kwargs)
+
+    def map(self, step, fn, *columns, args=()):
+        """``fn(*column_values, *args)`` for each row of ``columns``, submitted in one batch.
+
+        One message to the scheduler for all the tasks of a step: on a busy
+        machine each message costs milliseconds, and a Lloyd step is one round trip.
+        """
+        count = len(columns[0])
+        self.traffic.sent += count * sum(_nbytes(a) for a in args)
+        self.traffic.sent += sum(_nbytes(v) for column in columns for v in column)
+        keys = [self.key(step) for _ in range(count)]
+        return self.client.map(_Call(fn, args), *columns, key=keys, pure=False)
+
+    def gather(self, futures):
+        try:
+            values = self.client.gather(futures)
+        except KilledWorker as err:
+            raise RuntimeError(
+                f"a Dask worker died each time it ran one of gpuml's tasks ({err}); the "
+                "scheduler retries a task whose worker dies (distributed.scheduler."
+                "allowed-failures times) and gave up: look for the cause in the worker "
+                "logs (memory: a part too large for the worker, see n_partitions)"
+            ) from err
+        self.traffic.gathered += _nbytes(values)
+        return values
+
+
+class _Call:
+    """``fn(*values, *args)``: a task function with arguments shared by a batch of tasks."""
+
+    def __init__(self, fn, args):
+        self.fn, self.args = fn, tuple(args)
+
+    def __call__(self, *values):
+        return self.fn(*values, *self.args)
+
+
+def _is_future(a) -> bool:
+    return type(a).__name__ == "Future"
+
+
+def _nbytes(value) -> int:
+    """Bytes ``value`` takes on the wire: ``nbytes`` for arrays, its pickle otherwise; 0 for
+    futures (their data moves between workers, counted by distributed)."""
+    if value is None or _is_future(value):
+        return 0
+    if isinstance(value, np.ndarray):
+        return int(value.nbytes)
+    if isinstance(value, (list, tuple)) and all(isinstance(v, np.ndarray) or _is_future(v)
+                                                for v in value):
+        return sum(_nbytes(v) for v in value)
+    return len(pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL))
+
+
+def _client():
+    try:
+        return get_client()
+    except ValueError:
+        raise ValueError(
+            "fitting on Dask input needs a distributed client: create one first "
+            "(from distributed import Client; client = Client() or Client(cluster)), or "
+            "pass NumPy data (X.compute())") from None
+
+
+# ---------------------------------------------------------------------------------------
+# step 1: input checks, on the client (metadata only) and per chunk on the workers
+# ---------------------------------------------------------------------------------------
+def is_dask(*values) -> bool:
+    """Whether any value is a Dask collection (array, dataframe, series)."""
+    return any(v is not None and is_dask_collection(v) for v in values)
+
+
+def _as_array(value, name, *, lengths: bool):
+    """A Dask array from a Dask array, dataframe or series (dataframes: partition lengths)."""
+    if isinstance(value, da.Array):
+        return value, None
+    if hasattr(value, "to_dask_array"):
+        names = list(value.columns) if hasattr(value, "columns") else None
+        return value.to_dask_array(lengths=True if lengths else None), names
+    raise TypeError(f"{name} must be a Dask array or dataframe, got {type(value).__name__}")
+
+
+def _unknown(chunks) -> bool:
+    return any(isinstance(c, float) and math.isnan(c) for c in chunks)
+
+
+def check_dask_input(X, y, sample_weight=None, *, multi_output=False):
+    """Validate the layout of Dask training data before any computation.
+
+    Returns ``(X, y, sample_weight, feature_names)`` as Dask arrays with one
+    chunk along the columns and the same row chunks. Raises ValueError for
+    unknown chunk sizes and for ``y``/``sample_weight`` chunked unlike ``X``.
+    NumPy ``y`` or ``sample_weight`` are chunked like ``X``.
+    """
+    X, names = _as_array(X, "X", lengths=True)
+    if X.ndim != 2:
+        raise ValueError(f"X must be 2-D (rows, features), got a {X.ndim}-D Dask array")
+    if _unknown(X.chunks[0]) or _unknown(X.chunks[1]):
+        raise ValueError(
+            "X has unknown chunk sizes (a Dask array made from a dataframe or after boolean "
+            "indexing): call X.compute_chunk_sizes() first, or pass the dataframe itself")
+    if X.shape[0] < 1 or X.shape[1] < 1:
+        raise ValueError(f"Found array with shape {X.shape} while a minimum of 1 sample and "
+                         "1 feature is required.")
+    if X.dtype.kind not in "biuf":
+        raise ValueError(f"X has dtype {X.dtype}; a numeric dtype is required")
+    if X.numblocks[1] > 1:
+        # A row's features in one chunk: every task works on whole rows.
+        X = X.rechunk({1: -1})
+    out = [X]
+    for value, what in ((y, "y"), (sample_weight, "sample_weight")):
+        if value is None:
+            out.append(None)
+            continue
+        if is_dask_collection(value):
+            value, _ = _as_array(value, what, lengths=True)
+        else:
+            value = np.asarray(value)
+            if value.ndim == 0 or value.shape[0] != X.shape[0]:
+                raise ValueError(f"Found input variables with inconsistent numbers of samples: "
+                                 f"[{X.shape[0]}, {value.shape[0] if value.ndim else 1}]")
+            value = da.from_array(value, chunks=(X.chunks[0],) + value.shape[1:])
+        if _unknown(value.chunks[0]):
+            raise ValueError(f"{what} has unknown chunk sizes: call {what}.compute_chunk_sizes() "
+                             "first, or pass the dataframe or series itself")
+        if value.shape[0] != X.shape[0]:
+            raise ValueError(f"Found input variables with inconsistent numbers of samples: "
+                             f"[{X.shape[0]}, {value.shape[0]}] (X and {what})")
+        if value.chunks[0] != X.chunks[0]:
+            raise ValueError(
+                f"X and {what} are chunked differently along the rows (X: {X.chunks[0]}, "
+                f"{what}: {value.chunks[0]}); rechunk one like the other, e.g. "
+                f"{what}.rechunk({{0: X.chunks[0]}})")
+        if value.ndim == 2 and value.shape[1] == 1 and not (multi_output and what == "y"):
+            value = value[:, 0]
+        if value.ndim > (2 if multi_output and what == "y" else 1):
+            raise ValueError(f"{what} should be a 1d array, got a Dask array of shape "
+                             f"{value.shape} instead.")
+        if value.ndim == 2 and value.numblocks[1] > 1:
+            value = value.rechunk({1: -1})
+        out.append(value)
+    feature_names = None
+    if names is not None and all(isinstance(c, str) for c in names):
+        feature_names = np.asarray(names, dtype=object)
+    return (*out, feature_names)
+
+
+@dataclass
+class _Chunk:
+    """One row chunk on a worker: features, targets, per-row weights (C for an SVM)."""
+
+    X: np.ndarray
+    y: np.ndarray
+    w: np.ndarray | None
+
+
+def _prepare_chunk(X, y, w, dtype, y_numeric):
+    """A chunk checked as scikit-learn checks a whole array (runs on the chunk's worker)."""
+    X = check_array(X, dtype=dtype, input_name="X")
+    y = np.asarray(y)
+    if y_numeric:
+        y = check_array(y, dtype=dtype, ensure_2d=False, input_name="y")
+    elif y.dtype.kind == "f" and not np.isfinite(y).all():
+        raise ValueError("Input y contains NaN or infinity.")
+    if w is not None:
+        w = check_array(w, dtype=np.float64, ensure_2d=False, input_name="sample_weight")
+        if (w < 0).any():
+            raise ValueError("Negative values in data passed to `sample_weight`")
+    return _Chunk(X, y, w)
+
+
+def _first_pass(chunk, classes: bool):
+    """Column sums and the sum of all entries (means), and the classes of y with counts."""
+    X = chunk.X
+    out = {"colsum": X.sum(axis=0, dtype=np.float64), "rows": X.shape[0]}
+    if classes:
+        values, counts = np.unique(chunk.y, return_counts=True)
+        out["classes"] = (values, counts)
+    return out
+
+
+def _second_pass(chunk, col_mean, mean):
+    """Squared deviations from the column means (k-means' tolerance) and the grand mean."""
+    X = chunk.X
+    return (((X - col_mean) ** 2).sum(axis=0), float(((X - mean) ** 2).sum()))
+
+
+def _with_classes(chunk, classes, class_weight, C):
+    """y as class indices and the per-row C (LIBSVM: C * class_weight[y] * sample_weight)."""
+    y_idx = np.searchsorted(classes, chunk.y)
+    w = C * class_weight[y_idx] * (1.0 if chunk.w is None else chunk.w)
+    return _Chunk(chunk.X, y_idx, np.asarray(w, dtype=np.float64))
+
+
+# ---------------------------------------------------------------------------------------
+# the data on the cluster
+# ---------------------------------------------------------------------------------------
+class DaskRows:
+    """Training rows on the cluster: one future per row chunk, and their summaries.
+
+    Made by :func:`load_rows`. ``bounds[k]:bounds[k + 1]`` are chunk k's global
+    rows; ``variance`` is the mean per-feature variance (k-means' tolerance
+    scale) and ``variance_all`` the variance of all entries (``gamma="scale"``).
+    """
+
+    def __init__(self, driver, chunks, bounds, n_features, dtype):
+        self.driver = driver
+        self.chunks = chunks
+        self.bounds = bounds
+        self.n = int(bounds[-1])
+        self.n_features = int(n_features)
+        self.dtype = np.dtype(dtype)
+        self.variance = 0.0
+        self.variance_all = 0.0
+        self.col_mean = None
+        self.classes = None
+        self.class_counts = None
+
+    def map(self, step, fn, *args, extra=None):
+        """``fn(chunk_k, *extra[k], *args)`` for every chunk k, one task each (futures)."""
+        columns = list(zip(*extra)) if extra else []
+        return self.driver.map(step, fn, self.chunks, *columns, args=args)
+
+    def reduce(self, futures, dtype=np.float64):
+        """Arrays summed in chunk order on the client (the same bits every time)."""
+        values = self.driver.gather(futures)
+        total = np.array(values[0], dtype=dtype, copy=True)
+        for v in values[1:]:
+            total += v
+        return total
+
+
+def load_rows(driver, X, y, w, *, dtype, classification: bool) -> DaskRows:
+    """Each chunk validated on its worker, then two small passes of summaries (step 1)."""
+    blocks = X.to_delayed().ravel().tolist()
+    y_blocks = y.to_delayed().ravel().tolist()
+    w_blocks = w.to_delayed().ravel().tolist() if w is not None else [None] * len(blocks)
+    raw = driver.client.compute(blocks + y_blocks + [b for b in w_blocks if b is not None])
+    n_chunks = len(blocks)
+    xs, ys, ws = raw[:n_chunks], raw[n_chunks: 2 * n_chunks], raw[2 * n_chunks:]
+    ws = ws if ws else [None] * n_chunks
+    chunks = driver.map("chunk", _prepare_chunk, xs, ys, ws, args=(dtype, not classification))
+    bounds = np.concatenate([[0], np.cumsum(X.chunks[0])]).astype(np.int64)
+    rows = DaskRows(driver, chunks, bounds, X.shape[1], dtype)
+    first = driver.gather(rows.map("summary", _first_pass, classification))
+    colsum = first[0]["colsum"].copy()
+    for f in first[1:]:
+        colsum += f["colsum"]
+    n, d = rows.n, rows.n_features
+    rows.col_mean = colsum / n
+    mean = float(colsum.sum()) / (n * d)
+    second = driver.gather(rows.map("deviation", _second_pass, rows.col_mean, mean))
+    deviation = second[0][0].copy()
+    for s in second[1:]:
+        deviation += s[0]
+    rows.variance = float((deviation / n).mean())
+    rows.variance_all = sum(s[1] for s in second) / (n * d)
+    if classification:
+        values = np.unique(np.concatenate([f["classes"][0] for f in first]))
+        counts = np.zeros(values.size, dtype=np.int64)
+        for f in first:
+            counts[np.searchsorted(values, f["classes"][0])] += f["classes"][1]
+        rows.classes, rows.class_counts = values, counts
+    return rows
+
+
+# ---------------------------------------------------------------------------------------
+# step 2: the partitioners over chunks
+# ---------------------------------------------------------------------------------------
+def _assign_sums(chunk, centers):
+    """The per-centre sums and counts of the chunk's rows, packed as one float64 array.
+
+    float64 holds counts exactly up to 2^53 rows, and float32 sums exactly, as
+    in :mod:`gpuml.distributed.partition`.
+    """
+    _, sums, counts = nearest_centres(chunk.X, centers, with_sums=True)
+    return _pack(sums, counts)
+
+
+def _assign_labels(chunk, centers):
+    """The nearest centre of every row: the same call as a Lloyd step, so the same labels."""
+    return nearest_centres(chunk.X, centers, with_sums=True)[0]
+
+
+def _pack(sums, counts):
+    pack = np.empty((sums.shape[0], sums.shape[1] + 1), dtype=np.float64)
+    pack[:, :-1] = sums
+    pack[:, -1] = counts
+    return pack
+
+
+def _norms(chunk):
+    return squared_norms(chunk.X)
+
+
+def _closest(chunk, norms, previous, c):
+    """Squared distances of the rows to centre ``c`` (clamped at 0), or to the nearest so far."""
+    d2 = np.maximum(shifted_sq_distances(chunk.X, c[None, :])[:, 0] + norms, 0.0)
+    return d2 if previous is None else np.minimum(previous, d2)
+
+
+def _total(closest):
+    return float(np.cumsum(closest)[-1]) if closest.size else 0.0
+
+
+def _pick(chunk, closest, u):
+    """The row where the running sum of ``closest`` reaches ``u`` (k-means++'s draw)."""
+    local = min(int(np.searchsorted(np.cumsum(closest), u)), closest.shape[0] - 1)
+    return np.ascontiguousarray(chunk.X[local])
+
+
+def _row(chunk, local):
+    return np.ascontiguousarray(chunk.X[local])
+
+
+def _rows(chunk, local):
+    return np.ascontiguousarray(chunk.X[np.asarray(local, dtype=np.int64)])
+
+
+def _fill_chunk(chunk, centers, c_norms, counts, caps):
+    """The greedy fill of the chunk's rows, in order, after the chunks before it.
+
+    ``counts`` are the parts' fill counts after the previous chunks; returns
+    this chunk's labels and the counts after it.
+    """
+    counts = np.array(counts, dtype=np.int64, copy=True)
+    X = chunk.X
+    labels = np.empty(X.shape[0], dtype=np.int64)
+    for start, stop in row_blocks(X.shape[0], centers.shape[0]):
+        D = shifted_sq_distances(X[start:stop], centers, c_norms)
+        labels[start:stop] = fill_nearest_open(D, counts, caps)
+    return labels, counts
+
+
+def _labels_of(result):
+    return result[0]
+
+
+def _counts_of(result):
+    return result[1]
+
+
+def _part_sums(chunk, labels, n_parts):
+    return _pack(*part_sums(chunk.X, labels, n_parts))
+
+
+def _unpack(pack, dtype):
+    return pack[:, :-1].astype(dtype), pack[:, -1].astype(np.int64)
+
+
+class _ChunkPartitioner:
+    """The partitioners of :mod:`gpuml.distributed.partition`, over chunks on Dask workers.
+
+    The same algorithms and the same draws from ``rng``: the SPMD ranks become
+    chunks, each collective a gather of small per-chunk values summed in chunk
+    order on the client. ``labels`` are futures (one per chunk) that stay on
+    the workers.
+    """
+
+    def __init__(self, rows: DaskRows, n_parts, rng, max_iter, tol):
+        self.rows, self.P, self.rng = rows, int(n_parts), rng
+        self.max_iter, self.tol = max_iter, tol
+        self.driver = rows.driver
+
+    def _owner(self, i: int):
+        k = int(np.searchsorted(self.rows.bounds, i, side="right") - 1)
+        return k, i - int(self.rows.bounds[k])
+
+    def row(self, i: int) -> np.ndarray:
+        k, local = self._owner(i)
+        return self.driver.gather(self.driver.submit("row", _row, self.rows.chunks[k], local))
+
+    def assign(self, centers):
+        """The per-centre sums and counts of all rows (one task per chunk, one round trip)."""
+        return _unpack(self.rows.reduce(self.rows.map("assign", _assign_sums, centers)),
+                       self.rows.dtype)
+
+    def means(self, labels):
+        packs = self.rows.map("means", _part_sums, self.P, extra=[(lab,) for lab in labels])
+        return _divide(*_unpack(self.rows.reduce(packs), self.rows.dtype))
+
+    def kmeans_pp(self):
+        """k-means++ seeding (Arthur & Vassilvitskii, 2007), D^2 sampling over the chunks."""
+        rows, rng, K = self.rows, self.rng, len(self.rows.chunks)
+        centers = [self.row(int(rng.randint(rows.n)))]
+        norms = rows.map("norms", _norms)
+        closest = rows.map("closest", _closest, centers[0], extra=[(v, None) for v in norms])
+        for _ in range(1, self.P):
+            totals = np.array(self.driver.gather(self.driver.map("total", _total, closest)))
+            ends = np.cumsum(totals)
+            total = float(ends[-1])
+            if total <= 0:  # fewer distinct points than parts: any sample will do
+                c = self.row(int(rng.randint(rows.n)))
+            else:
+                u = rng.uniform(0, total)
+                owner = min(int(np.searchsorted(ends, u)), K - 1)
+                start = float(ends[owner - 1]) if owner else 0.0
+                c = self.driver.gather(self.driver.submit(
+                    "pick", _pick, rows.chunks[owner], closest[owner], u - start))
+            centers.append(c)
+            closest = rows.map("closest", _closest, c,
+                               extra=[(v, p) for v, p in zip(norms, closest)])
+        return np.stack(centers)
+
+    def kmeans(self):
+        """Lloyd's k-means: ``(labels futures, centers, global sizes)``."""
+        centers = self.kmeans_pp()
+        threshold = self.tol * self.rows.variance
+        sums, counts = self.assign(centers)
+        for _ in range(self.max_iter):
+            new_centers = _divide(sums, counts, fallback=centers)
+            shift = float(((new_centers - centers) ** 2).sum())
+            centers = new_centers
+            sums, counts = self.assign(centers)
+            self.driver.traffic.steps += 1
+            if shift <= threshold:
+                break
+        # The labels of the last step, computed again where the rows are: only the
+        # plain k-means partition needs them.
+        labels = self.rows.map("labels", _assign_labels, centers)
+        return labels, np.ascontiguousarray(centers), counts
+
+    def fill(self, centers, caps):
+        """The greedy fill of every row in order: a chain of one task per chunk."""
+        counts = np.zeros(self.P, dtype=np.int64)
+        c_norms = squared_norms(centers)
+        states = []
+        for chunk in self.rows.chunks:
+            state = self.driver.submit("fill", _fill_chunk, chunk, centers, c_norms, counts, caps)
+            # Only the P counts go on to the next chunk's worker; the labels stay.
+            counts = self.driver.submit("fill-counts", _counts_of, state)
+            states.append(state)
+        return self.driver.map("labels", _labels_of, states)
+
+    def run(self, method):
+        n, P, rng = self.rows.n, self.P, self.rng
+        if method == "random":
+            full = np.empty(n, dtype=np.int64)
+            full[rng.permutation(n)] = np.arange(n) % P
+            b = self.rows.bounds
+            labels = [full[b[k]: b[k + 1]] for k in range(len(self.rows.chunks))]
+        elif method == "fcfs":
+            seeds = np.sort(rng.choice(n, P, replace=False))
+            owners = [self._owner(int(s)) for s in seeds.tolist()]
+            picked = {}
+            for k in sorted({o[0] for o in owners}):
+                local = [loc for kk, loc in owners if kk == k]
+                picked[k] = self.driver.submit("rows", _rows, self.rows.chunks[k], local)
+            blocks = self.driver.gather([picked[k] for k in sorted(picked)])
+            centers = np.concatenate(blocks).astype(self.rows.dtype, copy=False)
+            labels = self.fill(centers, _capacities(n, P))
+        elif method == "kmeans":
+            labels, centers, _ = self.kmeans()
+            return labels, centers
+        elif method == "kbalance":
+            _, km_centers, sizes = self.kmeans()
+            caps = _capacities(n, P, np.argsort(-sizes, kind="stable"))
+            labels = self.fill(km_centers, caps)
+        else:
+            raise ValueError(f"partition={method!r} does not run on Dask input; use one of "
+                             f"{list(DASK_PARTITIONERS)} (BKM moves the farthest members of "
+                             "over-full parts, a global sort that is not written for chunks)")
+        return labels, self.means(labels)
+
+
+def partition_chunks(rows: DaskRows, n_partitions, method, random_state, *, max_iter=100,
+                     tol=1e-4):
+    """Step 2: ``(labels futures per chunk, centers)``, as :func:`gpuml.partition.partition`.
+
+    With one part no clustering runs (the centre is the mean), as in-process.
+    """
+    if method not in PARTITIONERS:
+        raise ValueError(f"partition method must be one of {sorted(PARTITIONERS)}, got {method!r}")
+    if n_partitions == 1:
+        labels = [np.zeros(int(b - a), dtype=np.int64)
+                  for a, b in zip(rows.bounds[:-1], rows.bounds[1:])]
+        return labels, rows.col_mean.astype(rows.dtype).reshape(1, -1)
+    runner = _ChunkPartitioner(rows, n_partitions, check_random_state(random_state), max_iter,
+                               tol)
+    return runner.run(method)
+
+
+# ---------------------------------------------------------------------------------------
+# steps 3-5: ship, fit, gather
+# ---------------------------------------------------------------------------------------
+def _take_parts(chunk, labels, part_ids):
+    """The rows of each of ``part_ids`` in this chunk, ascending: ``[(X, y, w), ...]``."""
+    out = []
+    for p in part_ids:
+        sel = np.flatnonzero(labels == p)
+        out.append((chunk.X[sel], chunk.y[sel], None if chunk.w is None else chunk.w[sel]))
+    return out
+
+
+def _group_rows(pieces, n_parts):
+    """The pieces of each part, chunk after chunk, laid end to end part after part."""
+    per_part = [[piece[j] for piece in pieces] for j in range(n_parts)]
+    X = np.concatenate([b[0] for blocks in per_part for b in blocks])
+    y = np.concatenate([b[1] for blocks in per_part for b in blocks])
+    w = (None if pieces[0][0][2] is None else
+         np.concatenate([b[2] for blocks in per_part for b in blocks]))
+    sizes = [sum(b[0].shape[0] for b in blocks) for blocks in per_part]
+    ends = np.cumsum(sizes)
+    local = [np.arange(hi - m, hi) for m, hi in zip(sizes, ends.tolist())]
+    return X, y, w, local
+
+
+def _fit_svm_group(estimator, part_ids, *pieces):
+    """CA-SVM parts of one group on this worker (its GPU when it has one)."""
+    X, y_idx, sample_C, local = _group_rows(pieces, len(part_ids))
+    backend = resolve(estimator.device)
+    with backend.use():
+        return estimator._fit_parts(backend.asarray(X), local, y_idx, sample_C)
+
+
+def _fit_krr_group(estimator, part_ids, *pieces):
+    """Kernel ridge parts of one group on this worker, checked against its memory first."""
+    from ..estimators.bkrr import KRRPartFit
+
+    X, y, _, local = _group_rows(pieces, len(part_ids))
+    backend = resolve(estimator.device)
+    sizes = np.array([len(r) for r in local], dtype=np.int64)
+    with backend.use():
+        estimator._check_memory(sizes, X.dtype.itemsize, backend)
+        fits = estimator._fit_parts(backend, backend.asarray(X), backend.asarray(y), local,
+                                    estimator.sigma, estimator.lam, part_ids=part_ids)
+    return [KRRPartFit(to_numpy(f.X), to_numpy(f.dual_coef)) for f in fits]
+
+
+def _workers(client):
+    """Worker addresses (sorted) and the smallest memory budget among them (None: no limit).
+
+    The budget is ``memory_limit`` times the fraction at which a worker pauses
+    (``distributed.worker.memory.pause``, 0.8 by default; at 0.95 the nanny
+    kills it): unmanaged memory such as a solver's kernel blocks counts there.
+    """
+    info = client.scheduler_info(n_workers=-1)["workers"]
+    if not info:
+        raise RuntimeError("the Dask cluster has no workers")
+    addresses = sorted(info)
+    limits = [int(info[a].get("memory_limit") or 0) for a in addresses]
+    fraction = dask.config.get("distributed.worker.memory.pause", 0.8) or \
+        dask.config.get("distributed.worker.memory.terminate", 0.95) or 1.0
+    budget = None if not all(limits) else int(min(limits) * float(fraction))
+    return addresses, budget
+
+
+def _fmt_bytes(n) -> str:
+    return f"{n / 2**30:.2f} GiB" if n >= 2**30 else f"{n / 2**20:.1f} MiB"
+
+
+def check_budget(need, sizes, n, budget, what):
+    """Refuse a fit whose largest group of parts needs more than a worker's budget.
+
+    ``need(sizes)`` estimates the bytes one worker holds for parts of these
+    sizes; the message names the smallest ``n_partitions`` whose balanced
+    parts fit by the same estimate.
+    """
+    if budget is None:
+        return
+    sizes = np.asarray(sizes, dtype=np.int64)
+    needed = need(sizes)
+    if needed <= budget:
+        return
+    suggest = next((P for P in _candidates(len(sizes), n)
+                    if need(np.array([-(-n // P)], dtype=np.int64)) <= budget), None)
+    change = (f"use a larger n_partitions (n_partitions>={suggest} should fit)" if suggest
+              else "use workers with more memory")
+    raise MemoryError(
+        f"{what} needs about {_fmt_bytes(needed)} on one Dask worker (a part of "
+        f"{int(sizes.max())} rows: its rows and kernel block), but the smallest worker's "
+        f"budget is {_fmt_bytes(budget)} (memory_limit x distributed.worker.memory.pause); "
+        f"{change}, or workers with a larger memory_limit")
+
+
+def _candidates(P, n):
+    """n_partitions values above P to suggest, doubling then n itself."""
+    Q = max(P, 1) + 1
+    while Q < n:
+        yield Q
+        Q = max(Q + 1, int(Q * 1.25))
+    yield n
+
+
+def _svm_need(estimator, d):
+    """Bytes a worker holds to fit CA-SVM parts of these sizes: rows, and each part's kernel.
+
+    The CPU SMO keeps a part's whole kernel matrix when it fits in
+    ``cache_size``, else a row cache of at most ``cache_size``; a GPU worker's
+    device memory is checked by the solver itself.
+    """
+    cache = float(estimator.cache_size) * 2**20
+
+    def need(sizes):
+        m = sizes.astype(np.float64)
+        return int((8.0 * m * (d + 2) + np.minimum(8.0 * m**2, cache)).sum())
+
+    return need
+
+
+def _krr_need(estimator, d, itemsize):
+    """Bytes a worker holds to fit kernel ridge parts: rows and targets, plus the solve's blocks."""
+    jobs = effective_n_jobs(estimator.n_jobs)
+
+    def need(sizes):
+        concurrent = max(1, min(jobs, sizes.size))
+        blocks = int((np.sort(sizes)[::-1][:concurrent].astype(np.float64) ** 2).sum())
+        return int(itemsize * (sizes.sum() * (d + 2) + blocks))
+
+    return need
+
+
+def ship_and_fit(rows, labels, sizes, costs, group_fn, estimator):
+    """Steps 3-4: parts placed on workers by cost; each group's rows shipped and fitted there.
+
+    Returns the per-part fits in part order (gathered), and each part's worker.
+    """
+    driver = rows.driver
+    addresses, _ = _workers(driver.client)
+    placement = balance(costs, len(addresses))
+    futures = []
+    for address, ids in zip(addresses, placement):
+        if ids.size == 0:
+            continue
+        ids_list = ids.tolist()
+        pieces = rows.map("take", _take_parts, ids_list, extra=[(lab,) for lab in labels])
+        fit = driver.submit("fit-parts", group_fn, estimator, ids_list, *pieces,
+                            workers=[address], allow_other_workers=True)
+        futures.append((ids_list, address, fit))
+    results = driver.gather([f for _, _, f in futures])
+    fits = [None] * len(sizes)
+    part_worker = [None] * len(sizes)
+    for (ids, address, _), group in zip(futures, results):
+        for p, fit in zip(ids, group):
+            fits[p] = fit
+            part_worker[p] = address
+    return fits, part_worker
+
+
+def _labels_and_targets(labels, chunk):
+    return labels, chunk.y
+
+
+def _gather_labels(rows, labels, with_targets=False):
+    """The labels of every row on the client (and y as class indices for the SVM)."""
+    driver = rows.driver
+    if with_targets:
+        pairs = driver.gather(driver.map("gather-labels", _labels_and_targets, labels,
+                                         rows.chunks))
+        return (np.concatenate([p[0] for p in pairs]).astype(np.int64),
+                np.concatenate([p[1] for p in pairs]).astype(np.int64))
+    futures = [lab for lab in labels if _is_future(lab)]
+    values = iter(driver.gather(futures) if futures else [])
+    # The random split's labels were drawn on the client: nothing to gather for them.
+    return np.concatenate([next(values) if _is_future(lab) else lab for lab in labels]
+                          ).astype(np.int64), None
+
+
+def _set_features(estimator, X, feature_names):
+    estimator.n_features_in_ = int(X.shape[1])
+    if feature_names is not None:
+        estimator.feature_names_in_ = feature_names
+    else:
+        estimator.__dict__.pop("feature_names_in_", None)
+
+
+def fit_casvm(estimator, X, y, sample_weight=None):
+    """``CASVMClassifier.fit`` on Dask input (see the module notes); returns the estimator."""
+    if estimator.kernel == "precomputed":
+        raise ValueError("kernel='precomputed' does not run on Dask input: partitioning and "
+                         "routing need the samples' features")
+    if estimator.devices is not None:
+        raise ValueError("devices= is for several devices of one process; on Dask each worker "
+                         "fits its parts on its own device: leave devices=None")
+    if y is None:
+        raise ValueError("requires y to be passed, but the target y is None")
+    client = _client()
+    X, y, w, names = check_dask_input(X, y, sample_weight)
+    n, d = X.shape
+    P = check_n_partitions(estimator.n_partitions, n)
+    addresses, budget = _workers(client)
+    need = _svm_need(estimator, d)
+    check_budget(need, [-(-n // P)], n, budget, "CASVMClassifier")
+    driver = _Driver(client)
+    estimator._dask_traffic = driver.traffic
+    rows = load_rows(driver, X, y, w, dtype=np.float64, classification=True)
+    classes = rows.classes
+    if len(classes) < 2:
+        raise ValueError(f"CASVMClassifier needs samples of at least two classes in y (the "
+                         f"number of classes has to be greater than one; got {len(classes)} "
+                         "class)")
+    if classes.dtype.kind == "f" and np.any(classes != np.round(classes)):
+        raise ValueError("Unknown label type: continuous. Maybe you are trying to fit a "
+                         "classifier, which expects discrete classes on a regression target "
+                         "with continuous values.")
+    estimator.classes_ = classes
+    y_for_weights = np.repeat(classes, rows.class_counts)
+    cw = compute_class_weight(estimator.class_weight, classes=classes, y=y_for_weights)
+    if estimator.kernel == "linear":
+        gamma = 1.0
+    elif estimator.gamma == "scale":
+        gamma = 1.0 / (d * rows.variance_all) if rows.variance_all > 0 else 1.0
+    elif estimator.gamma == "auto":
+        gamma = 1.0 / d
+    else:
+        gamma = float(estimator.gamma)
+    estimator._kernel = Kernel(estimator.kernel, gamma, int(estimator.degree),
+                               float(estimator.coef0))
+    estimator._gamma = gamma
+    _set_features(estimator, X, names)
+    for name in ("devices_", "part_device_", "_device_cache"):
+        estimator.__dict__.pop(name, None)
+    rows.chunks = rows.map("classes", _with_classes, classes, cw, float(estimator.C))
+    labels, centers = partition_chunks(rows, P, estimator.partition, estimator.random_state)
+    all_labels, y_idx = _gather_labels(rows, labels, with_targets=True)
+    parts = Partitioning.from_labels(all_labels, centers, P)
+    check_budget(need, parts.sizes, n, budget, "CASVMClassifier")
+    fits, part_worker = ship_and_fit(rows, labels, parts.sizes, smo_cost(parts.sizes),
+                                     _fit_svm_group, _shipped(estimator))
+    estimator._assemble(parts, fits, y_idx)
+    estimator.part_worker_ = np.asarray(part_worker, dtype=object)
+    return estimator
+
+
+def fit_bkrr(estimator, X, y):
+    """``BKRRRegressor.fit`` on Dask input (see the module notes); returns the estimator."""
+    from ..estimators.bkrr import _n_partitions
+
+    if estimator.devices is not None:
+        raise ValueError("devices= is for several devices of one process; on Dask each worker "
+                         "fits its parts on its own device: leave devices=None")
+    if y is None:
+        raise ValueError("requires y to be passed, but the target y is None")
+    client = _client()
+    X, y, _, names = check_dask_input(X, y, multi_output=True)
+    n, d = X.shape
+    dtype = np.dtype(estimator.dtype) if estimator.dtype is not None else (
+        np.dtype(np.float32) if X.dtype == np.float32 and y.dtype == np.float32
+        else np.dtype(np.float64))
+    P = _n_partitions(estimator.n_partitions, n)
+    addresses, budget = _workers(client)
+    need = _krr_need(estimator, d, dtype.itemsize)
+    check_budget(need, [-(-n // P)], n, budget, "BKRRRegressor")
+    driver = _Driver(client)
+    estimator._dask_traffic = driver.traffic
+    rows = load_rows(driver, X, y, None, dtype=dtype, classification=False)
+    _set_features(estimator, X, names)
+    for name in ("devices_", "part_device_", "_device_cache"):
+        estimator.__dict__.pop(name, None)
+    labels, centers = partition_chunks(rows, P, estimator.partition, estimator.random_state)
+    all_labels, _ = _gather_labels(rows, labels)
+    parts = Partitioning.from_labels(all_labels, centers, P)
+    check_budget(need, parts.sizes, n, budget, "BKRRRegressor")
+    fits, part_worker = ship_and_fit(rows, labels, parts.sizes, cholesky_cost(parts.sizes, d),
+                                     _fit_krr_group, _shipped(estimator))
+    estimator._store_fit(CPU, parts, fits, estimator.sigma, estimator.lam)
+    estimator.part_worker_ = np.asarray(part_worker, dtype=object)
+    return estimator
+
+
+def _shipped(estimator):
+    """The estimator as the fit tasks need it: parameters and resolved kernel, no fitted arrays."""
+    import copy
+
+    clone = copy.copy(estimator)
+    clone.__dict__.pop("_dask_traffic", None)
+    for name in list(clone.__dict__):
+        if name.endswith("_") and name not in ("classes_", "n_features_in_"):
+            del clone.__dict__[name]
+    return clone
+
+
+# ---------------------------------------------------------------------------------------
+# lazy prediction
+# ---------------------------------------------------------------------------------------
+def _apply(block, model, method, names):
+    if names is not None:
+        import pandas as pd
+
+        block = pd.DataFrame(block, columns=names)
+    return np.asarray(getattr(model, method)(block))
+
+
+def predict_blocks(estimator, X, method, *, out_columns, dtype):
+    """``getattr(estimator, method)`` over the row chunks of Dask ``X``, lazily.
+
+    The fitted model travels once to each worker as one ``dask.delayed``
+    object; each chunk's rows are predicted where they are (routed to their
+    part's model inside the chunk). ``out_columns`` is None for a 1-D result.
+    """
+    names = getattr(estimator, "feature_names_in_", None)
+    X, _ = _as_array(X, "X", lengths=False)
+    if X.ndim != 2:
+        raise ValueError(f"X must be 2-D (rows, features), got a {X.ndim}-D Dask array")
+    if not _unknown(X.chunks[1]) and X.shape[1] != estimator.n_features_in_:
+        raise ValueError(f"X has {X.shape[1]} features, but {type(estimator).__name__} is "
+                         f"expecting {estimator.n_features_in_} features as input.")
+    if X.numblocks[1] > 1:
+        X = X.rechunk({1: -1})
+    model = dask.delayed(estimator, pure=True, traverse=False)
+    if out_columns is None:
+        return X.map_blocks(_apply, model, method, names, drop_axis=1, dtype=dtype,
+                            meta=np.empty((0,), dtype=dtype))
+    return X.map_blocks(_apply, model, method, names, dtype=dtype,
+                        chunks=(X.chunks[0], (out_columns,)),
+                        meta=np.empty((0, 0), dtype=dtype))
+
+
+__all__ = [
+    "DASK_PARTITIONERS",
+    "KEY_PREFIX",
+    "DaskRows",
+    "Traffic",
+    "check_dask_input",
+    "fit_bkrr",
+    "fit_casvm",
+    "is_dask",
+    "partition_chunks",
+    "predict_blocks",
+]

@@ -1,0 +1,219 @@
+"""Dask input on a real two-process cluster: the same model as the in-process fit.
+
+One ``distributed.LocalCluster`` (two worker processes, one thread each, 1 GiB
+each) serves the whole module. Every test is bounded in time: a hang dumps the
+stacks and ends the run instead of eating CI's limit.
+"""
+
+import faulthandler
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from sklearn.datasets import make_classification, make_regression
+
+distributed = pytest.importorskip("distributed")
+da = pytest.importorskip("dask.array")
+dd = pytest.importorskip("dask.dataframe")
+
+from gpuml import BKRRRegressor, CASVMClassifier  # noqa: E402
+from gpuml.partition import partition  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+
+#: Seconds any one test may take before the run is stopped with every thread's stack.
+TEST_LIMIT = 240
+
+
+@pytest.fixture(autouse=True)
+def _bounded():
+    faulthandler.dump_traceback_later(TEST_LIMIT, exit=True)
+    yield
+    faulthandler.cancel_dump_traceback_later()
+
+
+@pytest.fixture(scope="module")
+def client():
+    faulthandler.dump_traceback_later(TEST_LIMIT, exit=True)
+    cluster = distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
+                                       memory_limit="1GiB", dashboard_address=None,
+                                       silence_logs=40)
+    c = distributed.Client(cluster)
+    faulthandler.cancel_dump_traceback_later()
+    yield c
+    c.close()
+    cluster.close()
+
+
+@pytest.fixture(scope="module")
+def classification():
+    X, y = make_classification(2400, 10, n_informative=6, n_classes=3, random_state=0)
+    return X, y
+
+
+@pytest.fixture(scope="module")
+def regression():
+    X, y = make_regression(2400, 8, noise=1.0, random_state=0)
+    return X / X.std(axis=0), y / y.std()
+
+
+def _dask(X, y, rows=400):
+    return da.from_array(X, chunks=(rows, X.shape[1])), da.from_array(y, chunks=rows)
+
+
+@pytest.mark.parametrize("method", ["random", "kbalance"])
+def test_casvm_p16_equals_in_process(client, classification, method):
+    X, y = classification
+    Xd, yd = _dask(X, y)
+    params = dict(n_partitions=16, partition=method, random_state=0)
+    on_dask = CASVMClassifier(**params).fit(Xd, yd)
+    local = CASVMClassifier(**params).fit(X, y)
+    labels, centers = partition(X, 16, method, random_state=0)
+    np.testing.assert_array_equal(on_dask.partition_sizes_, np.bincount(labels, minlength=16))
+    np.testing.assert_allclose(on_dask.centers_, centers, rtol=1e-12, atol=1e-12)
+    np.testing.assert_array_equal(on_dask.support_, local.support_)
+    np.testing.assert_allclose(on_dask.dual_coef_, local.dual_coef_, rtol=1e-9, atol=1e-12)
+    assert on_dask._gamma == pytest.approx(local._gamma, rel=1e-12)
+    # Every part was fitted on one of the two workers, and both got parts.
+    assert len(set(on_dask.part_worker_)) == 2
+    pred = on_dask.predict(Xd)
+    assert isinstance(pred, da.Array) and pred.chunks == (Xd.chunks[0],)
+    np.testing.assert_array_equal(pred.compute(), local.predict(X))
+    values = on_dask.decision_function(Xd)
+    assert isinstance(values, da.Array)
+    np.testing.assert_allclose(values.compute(), local.decision_function(X), atol=1e-9)
+    # The model is an ordinary fitted estimator: NumPy in, NumPy out.
+    np.testing.assert_array_equal(on_dask.predict(X), local.predict(X))
+
+
+def test_bkrr2_p16_equals_in_process(client, regression):
+    X, y = regression
+    Xd, yd = _dask(X, y)
+    params = dict(sigma=2.0, lam=1e-3, n_partitions=16, partition="kbalance", random_state=0)
+    on_dask = BKRRRegressor(**params).fit(Xd, yd)
+    local = BKRRRegressor(**params).fit(X, y)
+    np.testing.assert_array_equal(on_dask.part_sizes_, local.part_sizes_)
+    np.testing.assert_array_equal(on_dask.X_fit_, local.X_fit_)
+    np.testing.assert_allclose(on_dask.dual_coef_, local.dual_coef_, rtol=1e-8, atol=1e-10)
+    pred = on_dask.predict(Xd)
+    assert isinstance(pred, da.Array)
+    np.testing.assert_allclose(pred.compute(), local.predict(X), rtol=1e-8, atol=1e-10)
+
+
+def test_dataframes_and_multi_output(client, regression):
+    import pandas as pd
+
+    X, y = regression
+    frame = pd.DataFrame(X, columns=[f"f{i}" for i in range(X.shape[1])])
+    Y = np.column_stack([y, -2 * y])
+    Xd = dd.from_pandas(frame, npartitions=3)
+    Yd = da.from_array(Y, chunks=(tuple(Xd.map_partitions(len).compute()), 2))
+    params = dict(sigma=2.0, n_partitions=4, partition="kmeans", random_state=1)
+    on_dask = BKRRRegressor(**params).fit(Xd, Yd)
+    local = BKRRRegressor(**params).fit(frame, Y)
+    np.testing.assert_array_equal(on_dask.feature_names_in_, local.feature_names_in_)
+    pred = on_dask.predict(Xd)
+    assert isinstance(pred, da.Array)
+    np.testing.assert_allclose(pred.compute(), local.predict(frame), rtol=1e-8, atol=1e-10)
+
+
+def test_sample_weight_and_fcfs(client, classification):
+    X, y = classification
+    Xd, yd = _dask(X, y)
+    w = np.random.default_rng(0).uniform(0.0, 2.0, size=len(y))
+    params = dict(n_partitions=4, partition="fcfs", class_weight="balanced", gamma=0.1,
+                  random_state=2)
+    on_dask = CASVMClassifier(**params).fit(Xd, yd, sample_weight=da.from_array(w, chunks=400))
+    local = CASVMClassifier(**params).fit(X, y, sample_weight=w)
+    np.testing.assert_array_equal(on_dask.support_, local.support_)
+    np.testing.assert_allclose(on_dask.dual_coef_, local.dual_coef_, rtol=1e-9, atol=1e-12)
+
+
+def test_bad_input_is_refused_before_work(client, classification, regression):
+    X, y = classification
+    Xd, yd = _dask(X, y)
+    unknown = Xd[Xd[:, 0] > -np.inf]
+    with pytest.raises(ValueError, match="unknown chunk sizes"):
+        CASVMClassifier().fit(unknown, yd)
+    with pytest.raises(ValueError, match="chunked differently"):
+        CASVMClassifier().fit(Xd, da.from_array(y, chunks=300))
+    with pytest.raises(ValueError, match="inconsistent numbers of samples"):
+        CASVMClassifier().fit(Xd, y[:-1])
+    with pytest.raises(ValueError, match="does not run on Dask input"):
+        CASVMClassifier(n_partitions=4, partition="bkm").fit(Xd, yd)
+    with pytest.raises(ValueError, match="devices="):
+        CASVMClassifier(devices=["cpu", "cpu"]).fit(Xd, yd)
+    with pytest.raises(ValueError, match="2-D"):
+        CASVMClassifier().fit(Xd[:, 0], yd)
+    bad = X.copy()
+    bad[1234, 3] = np.nan
+    with pytest.raises(ValueError, match="NaN"):
+        CASVMClassifier().fit(da.from_array(bad, chunks=(400, 10)), yd)
+    # A part of 12,000 rows needs a 1.1 GiB kernel block: more than a 1 GiB worker's
+    # budget, refused from the chunk sizes alone (the random chunks are never computed).
+    Xbig = da.random.random((12_000, 8), chunks=(3000, 8))
+    ybig = da.random.random(12_000, chunks=3000)
+    with pytest.raises(MemoryError, match=r"n_partitions>=\d+"):
+        BKRRRegressor(n_partitions=1).fit(Xbig, ybig)
+    fitted = BKRRRegressor(sigma=2.0, n_partitions=2).fit(*_dask(*regression))
+    with pytest.raises(ValueError, match="features"):
+        fitted.predict(da.zeros((10, 3), chunks=5))
+
+
+class KillOnce(distributed.WorkerPlugin):
+    """Kills its worker process when a gpuml fit task starts, once (a file remembers)."""
+
+    def __init__(self, flag):
+        self.flag = str(flag)
+
+    def transition(self, key, start, finish, **kwargs):
+        if (finish == "executing" and isinstance(key, str) and key.startswith("gpuml-fit-parts")
+                and not os.path.exists(self.flag)):
+            Path(self.flag).write_text(key)
+            os._exit(1)
+
+
+def test_worker_killed_mid_fit_is_retried(client, classification, tmp_path):
+    import cloudpickle
+
+    # The workers import gpuml, not this test module: send the plugin by value.
+    cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    X, y = classification
+    Xd, yd = _dask(X, y)
+    flag = tmp_path / "killed"
+    client.register_plugin(KillOnce(flag), name="kill-once")
+    try:
+        on_dask = CASVMClassifier(n_partitions=16, random_state=0).fit(Xd, yd)
+    finally:
+        client.unregister_worker_plugin("kill-once")
+        cloudpickle.unregister_pickle_by_value(sys.modules[__name__])
+    assert flag.exists(), "the plugin never killed a worker"
+    local = CASVMClassifier(n_partitions=16, random_state=0).fit(X, y)
+    np.testing.assert_array_equal(on_dask.support_, local.support_)
+    np.testing.assert_allclose(on_dask.dual_coef_, local.dual_coef_, rtol=1e-9, atol=1e-12)
+    client.wait_for_workers(2, timeout=60)
+
+
+def test_grid_search_on_the_dask_joblib_backend(client, classification):
+    from joblib import parallel_backend
+    from sklearn.model_selection import GridSearchCV
+
+    X, y = classification
+    X, y = X[:600], y[:600]
+    grid = {"C": [0.5, 2.0], "partition": ["random", "kbalance"]}
+    est = CASVMClassifier(n_partitions=4, random_state=0)
+    with parallel_backend("dask"):
+        on_dask = GridSearchCV(est, grid, cv=2, n_jobs=-1).fit(X, y)
+    local = GridSearchCV(est, grid, cv=2, n_jobs=1).fit(X, y)
+    np.testing.assert_allclose(on_dask.cv_results_["mean_test_score"],
+                               local.cv_results_["mean_test_score"])
+    assert on_dask.best_params_ == local.best_params_
+
+
+def test_import_gpuml_does_not_import_dask():
+    code = "import sys, gpuml; sys.exit(1 if 'dask' in sys.modules else 0)"
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    assert subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env).returncode == 0
