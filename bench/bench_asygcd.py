@@ -1,4 +1,4 @@
-"""Asy-GCD for kernel SVM (seed 001, §4.5): thread scaling, greedy vs random, vs sklearn SVC.
+"""Asy-GCD for kernel SVM (You 2020, §4.5): thread scaling, greedy vs random, vs sklearn SVC.
 
 Tables, all measured in one process on the same data:
 

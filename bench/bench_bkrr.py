@@ -1,4 +1,4 @@
-"""BKRR2 and its family on california_housing (seed 001, Table 3.2 "cadata", Fig. 3.2, 3.9).
+"""BKRR2 and its family on california_housing (You 2020, Table 3.2 "cadata", Fig. 3.2, 3.9).
 
 Four measurements, ours and the baselines in one process on the same data:
 
@@ -137,7 +137,7 @@ def accuracy_seeds(quick):
 
     The ``accuracy`` grid at n = 18,432, repeated for three seeds; a seed sets both the
     train/test split and every partitioner's random_state. One more setting rides along:
-    nearest-centre routing over BKM parts (seed 001 Alg 4: each over-full k-means cluster
+    nearest-centre routing over BKM parts (You 2020 Alg 4: each over-full k-means cluster
     gives up its members farthest from its centre, instead of K-balance's fill in sample
     order, which may push a cluster's core members out).
     """

@@ -1,4 +1,4 @@
-"""CA-SVM vs sklearn.svm.SVC on adult and letter (seed 001, Tables 2.9-2.18).
+"""CA-SVM vs sklearn.svm.SVC on adult and letter (You 2020, Tables 2.9-2.18).
 
 Three tables, ours and SVC in one process on the same standardised 75/25 split:
 

@@ -1,6 +1,6 @@
 """Large-batch convergence in small: an MLP on Fashion-MNIST at batch sizes 64 ... 8192.
 
-The paper's claim (seed 001 Table 6.5): with LEGW warmup and sqrt LR scaling,
+The paper's claim (You 2020 Table 6.5): with LEGW warmup and sqrt LR scaling,
 LAMB tuned once at a small batch keeps its accuracy at large batches for a
 fixed number of epochs. The experiment, in order:
 
@@ -12,9 +12,9 @@ fixed number of epochs. The experiment, in order:
    edge), then its weight decay among three values at that learning rate, by
    validation accuracy (one seed).
 3. Apply LEGW (warmup *iterations* fixed: ``w0`` epochs at batch 64, i.e.
-   ``w0 * B / 64`` epochs at batch ``B``; seed 001 ch. 6, seed 002 §3.1) and
-   sqrt scaling (``lr = lr64 * sqrt(B / 64)``, seed 002 §3.3) unchanged to every
-   larger batch, with linear decay to 0 (``eta0 * (1 - t/T)``, seed 001 §6.4),
+   ``w0 * B / 64`` epochs at batch ``B``; You 2020 ch. 6, You et al. 2019 §3.1) and
+   sqrt scaling (``lr = lr64 * sqrt(B / 64)``, You et al. 2019 §3.3) unchanged to every
+   larger batch, with linear decay to 0 (``eta0 * (1 - t/T)``, You 2020 §6.4),
    and train every (optimizer, batch) with several seeds.
 
 Biases are excluded from weight decay for every optimizer, and from the

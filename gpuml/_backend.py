@@ -162,10 +162,11 @@ def parse_device(device) -> tuple[str, int | None]:
 
 def _gpu_backend(ordinal: int | None) -> Backend:
     n = gpu_count()
+    asked = "cuda" if ordinal is None else f"cuda:{ordinal}"
     if n == 0:
         why = "CuPy is not installed" if _cupy() is None else "no CUDA device answers"
         raise RuntimeError(
-            f"device='cuda' was asked for but {why}; install gpuml[cuda12] or "
+            f"device={asked!r} was asked for but {why}; install gpuml[cuda12] or "
             "gpuml[cuda13] on a machine with an NVIDIA GPU, or use device='cpu'"
         )
     ordinal = 0 if ordinal is None else ordinal

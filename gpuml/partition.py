@@ -1,4 +1,4 @@
-"""Partitioners of seed 001 and nearest-centre routing.
+"""Partitioners of You 2020 and nearest-centre routing.
 
 Each partitioner splits ``n`` samples into ``P`` parts and returns
 ``(labels, centers)``: ``labels[i]`` is the part of sample ``i`` and
@@ -310,7 +310,7 @@ def partition(X, n_partitions, method="random", *, random_state=None, max_iter=1
     References
     ----------
     Yang You, "Fast and Accurate Machine Learning on Distributed Systems and
-    Supercomputers", PhD thesis (seed 001): Alg 3 (FCFS), Alg 4 (BKM),
+    Supercomputers", PhD thesis, UC Berkeley, 2020: Alg 3 (FCFS), Alg 4 (BKM),
     Alg 5 (CA-SVM random split), Alg 9 (K-balance).
 
     Examples

@@ -40,7 +40,7 @@ def test_auto_without_gpu_is_cpu_and_cuda_raises_clearly():
     assert resolve("auto", np.zeros(3)) is CPU
     with pytest.raises(RuntimeError, match="device='cuda'"):
         resolve("cuda")
-    with pytest.raises(RuntimeError, match="device='cuda'"):
+    with pytest.raises(RuntimeError, match="device='cuda:3'"):
         resolve("cuda:3")
 
 
@@ -81,3 +81,36 @@ def test_gpu_backend_round_trip():
     assert isinstance(backend.asarray(np.arange(3.0)), cp.ndarray)
     with pytest.raises(RuntimeError, match="does not exist"):
         resolve(f"cuda:{_backend.gpu_count()}")
+
+
+def test_a_missing_gpu_is_named_in_the_error(monkeypatch):
+    # As on a machine without a GPU (or with fewer than eight): the error names the
+    # device that was asked for, not just "cuda".
+    monkeypatch.setattr(_backend, "gpu_count", lambda: 0)
+    with pytest.raises(RuntimeError, match=r"device='cuda:7' was asked for"):
+        resolve("cuda:7")
+    with pytest.raises(RuntimeError, match=r"device='cuda' was asked for"):
+        resolve("cuda")
+    monkeypatch.setattr(_backend, "gpu_count", lambda: 2)
+    with pytest.raises(RuntimeError, match=r"device='cuda:7' does not exist: this machine has 2"):
+        resolve("cuda:7")
+
+
+def test_gpuml_optim_without_torch_says_to_install_it():
+    # torch hidden in a fresh interpreter (an import hook answers "no module named torch",
+    # as if it were not installed): gpuml imports, gpuml.optim says what to install.
+    code = ("import sys\n"
+            "class Hide:\n"
+            "    def find_spec(self, name, path=None, target=None):\n"
+            "        if name.partition('.')[0] == 'torch':\n"
+            "            raise ModuleNotFoundError(f'No module named {name!r}', name=name)\n"
+            "sys.meta_path.insert(0, Hide())\n"
+            "import gpuml\n"
+            "try:\n"
+            "    import gpuml.optim\n"
+            "except ImportError as e:\n"
+            "    print(type(e).__name__, '|', e)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True).stdout
+    assert out.startswith("ImportError |")
+    assert "needs PyTorch" in out and "pip install torch" in out

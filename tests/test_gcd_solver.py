@@ -1,4 +1,4 @@
-"""The Asy-GCD solver (seed 001, Alg 13/14) against independent solutions of the same QP."""
+"""The Asy-GCD solver (You 2020, Alg 13/14) against independent solutions of the same QP."""
 
 import threading
 
@@ -176,7 +176,7 @@ def test_one_worker_is_deterministic_and_cache_size_does_not_change_it():
 
 
 def _alg13(Q, C, n_updates):
-    """Serial greedy coordinate descent (seed 001, Alg 13), written out plainly."""
+    """Serial greedy coordinate descent (You 2020, Alg 13), written out plainly."""
     alpha, g = np.zeros(len(C)), -np.ones(len(C))
     for _ in range(n_updates):
         pg = np.abs(alpha - np.clip(alpha - g, 0.0, C))  # eq. 4.11
@@ -223,7 +223,7 @@ def test_lru_cache_evicts_the_least_recently_used_column():
     slot_time = np.zeros(2, dtype=np.int64)
 
     def get(i, clock):
-        return cpu_gcd._column(X, sq, y, i, 2, 0.1, 0.0, 3, cache, slot_of, slot_var,
+        return cpu_gcd._column(X, sq, y, i, 0, 10, 2, 0.1, 0.0, 3, cache, slot_of, slot_var,
                                slot_time, clock)
 
     get(3, 1)
@@ -422,11 +422,21 @@ def test_scan_passes_over_variables_that_cannot_move():
     assert cpu_gcd._scan(g, alpha, C, qdiag, 0, 3) == (-1, 0.0)  # 0: at its bound, pg = 0
     g[0] = -0.2
     assert cpu_gcd._scan(g, alpha, C, qdiag, 0, 3) == (0, pytest.approx(0.2))
-    counters = np.zeros(3, dtype=np.int64)
-    quiet = np.full(1, -1, dtype=np.int64)
-    g[0] = 0.2
-    assert cpu_gcd._certify(0, g, alpha, C, qdiag, 0, 3, 1e-3, counters, quiet)
-    assert counters[cpu_gcd.STOP] == cpu_gcd.CERTIFIED
+
+
+def test_the_run_stops_only_when_every_worker_is_quiet_at_the_last_update():
+    # Workers publish the log position at which they found their block quiet (one cache
+    # line each); the run stops when all agree and no update was claimed after it.
+    pad = cpu_gcd.PAD
+    quiet = np.full(3 * pad, -1, dtype=np.int64)
+    counters = np.zeros(2 * pad, dtype=np.int64)
+    counters[cpu_gcd.C_STARTED] = 7
+    quiet[::pad] = [7, 7, 6]
+    assert not cpu_gcd._agree(counters, quiet, 3, 7)  # worker 2 has not read update 6 yet
+    quiet[2 * pad] = 7
+    assert cpu_gcd._agree(counters, quiet, 3, 7)
+    counters[cpu_gcd.C_STARTED] = 8  # someone claimed update 7: its block was not quiet
+    assert not cpu_gcd._agree(counters, quiet, 3, 7)
 
 
 def test_default_update_cap_ends_every_run(monkeypatch):
@@ -462,3 +472,31 @@ def test_batch_equals_problem_by_problem():
     pre = gcd_solve_batch(K, Kernel("precomputed"), problems, tol=1e-5)
     for res, ref in zip(pre, batch):
         assert res.objective == pytest.approx(ref.objective, rel=1e-9)
+
+
+def test_a_small_update_log_wraps_around_without_losing_updates(monkeypatch):
+    # The log is a ring: a worker about to overwrite an entry some worker has not read yet
+    # waits (reading the log itself meanwhile). A 16-entry ring makes that happen constantly.
+    monkeypatch.setattr(cpu_gcd, "LOG_SIZE", 16)
+    kernel = make_kernel("rbf", "scale", 3, 0.0, X_DIG)
+    C = np.ones(len(Y_DIG))
+    res = gcd_solve(X_DIG, Y_DIG, C, kernel, _split(len(Y_DIG), 4), tol=1e-3)
+    assert res.converged and res.n_updates > 16
+    assert len(res.worker_cpu_s) == 4 and min(res.worker_cpu_s) > 0
+    np.testing.assert_allclose(res.gradient, gcd_gradient(X_DIG, Y_DIG, kernel, res.alpha),
+                               rtol=0, atol=1e-10)
+    assert abs(res.objective + 217.76) < 0.05
+
+
+@pytest.mark.parametrize("share", [None, 0.0, 0.9])
+def test_unequal_blocks_reach_the_exact_objective_whatever_the_greedy_share(share):
+    # 90% / 10% blocks: the small block's worker waits while the large block holds a violator
+    # over 1/share times its own (share 0: Alg 14 as written, it never waits).
+    kernel = make_kernel("rbf", "scale", 3, 0.0, X_DIG)
+    C = np.ones(len(Y_DIG))
+    blocks = (np.random.default_rng(1).random(len(Y_DIG)) < 0.1).astype(np.int64)
+    res = cpu_gcd.solve(X_DIG, Y_DIG, C, kernel, blocks, tol=1e-4, greedy_share=share)
+    assert res.converged and res.n_workers == 2 and res.max_violation < 1e-4
+    Q = _q_matrix(kernel, X_DIG, Y_DIG)
+    assert _objective(Q, res.alpha) == pytest.approx(-217.7601, abs=3e-3)
+    np.testing.assert_allclose(res.gradient, Q @ res.alpha - 1.0, rtol=0, atol=1e-10)

@@ -92,7 +92,7 @@ def test_single_matrix_overwrite_a(cp):
 
 @pytest.mark.parametrize("n", [442, 3000])
 def test_exact_krr_on_gpu_equals_kernel_ridge(cp, diabetes, n):
-    """n_partitions=1 on the GPU is scikit-learn's KernelRidge (the issue's 1e-6 target)."""
+    """n_partitions=1 on the GPU is scikit-learn's KernelRidge (to 1e-6)."""
     if n == len(diabetes[0]):
         X, y = diabetes
     else:

@@ -1,4 +1,4 @@
-"""Partitioners against literal transcriptions of seed 001's Alg 3, 4 and 9 (the oracles)."""
+"""Partitioners against literal transcriptions of You 2020's Alg 3, 4 and 9 (the oracles)."""
 
 import numpy as np
 import pytest

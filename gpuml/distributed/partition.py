@@ -13,7 +13,7 @@ rounding of sums taken in another order:
   allgather of the R totals tells every rank, from the same random draw (every
   rank holds an identical generator), which rank holds the drawn sample, and
   that rank broadcasts it.
-* **Greedy fill** (FCFS, K-balance, BKM's movers; seed 001 Alg 3 and 9): the
+* **Greedy fill** (FCFS, K-balance, BKM's movers; You 2020 Alg 3 and 9): the
   pass is sequential over the rows in a fixed order, so each rank computes the
   distances of its own rows, block by block (the same blocks as one process);
   rank 0 gathers a block, fills it, and broadcasts its labels.

@@ -1,6 +1,6 @@
 """What every partitioned estimator shares: split, fit P local models, route predictions.
 
-CA-SVM (seed 001, Alg 5) and BKRR2 (Alg 10) have the same shape:
+CA-SVM (You 2020, Alg 5) and BKRR2 (Alg 10) have the same shape:
 
 1. partition the training set into P parts and keep one centre per part;
 2. fit one independent local model per part (no communication);

@@ -1,4 +1,4 @@
-"""AsyGCDSVC: kernel SVM trained by asynchronous greedy coordinate descent (seed 001, ch. 4)."""
+"""AsyGCDSVC: kernel SVM trained by asynchronous greedy coordinate descent (You 2020, ch. 4)."""
 
 from __future__ import annotations
 
@@ -36,7 +36,7 @@ MIN_BLOCK_SIZE = 256
 class AsyGCDSVC(KernelSVMMixin, ClassifierMixin, BaseEstimator):
     r"""Bias-free kernel SVM solved by asynchronous parallel greedy coordinate descent.
 
-    Solves the dual of the SVM without intercept (seed 001, eq. 4.9)
+    Solves the dual of the SVM without intercept (You 2020, eq. 4.9)
 
     .. math:: \min_\alpha \tfrac12 \alpha^\top Q \alpha - e^\top \alpha
               \quad\text{s.t.}\quad 0 \le \alpha_i \le C_i,\qquad
@@ -47,10 +47,12 @@ class AsyGCDSVC(KernelSVMMixin, ClassifierMixin, BaseEstimator):
     assignment, §4.4, or an even random split); each worker repeatedly takes
     the variable of its block with the largest projected gradient (eq. 4.11),
     makes the exact one-variable step (eq. 4.10) and adds ``delta * q_i`` into
-    the shared gradient with lock-free atomic adds, never waiting for the
-    other workers. On the CPU the workers are threads running compiled code
-    outside the GIL, each with its own LRU kernel-column cache; on a GPU each
-    worker is a persistent CUDA thread block. One worker is the serial greedy
+    the gradient, never waiting for the other workers. On the CPU the workers
+    are threads running compiled code outside the GIL, each owning its block's
+    rows of the gradient and adding the others' updates from a log (no atomic
+    adds; see :mod:`gpuml.kernels._cpu.gcd`), each with its own LRU cache of
+    kernel-column pieces; on a GPU each worker is a persistent CUDA thread
+    block adding into one shared gradient with atomic adds. One worker is the serial greedy
     coordinate descent of Alg 13.
 
     The model has no bias term (unlike :class:`sklearn.svm.SVC`): the
@@ -71,7 +73,7 @@ class AsyGCDSVC(KernelSVMMixin, ClassifierMixin, BaseEstimator):
     the objective; every run stops at a point whose largest projected
     gradient is below ``tol``.
 
-    The model has no bias term (the dual of seed 001, eq. 4.9, has no
+    The model has no bias term (the dual of You 2020, eq. 4.9, has no
     equality constraint), so ``intercept_`` is zero; apart from that the
     fitted attributes and methods are :class:`sklearn.svm.SVC`'s (names,
     shapes, LIBSVM's ``dual_coef_`` layout and signs, ``coef_`` for the linear
@@ -199,8 +201,9 @@ class AsyGCDSVC(KernelSVMMixin, ClassifierMixin, BaseEstimator):
 
     References
     ----------
-    Seed 001 (Y. You, PhD thesis), chapter 4: Alg 12 (Asy-GCD), Alg 13 (GCD for
-    the kernel SVM dual), Alg 14 (Asy-GCD for kernel SVM), eq. 4.9-4.11, §4.4
+    Yang You, "Fast and Accurate Machine Learning on Distributed Systems and
+    Supercomputers", PhD thesis, UC Berkeley, 2020, chapter 4: Alg 12 (Asy-GCD),
+    Alg 13 (GCD for the kernel SVM dual), Alg 14 (Asy-GCD for kernel SVM), eq. 4.9-4.11, §4.4
     (kernel caching, variable partitioning). Also You, Lian, Liu, Yu, Dhillon,
     Demmel, Hsieh, "Asynchronous parallel greedy coordinate descent", NIPS 2016.
 

@@ -1,4 +1,4 @@
-r"""Balanced kernel ridge regression and its family (seed 001, chapter 3, Alg 6-11).
+r"""Balanced kernel ridge regression and its family (You 2020, chapter 3, Alg 6-11).
 
 One estimator, :class:`BKRRRegressor`, covers the methods of the chapter as
 settings: split the training set into P parts, solve one kernel ridge system
@@ -443,7 +443,7 @@ class BKRRRegressor(_BKRRBase):
     r"""Balanced kernel ridge regression (BKRR2) and its family, as settings.
 
     The training set is split into P parts; part ``j`` (``m_j`` samples)
-    gets its own kernel ridge model by solving (seed 001, eq. 3.6)
+    gets its own kernel ridge model by solving (You 2020, eq. 3.6)
 
     .. math:: (K_j + \lambda\, m_j\, I)\, \alpha_j = y_j,
               \qquad K_j[a, b] = \exp(-\lVert x_a - x_b\rVert^2 / (2\sigma^2)),
@@ -452,7 +452,7 @@ class BKRRRegressor(_BKRRBase):
     of its nearest part centre, or by the average of all P models.
 
     ====================================================  ============================
-    setting                                               method of seed 001
+    setting                                               method of You 2020
     ====================================================  ============================
     ``partition="kbalance", combine="nearest"``           BKRR2 (Alg 9 + Alg 10)
     ``partition="kmeans", combine="nearest"``             KKRR2
@@ -479,7 +479,7 @@ class BKRRRegressor(_BKRRBase):
     Parameters
     ----------
     kernel : str or callable, default="rbf"
-        Kernel function (seed 001, Table 3.1): "rbf", "linear", "poly" (or
+        Kernel function (You 2020, Table 3.1): "rbf", "linear", "poly" (or
         "polynomial") and "sigmoid" run on any device. For "poly" and
         "sigmoid" the inner-product scale is also ``gamma = 1 / (2 sigma^2)``
         (the one scale parameter); "linear" ignores ``sigma``. The sigmoid
@@ -590,7 +590,7 @@ class BKRRRegressor(_BKRRBase):
     References
     ----------
     Yang You, "Fast and Accurate Machine Learning on Distributed Systems and
-    Supercomputers", PhD thesis (seed 001), chapter 3: Alg 6 (KRR), Alg 8
+    Supercomputers", PhD thesis, UC Berkeley, 2020, chapter 3: Alg 6 (KRR), Alg 8
     (DC-KRR), Alg 9 (K-balance), Alg 10 (BKRR2), eq. 3.6.
     Y. Zhang, J. Duchi, M. Wainwright, "Divide and conquer kernel ridge
     regression", COLT 2013.
@@ -825,7 +825,7 @@ class BKRRRegressorCV(_BKRRBase):
 
     References
     ----------
-    Yang You, PhD thesis (seed 001), chapter 3: Alg 6 (the σ × λ grid of
+    Yang You, PhD thesis, UC Berkeley, 2020, chapter 3: Alg 6 (the σ × λ grid of
     KRR), Alg 9 (K-balance), Alg 10 (BKRR2). The leave-one-out identity for
     regularised least squares: G. Wahba, "Spline Models for Observational
     Data", SIAM 1990; R. Rifkin, R. Lippert, "Notes on regularized least

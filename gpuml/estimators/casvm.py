@@ -1,4 +1,4 @@
-"""CA-SVM: communication-avoiding kernel SVM (seed 001, chapter 2, Alg 3, 4 and 5)."""
+"""CA-SVM: communication-avoiding kernel SVM (You 2020, chapter 2, Alg 3, 4 and 5)."""
 
 from __future__ import annotations
 
@@ -124,8 +124,8 @@ class CASVMClassifier(KernelSVMMixin, ClassifierMixin, BaseEstimator):
         exact SVM.
     partition : {"random", "fcfs", "kmeans", "kbalance", "bkm"}, default="random"
         How the training set is split (docs/casvm.md compares them).
-        ``"random"`` is the paper's CA-SVM and the default the issue's
-        contract names. **Recommended: ``"fcfs"``** (Alg 3: random centres,
+        ``"random"`` is the paper's CA-SVM (Alg 5) and the
+        default. **Recommended: ``"fcfs"``** (Alg 3: random centres,
         each sample to the nearest part with room): balanced parts that are
         also local, so nearest-centre routing means something; over three
         seeds it lost no more accuracy than the random split on adult and far
@@ -263,7 +263,7 @@ class CASVMClassifier(KernelSVMMixin, ClassifierMixin, BaseEstimator):
     References
     ----------
     Yang You, "Fast and Accurate Machine Learning on Distributed Systems and
-    Supercomputers", PhD thesis (seed 001): chapter 2, Alg 1 (SMO), Alg 3
+    Supercomputers", PhD thesis, UC Berkeley, 2020: chapter 2, Alg 1 (SMO), Alg 3
     (FCFS), Alg 4 (BKM), Alg 5 (CA-SVM); Tables 2.8-2.18.
     R.-E. Fan, P.-H. Chen, C.-J. Lin, "Working set selection using second
     order information for training SVM", JMLR 6 (2005).

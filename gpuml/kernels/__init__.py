@@ -86,7 +86,7 @@ __all__ = [
 def fill_nearest_open(D, counts, caps):
     """Assign each row of the distance block ``D`` to its nearest part with room left.
 
-    A sequential greedy pass (seed 001, Alg 3 and 9): the order of rows
+    A sequential greedy pass (You 2020, Alg 3 and 9): the order of rows
     matters, so it runs as one numba loop on the host; a device block is
     copied over once. ``counts`` (host int64) is updated in place. Returns the
     labels in ``D``'s namespace.
@@ -105,7 +105,7 @@ def fill_nearest_open(D, counts, caps):
 
 def smo_solve_batch(kernel, Xs, problems, *, tol=1e-3, max_iter=-1, cache_size=1024.0,
                     shrinking=True, n_jobs=None):
-    """Solve a batch of SVM dual problems (SMO with WSS2, seed 001 Alg 1), CPU or GPU.
+    """Solve a batch of SVM dual problems (SMO with WSS2, You 2020 Alg 1), CPU or GPU.
 
     ``Xs`` is a list of matrices (all NumPy or all CuPy); each
     :class:`SMOProblem` names its matrix (``group``) and rows. Problems of one
@@ -190,8 +190,9 @@ def gcd_solve(X, y, C, kernel, blocks, *, selection="greedy", tol=1e-3, max_upda
     """Asy-GCD for the bias-free kernel SVM dual (You, 2020, ch. 4, Alg 13 and 14), CPU or GPU.
 
     Solves ``min 1/2 a'Qa - e'a`` s.t. ``0 <= a <= C``, ``Q_ij = y_i y_j K(x_i, x_j)``
-    (eq. 4.9) with one worker per block of variables, the workers sharing the
-    gradient through atomic adds and never waiting for each other. NumPy input
+    (eq. 4.9) with one worker per block of variables, never waiting for each
+    other: on the CPU each owns its block's rows of the gradient and reads the
+    others' updates from a log; on a GPU they share it through atomic adds. NumPy input
     runs on CPU threads (numba, outside the GIL); CuPy input runs one persistent
     CUDA thread block per worker on X's device. Each worker damps its steps
     when the others' concurrent steps overshoot its coordinate (our addition to
@@ -383,10 +384,10 @@ def gcd_plan(like, n_problems: int, n_workers=None) -> tuple[int, int]:
     CPU: an explicit ``n_workers`` runs the problems one after another with
     that many workers each (the paper's setting). With ``None`` and several
     problems (one-vs-one pairs), each problem gets one worker and the problems
-    spread over the cores: independent problems need no atomic adds on a shared
-    gradient, which on small problems cost more than a second worker gains
-    (letter 15,000, 325 pairs, 2 cores: 2 workers per pair 5.3-6.1 s, 1 worker
-    per pair in turn 1.6 s, pairs spread over the cores 1.0 s; SVC 1.5 s).
+    spread over the cores: independent problems share nothing, which on small
+    problems beats sharing a problem's work (letter 15,000, 325 pairs, 2 cores,
+    measured with the first, atomic-add CPU solver: 2 workers per pair 5.3-6.1 s,
+    1 worker per pair in turn 1.6 s, pairs spread over the cores 1.0 s; SVC 1.5 s).
 
     GPU: every problem runs at once, in one launch (:func:`gcd_solve_batch`).
     With ``None``, one problem gets one worker per SM; several share the SMs,

@@ -1,4 +1,4 @@
-"""Batched dense solvers for partitioned kernel ridge regression (seed 001, Alg 6, 8, 10).
+"""Batched dense solvers for partitioned kernel ridge regression (You 2020, Alg 6, 8, 10).
 
 BKRR2 and its family solve P independent SPD systems ``(K_j + s_j I) a_j = y_j``
 and, for the fast σ/λ search, reduce the P kernel blocks once to

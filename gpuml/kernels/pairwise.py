@@ -1,6 +1,6 @@
 r"""Kernel functions as blocked GEMM, on any array namespace (NumPy or CuPy), dense or CSR.
 
-The kernels of seed 001, Table 2.1 (with scikit-learn's parameter names):
+The kernels of You 2020, Table 2.1 (with scikit-learn's parameter names):
 
 =============  ====================================================
 linear         :math:`K(x, y) = x^\top y`

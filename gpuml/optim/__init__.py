@@ -5,6 +5,15 @@ Importing :mod:`gpuml` does not import torch; importing :mod:`gpuml.optim` does
 (Triton is imported only when the fused path runs).
 """
 
+try:
+    import torch  # noqa: F401
+except ModuleNotFoundError as e:  # say what to do, not just which module is missing
+    if e.name != "torch":
+        raise
+    raise ImportError("gpuml.optim needs PyTorch, which is not installed: install it with "
+                      "`pip install torch` (https://pytorch.org lists the build for your "
+                      "CUDA version); the rest of gpuml works without it") from e
+
 from gpuml.optim._common import param_groups_by_name
 from gpuml.optim.lamb import LAMB, FusedLAMB, lamb
 from gpuml.optim.lars import LARS, FusedLARS, lars

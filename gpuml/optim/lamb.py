@@ -1,4 +1,4 @@
-r"""LAMB: layer-wise adaptive moments (seed 001, ch. 6, Alg 16; N-LAMB/NN-LAMB Alg 17-18).
+r"""LAMB: layer-wise adaptive moments (You 2020, ch. 6, Alg 16; N-LAMB/NN-LAMB Alg 17-18).
 
 Structure as in ``torch/optim/adam.py``: the :class:`LAMB` optimizer gathers the
 tensors of each param group and calls the functional :func:`lamb`, which
@@ -27,7 +27,7 @@ _FP32_STATE = ("exp_avg", "exp_avg_sq", "master_param")
 
 
 class LAMB(C.LayerwiseOptimizer):
-    r"""LAMB optimizer (You et al.; seed 001 Algorithm 16, with Alg 17-18 as variants).
+    r"""LAMB optimizer (You et al.; You 2020 Algorithm 16, with Alg 17-18 as variants).
 
     For every tensor :math:`x^{(i)}` (a "layer") with gradient :math:`g` at step
     :math:`t`:
@@ -125,7 +125,7 @@ class LAMB(C.LayerwiseOptimizer):
     References
     ----------
     .. [1] Y. You, "Fast and Accurate Machine Learning on Distributed Systems and
-       Supercomputers", PhD thesis, UC Berkeley (seed 001), ch. 6: Algorithm 16
+       Supercomputers", PhD thesis, UC Berkeley, 2020, ch. 6: Algorithm 16
        (LAMB), Algorithms 17-18 (N-LAMB, NN-LAMB).
     .. [2] Y. You et al., "Large Batch Optimization for Deep Learning: Training
        BERT in 76 minutes", ICLR 2020.

@@ -1,4 +1,4 @@
-r"""LARS: layer-wise adaptive rate scaling (seed 001 eq. 5.1 and Alg 15; seed 002 §3.5).
+r"""LARS: layer-wise adaptive rate scaling (You 2020 eq. 5.1 and Alg 15; You et al. 2019 §3.5).
 
 Same structure as :mod:`gpuml.optim.lamb`: :class:`LARS` → :func:`lars` →
 :func:`_single_tensor_lars` (reference) / :func:`_multi_tensor_lars`
@@ -20,7 +20,7 @@ _FP32_STATE = ("momentum_buffer", "master_param")
 
 
 class LARS(C.LayerwiseOptimizer):
-    r"""LARS optimizer (You, Gitman & Ginsburg; seed 001 eq. 5.1, §5.3 and Algorithm 15).
+    r"""LARS optimizer (You, Gitman & Ginsburg; You 2020 eq. 5.1, §5.3 and Algorithm 15).
 
     ``mode="classic"`` is the five-step sequence of chapter 5 with torch's SGD
     momentum (lr applied after the momentum buffer, as in ``torch.optim.SGD``,
@@ -53,7 +53,7 @@ class LARS(C.LayerwiseOptimizer):
     (``trust_coefficient=1``, ``eps=0`` give exactly :math:`\phi(z)=z`).
 
     In both modes :math:`\alpha = 1` when :math:`\|w\| = 0` or the denominator
-    norm is 0 (then bounds and clip still apply, as in seed 002 Alg 1), and
+    norm is 0 (then bounds and clip still apply, as in You et al. 2019 Alg 1), and
     :math:`\alpha = 1` for tensors excluded from adaptation.
 
     Parameters
@@ -75,7 +75,7 @@ class LARS(C.LayerwiseOptimizer):
     clip : bool, default False
         LARC clipping :math:`\alpha \leftarrow \min(\alpha/\gamma, 1)`.
     trust_bounds : (float, float), default (0, inf)
-        Lower and upper limits on :math:`\alpha` (seed 002 §3.5).
+        Lower and upper limits on :math:`\alpha` (You et al. 2019 §3.5).
     mode : {"classic", "normalized"}, default "classic"
     always_adapt : bool, default True
         Adapt tensors without weight decay too; False is timm's default.
@@ -106,9 +106,10 @@ class LARS(C.LayerwiseOptimizer):
 
     References
     ----------
-    .. [1] Y. You, PhD thesis (seed 001): eq. (5.1) and the five-step LARS
+    .. [1] Y. You, "Fast and Accurate Machine Learning on Distributed Systems and
+       Supercomputers", PhD thesis, UC Berkeley, 2020 (You 2020): eq. (5.1) and the five-step LARS
        sequence (§5.3), Algorithm 15 (LARS with normalized momentum).
-    .. [2] Y. You et al., "Large-Batch Training for LSTM and Beyond" (seed 002),
+    .. [2] Y. You et al., "Large-Batch Training for LSTM and Beyond", SC 2019,
        §3.5 dynamic per-layer lower/upper limits.
     .. [3] Y. You, I. Gitman, B. Ginsburg, "Large Batch Training of Convolutional
        Networks", arXiv:1708.03888, 2017.

@@ -7,23 +7,24 @@ the group's initial ``lr``.
 
 ==============================  ===================================================
 :class:`WarmupPolynomialDecay`  linear warmup, then :math:`(1-\text{progress})^p`
-:class:`LEGWPolynomialDecay`    the same with LEGW's warmup length (seed 001 ch. 6,
-                                seed 002 §3.1)
+:class:`LEGWPolynomialDecay`    the same with LEGW's warmup length (You 2020 ch. 6,
+                                You et al. 2019 §3.1)
 :class:`RollerCoasterDecay`     DATE's linear decay with floor :math:`10^{-6}`
-                                (seed 002 §3.4)
+                                (You et al. 2019 §3.4)
 :class:`GoyalWarmupStepDecay`   gradual warmup from :math:`\eta/k`, then step decay
-                                (Goyal et al.; seed 003)
-:func:`scale_lr`                sqrt (seed 002 §3.3) or linear LR scaling
+                                (Goyal et al. 2017)
+:func:`scale_lr`                sqrt (You et al. 2019 §3.3) or linear LR scaling
 ==============================  ===================================================
 
 References
 ----------
-.. [1] Y. You, PhD thesis (seed 001), ch. 6 "Linear Epoch Gradual Warmup" and
-   Tables 6.5-6.6 (sqrt scaling + LEGW).
-.. [2] Y. You et al., "Large-Batch Training for LSTM and Beyond" (seed 002),
+.. [1] Y. You, "Fast and Accurate Machine Learning on Distributed Systems and
+   Supercomputers", PhD thesis, UC Berkeley, 2020 (You 2020), ch. 6 "Linear Epoch
+   Gradual Warmup" and Tables 6.5-6.6 (sqrt scaling + LEGW).
+.. [2] Y. You et al., "Large-Batch Training for LSTM and Beyond", SC 2019,
    §3.1 LEGW, §3.3 Sqrt scaling, §3.4 roller-coaster decay, Algorithm 1.
 .. [3] P. Goyal et al., "Accurate, Large Minibatch SGD: Training ImageNet in 1
-   Hour", 2017 (seed 003 slides): linear scaling rule and gradual warmup.
+   Hour", 2017: linear scaling rule and gradual warmup.
 """
 
 from __future__ import annotations
@@ -42,8 +43,8 @@ def scale_lr(lr0: float, batch_size: int, base_batch_size: int, rule: str = "sqr
     r"""Scale a learning rate tuned at ``base_batch_size`` to ``batch_size``.
 
     ``rule="sqrt"``: :math:`\eta = \eta_0\sqrt{B/B_0}` (keeps the gradient
-    estimator's variance constant; seed 002 §3.3, used with LAMB + LEGW in seed
-    001 Tables 6.5-6.6). ``rule="linear"``: :math:`\eta = \eta_0 B/B_0` (Krizhevsky;
+    estimator's variance constant; You et al. 2019 §3.3, used with LAMB + LEGW in
+    You 2020, Tables 6.5-6.6). ``rule="linear"``: :math:`\eta = \eta_0 B/B_0` (Krizhevsky;
     Goyal et al.).
 
     Examples
@@ -69,12 +70,12 @@ def legw_warmup_steps(base_warmup_epochs: float, batch_size: int, base_batch_siz
     r"""LEGW warmup length in steps: :math:`w = w_0 B/B_0` epochs of :math:`N/B` steps.
 
     The number of warmup *iterations*, :math:`w_0 N / B_0`, does not depend on
-    ``batch_size`` (seed 002 Algorithm 1 line 1; seed 001 Table 6.6).
+    ``batch_size`` (You et al. 2019 Algorithm 1 line 1; You 2020 Table 6.6).
 
     Examples
     --------
     >>> from gpuml.optim import legw_warmup_steps
-    >>> n = 1_281_167  # ImageNet; seed 001 Table 6.6: 0.3125 epochs at 512, 5 at 8K
+    >>> n = 1_281_167  # ImageNet; You 2020 Table 6.6: 0.3125 epochs at 512, 5 at 8K
     >>> legw_warmup_steps(0.3125, 512, 512, n), legw_warmup_steps(0.3125, 8192, 512, n)
     (782, 782)
     """
@@ -109,8 +110,8 @@ class WarmupPolynomialDecay(_ClosedForm):
             \eta_e & t \ge T
         \end{cases}
 
-    ``power=1`` is the thesis' :math:`\eta_t = \eta_0(1 - t/T)` after warmup (seed
-    001 §6.4); ``power=2`` the "poly" policy of its Tables 5.4 and 5.7.
+    ``power=1`` is the thesis' :math:`\eta_t = \eta_0(1 - t/T)` after warmup
+    (You 2020, §6.4); ``power=2`` the "poly" policy of its Tables 5.4 and 5.7.
 
     Parameters
     ----------
@@ -164,7 +165,7 @@ class LEGWPolynomialDecay(WarmupPolynomialDecay):
     batch :math:`B` warms up for :math:`w_0 B/B_0` epochs, i.e. a fixed number of
     :math:`w_0 N/B_0` steps (:func:`legw_warmup_steps`), and the run lasts
     ``epochs`` epochs of :math:`\lceil N/B \rceil` steps. With ``scaling`` the
-    peak learning rate is :func:`scale_lr` of the optimizer's ``lr`` (seed 001
+    peak learning rate is :func:`scale_lr` of the optimizer's ``lr`` (You 2020
     Tables 6.5-6.6 use LEGW with ``"sqrt"``).
 
     Parameters
@@ -209,7 +210,7 @@ class LEGWPolynomialDecay(WarmupPolynomialDecay):
 
 
 class RollerCoasterDecay(_ClosedForm):
-    r"""DATE's schedule (seed 002 §3.4, Algorithm 1): warmup, then linear decay with a floor.
+    r"""DATE's schedule (You et al. 2019 §3.4, Algorithm 1): warmup, then linear decay with a floor.
 
     .. math::
 

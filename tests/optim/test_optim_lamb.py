@@ -36,7 +36,7 @@ def run_torch(ws, grads, param_groups=None, **kw):
 def np_lamb(ws, grads, *, lr, beta1, beta2, eps, wd, adapt, decay, bias_correction=True,
             grad_averaging=True, max_grad_norm=None, bounds=(0.0, math.inf), eps_inside=True,
             variant="lamb"):
-    """Seed 001 Alg 16 (and Alg 17/18 for the variants), line by line, in float64."""
+    """You 2020 Alg 16 (and Alg 17/18 for the variants), line by line, in float64."""
     ws = [w.copy() for w in ws]
     m = [np.zeros_like(w) for w in ws]
     v = [np.zeros_like(w) for w in ws]

@@ -35,7 +35,7 @@ def run_torch(ws, grads, param_groups=None, **kw):
 
 def np_lars_classic(ws, grads, *, lr, momentum, wd, l, eps, adapt, decay, dampening=0.0,
                     nesterov=False, clip=False, bounds=(0.0, math.inf)):
-    """The five steps of seed 001 §5.3 (denominator ||g|| + beta ||w||), with seed 002 §3.5
+    """The five steps of You 2020 §5.3 (denominator ||g|| + beta ||w||), with You et al. 2019 §3.5
     bounds on the local rate, LARC clipping, and torch-style momentum (buffer = d at step 1)."""
     ws = [w.copy() for w in ws]
     a = [None] * len(ws)
@@ -58,7 +58,7 @@ def np_lars_classic(ws, grads, *, lr, momentum, wd, l, eps, adapt, decay, dampen
 
 
 def np_lars_alg15(ws, grads, *, lr, beta1, wd, l, eps, adapt, decay, bounds=(0.0, math.inf)):
-    """Seed 001 Algorithm 15: m = b1 m + (1 - b1)(g + lambda x); x -= eta phi / ||m|| m."""
+    """You 2020 Algorithm 15: m = b1 m + (1 - b1)(g + lambda x); x -= eta phi / ||m|| m."""
     ws = [w.copy() for w in ws]
     m = [np.zeros_like(w) for w in ws]
     for gs in grads:

@@ -49,7 +49,7 @@ def test_warmup_polynomial_decay(power):
 def test_scale_lr_rules():
     assert scale_lr(0.1, 4096, 256, "linear") == pytest.approx(1.6)
     assert scale_lr(0.1, 4096, 256, "sqrt") == pytest.approx(0.4)
-    # seed 001 Table 6.5: 5 / (2^3 * 1e3) at 512 scales to 5 / (2^0 * 1e3) at 32K
+    # You 2020 Table 6.5: 5 / (2^3 * 1e3) at 512 scales to 5 / (2^0 * 1e3) at 32K
     assert scale_lr(5 / (2 ** 3 * 1e3), 32768, 512, "sqrt") == pytest.approx(5e-3)
     with pytest.raises(ValueError):
         scale_lr(0.1, 1024, 256, "cubic")
@@ -58,7 +58,7 @@ def test_scale_lr_rules():
 
 
 def test_legw_warmup_iterations_are_constant():
-    # seed 001 Table 6.6: warmup epochs 0.3125 at 512 ... 20 at 32K: same number of steps
+    # You 2020 Table 6.6: warmup epochs 0.3125 at 512 ... 20 at 32K: same number of steps
     n = 1_281_167
     steps = {B: legw_warmup_steps(0.3125, B, 512, n) for B in (512, 1024, 4096, 32768)}
     assert len(set(steps.values())) == 1

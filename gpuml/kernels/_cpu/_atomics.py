@@ -4,13 +4,15 @@ Numba has no float atomics of its own, so these intrinsics emit LLVM's
 ``atomicrmw`` / atomic ``load`` / atomic ``store`` instructions directly on the
 address of ``arr[i]``. ``atomicrmw fadd`` is lowered by LLVM to the target's
 native instruction or to a compare-and-swap loop (x86), so concurrent adds
-from several threads never lose an update. They are what lets Asy-GCD
-workers (seed 001, Alg 14, step 3) share the gradient ``g`` with no lock.
+from several threads never lose an update. Asy-GCD's CPU workers (You 2020,
+Alg 14) use them for their update counter and the publication of update-log
+entries (:mod:`.gcd`); they no longer add into a shared gradient with them
+(a ``lock cmpxchg`` loop per entry kept two workers slower than one).
 
-Orderings: the gradient adds are ``monotonic`` (every add lands, in some
-order; the paper reads ``g`` without synchronisation); the counters that
-tell workers "no update is in flight" use ``seq_cst`` so that the gradient
-adds of a finished update are visible to whoever reads the counter.
+Orderings: ``atomic_add`` is ``monotonic`` (every add lands, in some order);
+``atomic_add_seq``, ``atomic_load`` and ``atomic_store`` are ``seq_cst``, so a
+log entry written before its number is stored is complete for whoever loads
+that number.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Sequential steps of the balanced partitioners (seed 001, Alg 3, 4 and 9) as numba loops."""
+"""Sequential steps of the balanced partitioners (You 2020, Alg 3, 4 and 9) as numba loops."""
 
 import numpy as np
 from numba import njit

@@ -1,11 +1,11 @@
 r"""SMO for the kernel SVM dual with bias, on the CPU (numba, ``nogil``).
 
-The problem (seed 001, eqs. 2.1-2.2, written as a minimisation like LIBSVM)::
+The problem (You 2020, eqs. 2.1-2.2, written as a minimisation like LIBSVM)::
 
     min_a  f(a) = 1/2 a^T Q a - e^T a,   Q_ij = y_i y_j K(x_i, x_j)
     s.t.   y^T a = 0,   0 <= a_i <= C_i
 
-Seed 001's Alg 1 picks the maximal-violating pair (first-order). This solver
+You 2020's Alg 1 picks the maximal-violating pair (first-order). This solver
 is the LIBSVM refinement of it (Fan, Chen & Lin 2005): the first index is the
 maximal violator, the second the one with the largest second-order decrease
 of ``f`` (WSS2); the gradient ``G = Q a - e`` is updated with two kernel rows
@@ -68,7 +68,7 @@ class SMOResult:
         SMO steps taken.
     objective : float
         ``1/2 a^T Q a - sum(a)`` at the solution (LIBSVM's ``obj``; the dual
-        of seed 001's eq. 2.1 is its negative).
+        of You 2020's eq. 2.1 is its negative).
     gradient : ndarray of shape (n,)
         ``Q a - e`` at the solution (warm starts and diagnostics).
     converged : bool

@@ -1,4 +1,4 @@
-// SMO for the kernel SVM dual with bias (seed 001, Alg 1, with LIBSVM's second-order
+// SMO for the kernel SVM dual with bias (You 2020, Alg 1, with LIBSVM's second-order
 // working-set selection), solving many problems at once on one GPU.
 //
 //   min 1/2 a'Qa - e'a,  y'a = 0,  0 <= a_k <= C_k,  Q_kl = y_k y_l K(x_k, x_l)
