@@ -230,7 +230,7 @@ def test_unbalanced_kmeans_blocks_warn():
     y = np.arange(len(X)) % 2
     with pytest.warns(UserWarning, match=r"unequal variable blocks \(the largest held 99\.[0-9]%"
                       r".*'kbalance'"):
-        AsyGCDSVC(n_workers=2, device="cpu", random_state=0).fit(X, y)
+        AsyGCDSVC(n_workers=2, block_partition="kmeans", device="cpu", random_state=0).fit(X, y)
     import warnings
 
     with warnings.catch_warnings():
@@ -238,3 +238,4 @@ def test_unbalanced_kmeans_blocks_warn():
         for balanced in ("random", "kbalance"):
             AsyGCDSVC(n_workers=2, block_partition=balanced, device="cpu",
                       random_state=0).fit(X, y)
+        AsyGCDSVC(n_workers=2, device="cpu", random_state=0).fit(X, y)  # the default: kbalance
