@@ -22,7 +22,7 @@ features, K chunks, W workers, P parts, I Lloyd steps (counted by the driver):
   sums and counts back, ``8 K (2Pd + P)``; k-means++ (P picks, each a centre
   to every chunk and a row back) ``8 P (K d + d + K)``; the fill: the centres
   to each chunk, ``8 K P d``; the random split: the labels, ``8 n``;
-* labels to the client: ``8 n`` (CA-SVM: and the class indices, ``8 n``);
+* labels to the client: ``8 n`` (CA-SVM: and y in the summary pass, ``8 n``);
 * rows shipped once to their part's worker: ``8 n (d + 2) (W - 1) / W`` for CA-SVM
   (a row, its class and its C), ``8 n (d + 1) (W - 1) / W`` for BKRR (parts are
   placed by cost, not where their rows are);

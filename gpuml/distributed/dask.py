@@ -292,20 +292,37 @@ def _prepare_chunk(X, y, w, dtype, y_numeric):
     return _Chunk(X, y, w)
 
 
-def _first_pass(chunk, classes: bool):
-    """Column sums and the sum of all entries (means), and the classes of y with counts."""
+def _summary(chunk, classes: bool):
+    """One pass over a chunk: its column means and spreads, and its classes (or targets).
+
+    Each chunk's sums of squared deviations are taken from its *own* means and
+    combined on the client with the parallel formula of Chan, Golub and LeVeque
+    (Algorithms for computing the sample variance, 1983): as exact as a second pass
+    over the global means, without the second round trip. For a classifier the
+    chunk's ``y`` comes back too (the client needs it as class indices).
+    """
     X = chunk.X
-    out = {"colsum": X.sum(axis=0, dtype=np.float64), "rows": X.shape[0]}
+    m = X.shape[0]
+    col_mean = X.mean(axis=0, dtype=np.float64)
+    mean = float(col_mean.mean())
+    out = {"rows": m, "col_mean": col_mean, "mean": mean,
+           "col_m2": ((X - col_mean) ** 2).sum(axis=0),
+           "m2": float(((X - mean) ** 2).sum())}
     if classes:
         values, counts = np.unique(chunk.y, return_counts=True)
         out["classes"] = (values, counts)
+        out["y"] = chunk.y
     return out
 
 
-def _second_pass(chunk, col_mean, mean):
-    """Squared deviations from the column means (k-means' tolerance) and the grand mean."""
-    X = chunk.X
-    return (((X - col_mean) ** 2).sum(axis=0), float(((X - mean) ** 2).sum()))
+def _combine(parts, d):
+    """Global column means, mean per-feature variance and variance of all entries."""
+    n = sum(p["rows"] for p in parts)
+    col_mean = sum(p["rows"] * p["col_mean"] for p in parts) / n
+    mean = float(col_mean.mean())
+    col_m2 = sum(p["col_m2"] + p["rows"] * (p["col_mean"] - col_mean) ** 2 for p in parts)
+    m2 = sum(p["m2"] + p["rows"] * d * (p["mean"] - mean) ** 2 for p in parts)
+    return col_mean, float((col_m2 / n).mean()), float(m2) / (n * d)
 
 
 def _with_classes(chunk, classes, class_weight, C):
@@ -338,6 +355,7 @@ class DaskRows:
         self.col_mean = None
         self.classes = None
         self.class_counts = None
+        self.y = None  # a classifier's targets, on the client
 
     def map(self, step, fn, *args, extra=None):
         """``fn(chunk_k, *extra[k], *args)`` for every chunk k, one task each (futures)."""
@@ -354,7 +372,7 @@ class DaskRows:
 
 
 def load_rows(driver, X, y, w, *, dtype, classification: bool) -> DaskRows:
-    """Each chunk validated on its worker, then two small passes of summaries (step 1)."""
+    """Each chunk validated on its worker, then one small pass of summaries (step 1)."""
     blocks = X.to_delayed().ravel().tolist()
     y_blocks = y.to_delayed().ravel().tolist()
     w_blocks = w.to_delayed().ravel().tolist() if w is not None else [None] * len(blocks)
@@ -365,24 +383,14 @@ def load_rows(driver, X, y, w, *, dtype, classification: bool) -> DaskRows:
     chunks = driver.map("chunk", _prepare_chunk, xs, ys, ws, args=(dtype, not classification))
     bounds = np.concatenate([[0], np.cumsum(X.chunks[0])]).astype(np.int64)
     rows = DaskRows(driver, chunks, bounds, X.shape[1], dtype)
-    first = driver.gather(rows.map("summary", _first_pass, classification))
-    colsum = first[0]["colsum"].copy()
-    for f in first[1:]:
-        colsum += f["colsum"]
-    n, d = rows.n, rows.n_features
-    rows.col_mean = colsum / n
-    mean = float(colsum.sum()) / (n * d)
-    second = driver.gather(rows.map("deviation", _second_pass, rows.col_mean, mean))
-    deviation = second[0][0].copy()
-    for s in second[1:]:
-        deviation += s[0]
-    rows.variance = float((deviation / n).mean())
-    rows.variance_all = sum(s[1] for s in second) / (n * d)
+    first = driver.gather(rows.map("summary", _summary, classification))
+    rows.col_mean, rows.variance, rows.variance_all = _combine(first, rows.n_features)
     if classification:
         values = np.unique(np.concatenate([f["classes"][0] for f in first]))
         counts = np.zeros(values.size, dtype=np.int64)
         for f in first:
             counts[np.searchsorted(values, f["classes"][0])] += f["classes"][1]
+        rows.y = np.concatenate([f["y"] for f in first])
         rows.classes, rows.class_counts = values, counts
     return rows
 
@@ -760,23 +768,13 @@ def ship_and_fit(rows, labels, sizes, costs, group_fn, estimator):
     return fits, part_worker
 
 
-def _labels_and_targets(labels, chunk):
-    return labels, chunk.y
-
-
-def _gather_labels(rows, labels, with_targets=False):
-    """The labels of every row on the client (and y as class indices for the SVM)."""
-    driver = rows.driver
-    if with_targets:
-        pairs = driver.gather(driver.map("gather-labels", _labels_and_targets, labels,
-                                         rows.chunks))
-        return (np.concatenate([p[0] for p in pairs]).astype(np.int64),
-                np.concatenate([p[1] for p in pairs]).astype(np.int64))
+def _gather_labels(rows, labels):
+    """The labels of every row on the client."""
     futures = [lab for lab in labels if _is_future(lab)]
-    values = iter(driver.gather(futures) if futures else [])
+    values = iter(rows.driver.gather(futures) if futures else [])
     # The random split's labels were drawn on the client: nothing to gather for them.
     return np.concatenate([next(values) if _is_future(lab) else lab for lab in labels]
-                          ).astype(np.int64), None
+                          ).astype(np.int64)
 
 
 def _set_features(estimator, X, feature_names):
@@ -843,7 +841,8 @@ def fit_casvm(estimator, X, y, sample_weight=None):
         estimator.__dict__.pop(name, None)
     rows.chunks = rows.map("classes", _with_classes, classes, cw, float(estimator.C))
     labels, centers = partition_chunks(rows, P, estimator.partition, estimator.random_state)
-    all_labels, y_idx = _gather_labels(rows, labels, with_targets=True)
+    all_labels = _gather_labels(rows, labels)
+    y_idx = np.searchsorted(classes, rows.y).astype(np.int64)
     parts = Partitioning.from_labels(all_labels, centers, P)
     check_budget(need, parts.sizes, n, budget, "CASVMClassifier")
     fits, part_worker = ship_and_fit(rows, labels, parts.sizes, smo_cost(parts.sizes),
@@ -879,7 +878,7 @@ def fit_bkrr(estimator, X, y):
     for name in ("devices_", "part_device_", "_device_cache"):
         estimator.__dict__.pop(name, None)
     labels, centers = partition_chunks(rows, P, estimator.partition, estimator.random_state)
-    all_labels, _ = _gather_labels(rows, labels)
+    all_labels = _gather_labels(rows, labels)
     parts = Partitioning.from_labels(all_labels, centers, P)
     check_budget(need, parts.sizes, n, budget, "BKRRRegressor")
     fits, part_worker = ship_and_fit(rows, labels, parts.sizes, cholesky_cost(parts.sizes, d),
