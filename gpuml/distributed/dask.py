@@ -506,9 +506,11 @@ class _ChunkPartitioner:
         return _unpack(self.rows.reduce(self.rows.map("assign", _assign_sums, centers)),
                        self.rows.dtype)
 
-    def means(self, labels):
+    def means(self, labels, *, wait=True):
+        """The parts' means; with ``wait=False`` a :class:`PendingMeans` (no round trip yet)."""
         packs = self.rows.map("means", _part_sums, self.P, extra=[(lab,) for lab in labels])
-        return _divide(*_unpack(self.rows.reduce(packs), self.rows.dtype))
+        pending = PendingMeans(packs, self.rows.dtype)
+        return pending.resolve(self.driver.gather(packs)) if wait else pending
 
     def kmeans_pp(self):
         """k-means++ seeding (Arthur & Vassilvitskii, 2007), D^2 sampling over the chunks."""
@@ -591,12 +593,31 @@ class _ChunkPartitioner:
             raise ValueError(f"partition={method!r} does not run on Dask input; use one of "
                              f"{list(DASK_PARTITIONERS)} (BKM moves the farthest members of "
                              "over-full parts, a global sort that is not written for chunks)")
-        return labels, self.means(labels)
+        # The random split needs nothing back before its parts are shipped: its centres
+        # are gathered with the fitted parts (see ship_and_fit), one round trip fewer.
+        return labels, self.means(labels, wait=method != "random")
+
+
+class PendingMeans:
+    """Part means still on the workers: per-chunk sums and counts as futures."""
+
+    def __init__(self, packs, dtype):
+        self.packs, self.dtype = packs, dtype
+
+    def resolve(self, values):
+        """The means from the gathered per-chunk packs, summed in chunk order."""
+        total = np.array(values[0], dtype=np.float64, copy=True)
+        for v in values[1:]:
+            total += v
+        return _divide(*_unpack(total, self.dtype))
 
 
 def partition_chunks(rows: DaskRows, n_partitions, method, random_state, *, max_iter=100,
                      tol=1e-4):
     """Step 2: ``(labels futures per chunk, centers)``, as :func:`gpuml.partition.partition`.
+
+    For the random split ``centers`` is a :class:`PendingMeans`, gathered later with
+    the fitted parts (:func:`ship_and_fit`).
 
     With one part no clustering runs (the centre is the mean), as in-process.
     """
@@ -741,13 +762,13 @@ def _krr_need(estimator, d, itemsize):
     return need
 
 
-def ship_and_fit(rows, labels, sizes, costs, group_fn, estimator):
+def ship_and_fit(rows, labels, sizes, costs, group_fn, estimator, addresses, centers):
     """Steps 3-4: parts placed on workers by cost; each group's rows shipped and fitted there.
 
-    Returns the per-part fits in part order (gathered), and each part's worker.
+    Returns the per-part fits in part order (gathered), each part's worker and the
+    centres (``centers`` as given, or a :class:`PendingMeans` gathered with the fits).
     """
     driver = rows.driver
-    addresses, _ = _workers(driver.client)
     placement = balance(costs, len(addresses))
     futures = []
     for address, ids in zip(addresses, placement):
@@ -758,14 +779,17 @@ def ship_and_fit(rows, labels, sizes, costs, group_fn, estimator):
         fit = driver.submit("fit-parts", group_fn, estimator, ids_list, *pieces,
                             workers=[address], allow_other_workers=True)
         futures.append((ids_list, address, fit))
-    results = driver.gather([f for _, _, f in futures])
+    pending = centers.packs if isinstance(centers, PendingMeans) else []
+    results = driver.gather([f for _, _, f in futures] + pending)
+    if pending:
+        centers = centers.resolve(results[len(futures):])
     fits = [None] * len(sizes)
     part_worker = [None] * len(sizes)
     for (ids, address, _), group in zip(futures, results):
         for p, fit in zip(ids, group):
             fits[p] = fit
             part_worker[p] = address
-    return fits, part_worker
+    return fits, part_worker, centers
 
 
 def _gather_labels(rows, labels):
@@ -843,10 +867,12 @@ def fit_casvm(estimator, X, y, sample_weight=None):
     labels, centers = partition_chunks(rows, P, estimator.partition, estimator.random_state)
     all_labels = _gather_labels(rows, labels)
     y_idx = np.searchsorted(classes, rows.y).astype(np.int64)
+    sizes = np.bincount(all_labels, minlength=P).astype(np.int64)
+    check_budget(need, sizes, n, budget, "CASVMClassifier")
+    fits, part_worker, centers = ship_and_fit(rows, labels, sizes, smo_cost(sizes),
+                                              _fit_svm_group, _shipped(estimator), addresses,
+                                              centers)
     parts = Partitioning.from_labels(all_labels, centers, P)
-    check_budget(need, parts.sizes, n, budget, "CASVMClassifier")
-    fits, part_worker = ship_and_fit(rows, labels, parts.sizes, smo_cost(parts.sizes),
-                                     _fit_svm_group, _shipped(estimator))
     estimator._assemble(parts, fits, y_idx)
     estimator.part_worker_ = np.asarray(part_worker, dtype=object)
     return estimator
@@ -879,10 +905,12 @@ def fit_bkrr(estimator, X, y):
         estimator.__dict__.pop(name, None)
     labels, centers = partition_chunks(rows, P, estimator.partition, estimator.random_state)
     all_labels = _gather_labels(rows, labels)
+    sizes = np.bincount(all_labels, minlength=P).astype(np.int64)
+    check_budget(need, sizes, n, budget, "BKRRRegressor")
+    fits, part_worker, centers = ship_and_fit(rows, labels, sizes, cholesky_cost(sizes, d),
+                                              _fit_krr_group, _shipped(estimator), addresses,
+                                              centers)
     parts = Partitioning.from_labels(all_labels, centers, P)
-    check_budget(need, parts.sizes, n, budget, "BKRRRegressor")
-    fits, part_worker = ship_and_fit(rows, labels, parts.sizes, cholesky_cost(parts.sizes, d),
-                                     _fit_krr_group, _shipped(estimator))
     estimator._store_fit(CPU, parts, fits, estimator.sigma, estimator.lam)
     estimator.part_worker_ = np.asarray(part_worker, dtype=object)
     return estimator
