@@ -167,7 +167,7 @@ def _case_rows(name, make, X, y, Xtest, ytest, kind, repeat):
 def main(quick: bool = False, gpu: bool = False) -> None:
     from gpuml import BKRRRegressor, CASVMClassifier
 
-    repeat = 1 if quick else 3
+    repeat = 1 if quick else 5
     load = os.getloadavg()
     Xa, ya = load_adult()
     Xa, Xa_test, ya, ya_test = train_test_split_std(Xa, ya, test_size=0.25, random_state=0)
