@@ -17,6 +17,8 @@ import os
 import queue
 import socket
 import time
+import traceback
+from functools import wraps
 
 import torch.distributed as dist
 
@@ -46,6 +48,27 @@ _WORKERS = {"_sharded_workers": os.path.join(_TESTS, "optim"),
 _context = None
 
 
+def report_errors(fn):
+    """A worker function that reports its exception to the test as ``("error", rank, text)``.
+
+    The workers' last argument is the result queue; it is flushed and closed however the
+    worker ends, so the test reads every message a dead worker sent.
+    """
+    @wraps(fn)  # the qualified name is what pickle sends to a child
+    def wrapped(rank, world, *args):
+        q = args[-1]
+        try:
+            fn(rank, world, *args)
+        except BaseException:
+            q.put(("error", rank, traceback.format_exc()))
+            raise
+        finally:
+            q.close()
+            q.join_thread()
+
+    return wrapped
+
+
 def _forkserver():
     """The forkserver context, its server started with the worker modules imported."""
     global _context
@@ -56,7 +79,7 @@ def _forkserver():
         # cannot import without a word; it does inherit the environment, so the path goes
         # there, this repository first (the gpuml under test, not an installed one).
         old = os.environ.get("PYTHONPATH")
-        os.environ["PYTHONPATH"] = os.pathsep.join([*_WORKERS.values(), _ROOT]
+        os.environ["PYTHONPATH"] = os.pathsep.join([*_WORKERS.values(), _TESTS, _ROOT]
                                                    + ([old] if old else []))
         try:
             multiprocessing.forkserver.ensure_running()

@@ -158,7 +158,14 @@ def test_bad_input_is_refused_before_work(client, classification, regression):
     ybig = da.random.random(12_000, chunks=3000)
     with pytest.raises(MemoryError, match=r"n_partitions>=\d+"):
         BKRRRegressor(n_partitions=1).fit(Xbig, ybig)
-    fitted = BKRRRegressor(sigma=2.0, n_partitions=2).fit(*_dask(*regression))
+    Xr, yr = _dask(*regression)
+    with pytest.raises(ValueError, match="sample_weight is not supported on Dask input"):
+        BKRRRegressor(n_partitions=2).fit(Xr, yr, sample_weight=np.ones(len(regression[1])))
+    with pytest.raises(ValueError, match="precomputed.+does not run on Dask input"):
+        BKRRRegressor(kernel="precomputed", n_partitions=1).fit(Xr, yr)
+    with pytest.raises(ValueError, match="probability=True does not run on Dask input"):
+        CASVMClassifier(probability=True).fit(Xd, yd)
+    fitted = BKRRRegressor(sigma=2.0, n_partitions=2).fit(Xr, yr)
     with pytest.raises(ValueError, match="features"):
         fitted.predict(da.zeros((10, 3), chunks=5))
 

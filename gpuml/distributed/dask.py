@@ -878,10 +878,16 @@ def fit_casvm(estimator, X, y, sample_weight=None):
     return estimator
 
 
-def fit_bkrr(estimator, X, y):
+def fit_bkrr(estimator, X, y, sample_weight=None):
     """``BKRRRegressor.fit`` on Dask input (see the module notes); returns the estimator."""
     from ..estimators.bkrr import _n_partitions
 
+    if sample_weight is not None:
+        raise ValueError("sample_weight is not supported on Dask input for BKRRRegressor yet: "
+                         "fit on in-memory data, or without weights")
+    if estimator.kernel == "precomputed":
+        raise ValueError("kernel='precomputed' does not run on Dask input: partitioning and "
+                         "routing need the samples' features")
     if estimator.devices is not None:
         raise ValueError("devices= is for several devices of one process; on Dask each worker "
                          "fits its parts on its own device: leave devices=None")

@@ -664,7 +664,7 @@ class BKRRRegressor(_BKRRBase):
         """
         self._validate_params()
         if is_dask_collection(X) or is_dask_collection(y):
-            return dask_module().fit_bkrr(self, X, y)
+            return dask_module().fit_bkrr(self, X, y, sample_weight)
         group = device_group(self)
         # A refit invalidates the device copies of the previous model's arrays.
         for name in ("devices_", "part_device_", "part_worker_", "_device_cache"):

@@ -558,17 +558,6 @@ class CASVMClassifier(KernelSVMMixin, ClassifierMixin, BaseEstimator):
         return [np.flatnonzero(self.support_part_ == p)
                 for p in range(self.part_intercept_.shape[0])]
 
-    def _check_predict_input(self, X):
-        """SVC's checks before prediction; returns the matrix the model is evaluated on."""
-        check_is_fitted(self)
-        if callable(self.kernel):
-            X = self._callable_gram(X)
-        elif (sp.issparse(X) or hasattr(X, "tocsr")) and not self._sparse:
-            # As SVC, whose LIBSVM has separate dense and sparse models.
-            raise ValueError(f"cannot use sparse input in {type(self).__name__!r} trained on "
-                             "dense data")
-        return X
-
     def _ovo_values(self, X):
         """Pairwise decision values of every row, each from the model of its part (Alg 5)."""
         X = self._check_predict_input(X)

@@ -5,11 +5,9 @@ Each takes ``(rank, world_size, ..., queue)`` and reports on ``queue``; every fa
 reported too, as ``("error", rank, text)``.
 """
 
-import functools
 import os
 import signal
 import time
-import traceback
 from datetime import timedelta
 
 import torch
@@ -21,6 +19,7 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 import torch.distributed as dist  # noqa: E402
+from _procs import report_errors  # noqa: E402
 from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 
 import gpuml.optim  # noqa: E402, F401  (preloaded once in the forkserver, not in every child)
@@ -31,20 +30,6 @@ torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.1)
 IN, HIDDEN, OUT, BATCH = 8, 13, 3, 24
 
 
-def report_errors(fn):
-    @functools.wraps(fn)  # the qualified name is what pickle sends to a child
-    def wrapped(rank, world, *args):
-        q = args[-1]
-        try:
-            fn(rank, world, *args)
-        except BaseException:
-            q.put(("error", rank, traceback.format_exc()))
-            raise
-        finally:
-            q.close()
-            q.join_thread()
-
-    return wrapped
 
 
 def init_gloo(rank, world, port, timeout_s=30):

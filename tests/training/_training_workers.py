@@ -4,15 +4,14 @@ Each takes ``(rank, world_size, ..., queue)`` and reports on ``queue``; every fa
 reported too, as ``("error", rank, text)``, so the parent shows what went wrong in a child.
 """
 
-import functools
 import os
 import signal
 import time
-import traceback
 from datetime import timedelta
 
 import torch
 import torch.distributed as dist
+from _procs import report_errors
 
 import gpuml.training  # noqa: F401  (preloaded once in the forkserver, not in every child)
 
@@ -21,20 +20,6 @@ import gpuml.training  # noqa: F401  (preloaded once in the forkserver, not in e
 torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.1)
 
 
-def _report_errors(fn):
-    @functools.wraps(fn)  # the qualified name is what pickle sends to a spawned child
-    def wrapped(rank, world, *args):
-        q = args[-1]
-        try:
-            fn(rank, world, *args)
-        except BaseException:
-            q.put(("error", rank, traceback.format_exc()))
-            raise
-        finally:
-            q.close()
-            q.join_thread()
-
-    return wrapped
 
 
 def _init_gloo(rank, world, port, timeout_s):
@@ -56,7 +41,7 @@ def _local_step(model, opt, gen):
     opt.step()
 
 
-@_report_errors
+@report_errors
 def households_schedule(rank, world, port, steps, q):
     """Train a replica per rank; report its parameters before and after every averaging call.
 
@@ -92,7 +77,7 @@ def households_schedule(rank, world, port, steps, q):
     dist.destroy_process_group()
 
 
-@_report_errors
+@report_errors
 def households_failing(rank, world, port, timeout_s, how, bad_rank, bad_step, q):
     """H=2 (L_H=1, L_W=4); at step ``bad_step`` rank ``bad_rank`` kills itself
     (``how="kill"``) or stops answering (``how="hang"``); the others report the error they
@@ -141,7 +126,7 @@ def mse(model, x, y):
     return torch.nn.functional.mse_loss(model(x), y)
 
 
-@_report_errors
+@report_errors
 def downpour(rank, world, port, settings, q):
     """Rank 0 serves the parameters, ranks 1.. are workers on disjoint halves of the data.
 
