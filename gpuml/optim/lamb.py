@@ -98,6 +98,10 @@ class LAMB(C.LayerwiseOptimizer):
     foreach, fused : bool or None
         Implementation: default fused (Triton) on CUDA tensors, foreach otherwise;
         ``foreach=False`` gives the for-loop reference.
+        float64 parameters are updated in float64 (state too, as torch.optim does) by the
+        loop and foreach paths; the fused kernels compute in float32, so the default picks
+        foreach for a group with a float64 parameter and ``fused=True`` refuses it with a
+        ``TypeError``.
 
     Notes
     -----
@@ -169,7 +173,7 @@ class LAMB(C.LayerwiseOptimizer):
         _validate(group)
 
     def _new_state(self, group, state, p):
-        state["exp_avg"] = torch.zeros_like(p, dtype=torch.float32,
+        state["exp_avg"] = torch.zeros_like(p, dtype=C.compute_dtype(p),
                                             memory_format=torch.preserve_format)
         state["exp_avg_sq"] = torch.zeros_like(state["exp_avg"])
 
@@ -327,12 +331,13 @@ def _single_tensor_lamb(params, grads, exp_avgs, exp_avg_sqs, master_params, sta
     beta3 = 1.0 - beta1 if grad_averaging else 1.0
     ws, updates = [], []
     for i, p in enumerate(params):
-        g = grads[i].float()
+        g = C.widen(grads[i])
         if coef is not None:
             g = g * coef
         m, v, step = exp_avgs[i], exp_avg_sqs[i], state_steps[i]
         step += 1
-        t = step if capturable else C.step_value(step)
+        # the coefficients in the moments' dtype (a float32 step would round float64's)
+        t = step.to(m.dtype) if capturable else C.step_value(step)
         m.mul_(beta1).add_(g, alpha=beta3)
         v.mul_(beta2).addcmul_(g, g, value=1.0 - beta2)
         a_m, a_g, a_v, a_g2 = lamb_coefficients(t, beta1, beta2, beta3, bias_correction, variant)
@@ -371,7 +376,7 @@ def _multi_tensor_lamb(params, grads, exp_avgs, exp_avg_sqs, master_params, stat
         else None
     coef = C.scaled_step_coefficient(grad_scale, clip)
     beta3 = 1.0 - beta1 if grad_averaging else 1.0
-    gs = [g.float() for g in grads]
+    gs = [C.widen(g) for g in grads]
     if coef is not None:
         gs = torch._foreach_mul(gs, coef.to(device))
     torch._foreach_add_(state_steps, 1.0)
@@ -381,9 +386,11 @@ def _multi_tensor_lamb(params, grads, exp_avgs, exp_avg_sqs, master_params, stat
     torch._foreach_addcmul_(exp_avg_sqs, gs, gs, value=1.0 - beta2)
 
     if capturable:
-        t = torch.stack(state_steps)
+        # float64 coefficients when a moment is float64 (a float32 step would round them)
+        wide = torch.float64 in {m.dtype for m in exp_avgs}
+        t = torch.stack(state_steps).to(torch.float64 if wide else torch.float32)
         a_m, a_g, a_v, a_g2 = (
-            list(torch.as_tensor(c, dtype=torch.float32, device=device)
+            list(torch.as_tensor(c, dtype=t.dtype, device=device)
                  .expand(len(params)).unbind(0))
             for c in lamb_coefficients(t, beta1, beta2, beta3, bias_correction, variant))
     else:

@@ -82,7 +82,8 @@ class LARS(C.LayerwiseOptimizer):
     exclude_from_adaptation, exclude_from_weight_decay : bool or None, default None
         None excludes tensors with ``ndim <= 1``; True/False every/no tensor.
     master_weights, capturable, foreach, fused
-        As in :class:`gpuml.optim.LAMB`. The momentum buffer is fp32.
+        As in :class:`gpuml.optim.LAMB` (float64 parameters included: loop and foreach
+        paths only). The momentum buffer is fp32 (float64 for float64 parameters).
 
     Notes
     -----
@@ -151,7 +152,7 @@ class LARS(C.LayerwiseOptimizer):
 
     def _new_state(self, group, state, p):
         if group["momentum"] != 0 or group["mode"] == "normalized":
-            state["momentum_buffer"] = torch.zeros_like(p, dtype=torch.float32,
+            state["momentum_buffer"] = torch.zeros_like(p, dtype=C.compute_dtype(p),
                                                         memory_format=torch.preserve_format)
 
     def _update(self, plan, grad_scale, found_inf) -> None:
@@ -263,7 +264,7 @@ def _single_tensor_lars(params, grads, momentum_buffers, master_params, state_st
     normalized = mode == "normalized"
     gs, ws, wds = [], [], []
     for i, p in enumerate(params):
-        g = grads[i].float()
+        g = C.widen(grads[i])
         if coef is not None:
             g = g * coef
         step = state_steps[i]
@@ -283,7 +284,7 @@ def _single_tensor_lars(params, grads, momentum_buffers, master_params, state_st
                              torch.stack([torch.linalg.vector_norm(d) for d in ds])])
         w_norms, d_norms = yield from S.full_norms(norms, sharding)
     for i, (p, g, w, wd) in enumerate(zip(params, gs, ws, wds)):
-        ratio = torch.ones((), device=w.device)
+        ratio = torch.ones((), dtype=w.dtype, device=w.device)
         if adapt[i]:
             ratio = _lars_ratio(w_norms[i], d_norms[i], wd, trust_coefficient=trust_coefficient,
                                 eps=eps, lr=lr, clip=clip, trust_bounds=trust_bounds,
@@ -314,7 +315,7 @@ def _multi_tensor_lars(params, grads, momentum_buffers, master_params, state_ste
     device = params[0].device
     coef = C.scaled_step_coefficient(grad_scale, None)
     normalized = mode == "normalized"
-    gs = [g.float() for g in grads]
+    gs = [C.widen(g) for g in grads]
     if coef is not None:
         gs = torch._foreach_mul(gs, coef.to(device))
     torch._foreach_add_(state_steps, 1.0)
@@ -326,8 +327,11 @@ def _multi_tensor_lars(params, grads, momentum_buffers, master_params, state_ste
                                                 alpha=weight_decay)):
             ds[i] = t
     decayed = set(dec)
+    # the norms' dtype: float64 when a tensor is float64 (a float32 weight decay or ratio
+    # would round its update)
+    dtype = torch.float64 if torch.float64 in {w.dtype for w in ws} else torch.float32
     wd_vec = C.device_constant([weight_decay if i in decayed else 0.0 for i in range(len(params))],
-                               torch.float32, device)
+                               dtype, device)
     adapt_mask = C.device_constant(adapt, torch.bool, device)
     kw = dict(trust_coefficient=trust_coefficient, eps=eps, lr=lr, clip=clip,
               trust_bounds=trust_bounds)
@@ -335,7 +339,7 @@ def _multi_tensor_lars(params, grads, momentum_buffers, master_params, state_ste
     if normalized:
         torch._foreach_mul_(momentum_buffers, momentum)
         torch._foreach_add_(momentum_buffers, ds, alpha=1.0 - momentum)
-        ratio = torch.ones(len(params), device=device)
+        ratio = torch.ones(len(params), dtype=dtype, device=device)
         if any(adapt):
             norms = torch.stack([torch.stack(torch._foreach_norm(ws)),
                                  torch.stack(torch._foreach_norm(momentum_buffers))])
@@ -345,7 +349,7 @@ def _multi_tensor_lars(params, grads, momentum_buffers, master_params, state_ste
         torch._foreach_add_(ws, torch._foreach_mul(momentum_buffers,
                                                    list((ratio * neg_lr).unbind(0))))
     else:
-        ratio = torch.ones(len(params), device=device)
+        ratio = torch.ones(len(params), dtype=dtype, device=device)
         if any(adapt):
             norms = torch.stack([torch.stack(torch._foreach_norm(ws)),
                                  torch.stack(torch._foreach_norm(gs))])

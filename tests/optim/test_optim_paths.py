@@ -325,7 +325,8 @@ def test_fused_on_cpu_without_interpreter_is_a_clear_error(cls, monkeypatch):
 
 
 def test_unsupported_dtype_is_rejected():
-    p = torch.nn.Parameter(torch.ones(2, 2, dtype=torch.float64))
+    # float64 is supported (tests/optim/test_optim_conventions.py); complex is not
+    p = torch.nn.Parameter(torch.ones(2, 2, dtype=torch.complex64))
     p.grad = torch.ones_like(p)
     with pytest.raises(TypeError, match="float32"):
         LAMB([p]).step()
