@@ -449,9 +449,13 @@ class LayerwiseOptimizer(torch.optim.Optimizer):
     def __setstate__(self, state: dict) -> None:
         """Fill what an older or hand-made state dict lacks, as torch's optimizers do: the
         group options missing (this optimizer's defaults, e.g. ``foreach``, ``fused``,
-        ``capturable``) and a ``step`` saved as a number rather than a tensor."""
+        ``capturable``; ``maximize=False``, what such a state was saved with) and a
+        ``step`` saved as a number rather than a tensor."""
         super().__setstate__(state)
         for group in self.param_groups:
+            # a group saved before ``maximize`` existed minimised, whatever this optimizer's
+            # default (torch.optim fills False too)
+            group.setdefault("maximize", False)
             for key, value in self.defaults.items():
                 # torch's __setstate__ adds "differentiable" to the defaults: not an option
                 # of ours, so not put in the groups either

@@ -102,6 +102,9 @@ class LAMB(C.LayerwiseOptimizer):
         loop and foreach paths; the fused kernels compute in float32, so the default picks
         foreach for a group with a float64 parameter and ``fused=True`` refuses it with a
         ``TypeError``.
+    maximize : bool, default False
+        Maximise the objective: the gradient is negated before anything else (as in
+        torch.optim), on every path (a sign flag in the fused kernels).
 
     Notes
     -----
@@ -157,7 +160,7 @@ class LAMB(C.LayerwiseOptimizer):
                  exclude_from_adaptation: bool | None = None,
                  exclude_from_weight_decay: bool | None = None, master_weights: bool = False,
                  capturable: bool = False, foreach: bool | None = None,
-                 fused: bool | None = None):
+                 fused: bool | None = None, maximize: bool = False):
         defaults = dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay,
                         bias_correction=bias_correction, grad_averaging=grad_averaging,
                         max_grad_norm=max_grad_norm, trust_bounds=trust_bounds,
@@ -165,7 +168,7 @@ class LAMB(C.LayerwiseOptimizer):
                         variant=variant, exclude_from_adaptation=exclude_from_adaptation,
                         exclude_from_weight_decay=exclude_from_weight_decay,
                         master_weights=master_weights, capturable=capturable,
-                        foreach=foreach, fused=fused)
+                        foreach=foreach, fused=fused, maximize=maximize)
         _validate(defaults)
         super().__init__(params, defaults)
 
@@ -206,7 +209,8 @@ class LAMB(C.LayerwiseOptimizer):
         for group, view, grads in plan:
             beta1, beta2 = group["betas"]
             options = dict(
-                grad_scale=grad_scale, found_inf=found_inf, lr=group["lr"], beta1=beta1,
+                grad_scale=grad_scale, found_inf=found_inf, maximize=group["maximize"],
+                lr=group["lr"], beta1=beta1,
                 beta2=beta2, eps=group["eps"], weight_decay=group["weight_decay"],
                 bias_correction=group["bias_correction"], grad_averaging=group["grad_averaging"],
                 max_grad_norm=group["max_grad_norm"], trust_bounds=group["trust_bounds"],
@@ -278,7 +282,8 @@ def lamb(params: list[Tensor], grads: list[Tensor], exp_avgs: list[Tensor],
          fused: bool | None = None, lr: float | Tensor, beta1: float, beta2: float,
          eps: float, weight_decay: float, bias_correction: bool, grad_averaging: bool,
          max_grad_norm: float | None, trust_bounds: tuple[float, float],
-         eps_inside_sqrt: bool, variant: str, capturable: bool = False) -> None:
+         eps_inside_sqrt: bool, variant: str, capturable: bool = False,
+         maximize: bool = False) -> None:
     """Functional LAMB: see :class:`LAMB` for the update rule and the options.
 
     ``adapt[i]`` / ``decay[i]`` say whether tensor ``i`` gets the trust ratio and
@@ -308,7 +313,7 @@ def lamb(params: list[Tensor], grads: list[Tensor], exp_avgs: list[Tensor],
         weight_decay=weight_decay, bias_correction=bias_correction,
         grad_averaging=grad_averaging, max_grad_norm=max_grad_norm,
         trust_bounds=trust_bounds, eps_inside_sqrt=eps_inside_sqrt, variant=variant,
-        capturable=capturable, sharding=sharding)], reduction)
+        capturable=capturable, maximize=maximize, sharding=sharding)], reduction)
 
 
 def _trust_ratio(w_norm: Tensor, u_norm: Tensor, bounds: tuple[float, float]) -> Tensor:
@@ -320,7 +325,8 @@ def _trust_ratio(w_norm: Tensor, u_norm: Tensor, bounds: tuple[float, float]) ->
 def _single_tensor_lamb(params, grads, exp_avgs, exp_avg_sqs, master_params, state_steps, *,
                         adapt, decay, global_grad_norm, grad_scale, found_inf, lr, beta1, beta2,
                         eps, weight_decay, bias_correction, grad_averaging, max_grad_norm,
-                        trust_bounds, eps_inside_sqrt, variant, capturable, sharding=None):
+                        trust_bounds, eps_inside_sqrt, variant, capturable,
+                        maximize=False, sharding=None):
     # A generator, as the other two paths: it yields once when tensors are sharded (the
     # partial squared norms) and receives their sums over the ranks (_sharding.run_steps).
     if not params or C.skip_step(found_inf):
@@ -332,6 +338,8 @@ def _single_tensor_lamb(params, grads, exp_avgs, exp_avg_sqs, master_params, sta
     ws, updates = [], []
     for i, p in enumerate(params):
         g = C.widen(grads[i])
+        if maximize:  # before the scaling, as torch.optim negates the gradient first
+            g = -g
         if coef is not None:
             g = g * coef
         m, v, step = exp_avgs[i], exp_avg_sqs[i], state_steps[i]
@@ -368,7 +376,8 @@ def _single_tensor_lamb(params, grads, exp_avgs, exp_avg_sqs, master_params, sta
 def _multi_tensor_lamb(params, grads, exp_avgs, exp_avg_sqs, master_params, state_steps, *,
                        adapt, decay, global_grad_norm, grad_scale, found_inf, lr, beta1, beta2,
                        eps, weight_decay, bias_correction, grad_averaging, max_grad_norm,
-                       trust_bounds, eps_inside_sqrt, variant, capturable, sharding=None):
+                       trust_bounds, eps_inside_sqrt, variant, capturable,
+                       maximize=False, sharding=None):
     if not params or C.skip_step(found_inf):
         return
     device = params[0].device
@@ -377,6 +386,8 @@ def _multi_tensor_lamb(params, grads, exp_avgs, exp_avg_sqs, master_params, stat
     coef = C.scaled_step_coefficient(grad_scale, clip)
     beta3 = 1.0 - beta1 if grad_averaging else 1.0
     gs = [C.widen(g) for g in grads]
+    if maximize:
+        gs = torch._foreach_neg(gs)
     if coef is not None:
         gs = torch._foreach_mul(gs, coef.to(device))
     torch._foreach_add_(state_steps, 1.0)
@@ -439,7 +450,7 @@ def _multi_tensor_lamb(params, grads, exp_avgs, exp_avg_sqs, master_params, stat
 def _fused_lamb(params, grads, exp_avgs, exp_avg_sqs, master_params, state_steps, *,
                 adapt, decay, global_grad_norm, grad_scale, found_inf, lr, beta1, beta2,
                 eps, weight_decay, bias_correction, grad_averaging, max_grad_norm,
-                trust_bounds, eps_inside_sqrt, variant, capturable, sharding=None):
+                trust_bounds, eps_inside_sqrt, variant, capturable, maximize=False, sharding=None):
     if not params:
         return
     from gpuml.optim import _triton
@@ -457,4 +468,4 @@ def _fused_lamb(params, grads, exp_avgs, exp_avg_sqs, master_params, state_steps
         grad_scale=grad_scale, found_inf=found_inf, lr=lr, beta1=beta1, beta2=beta2, eps=eps,
         weight_decay=weight_decay, bias_correction=bias_correction,
         grad_averaging=grad_averaging, trust_bounds=trust_bounds,
-        eps_inside_sqrt=eps_inside_sqrt, variant=variant)
+        eps_inside_sqrt=eps_inside_sqrt, variant=variant, maximize=maximize)

@@ -84,6 +84,9 @@ class LARS(C.LayerwiseOptimizer):
     master_weights, capturable, foreach, fused
         As in :class:`gpuml.optim.LAMB` (float64 parameters included: loop and foreach
         paths only). The momentum buffer is fp32 (float64 for float64 parameters).
+    maximize : bool, default False
+        Maximise the objective (the gradient negated first, as in torch.optim), on every
+        path.
 
     Notes
     -----
@@ -135,7 +138,7 @@ class LARS(C.LayerwiseOptimizer):
                  always_adapt: bool = True, exclude_from_adaptation: bool | None = None,
                  exclude_from_weight_decay: bool | None = None, master_weights: bool = False,
                  capturable: bool = False, foreach: bool | None = None,
-                 fused: bool | None = None):
+                 fused: bool | None = None, maximize: bool = False):
         defaults = dict(lr=lr, momentum=momentum, dampening=dampening,
                         weight_decay=weight_decay, nesterov=nesterov,
                         trust_coefficient=trust_coefficient, eps=eps, clip=clip,
@@ -143,7 +146,7 @@ class LARS(C.LayerwiseOptimizer):
                         exclude_from_adaptation=exclude_from_adaptation,
                         exclude_from_weight_decay=exclude_from_weight_decay,
                         master_weights=master_weights, capturable=capturable,
-                        foreach=foreach, fused=fused)
+                        foreach=foreach, fused=fused, maximize=maximize)
         _validate(defaults)
         super().__init__(params, defaults)
 
@@ -163,7 +166,8 @@ class LARS(C.LayerwiseOptimizer):
         steps = []
         for group, view, grads in plan:
             options = dict(
-                grad_scale=grad_scale, found_inf=found_inf, lr=group["lr"],
+                grad_scale=grad_scale, found_inf=found_inf, maximize=group["maximize"],
+                lr=group["lr"],
                 momentum=group["momentum"], dampening=group["dampening"],
                 nesterov=group["nesterov"], weight_decay=group["weight_decay"],
                 trust_coefficient=group["trust_coefficient"], eps=group["eps"],
@@ -218,7 +222,8 @@ def lars(params: list[Tensor], grads: list[Tensor], momentum_buffers: list[Tenso
          foreach: bool | None = None, fused: bool | None = None, lr: float | Tensor,
          momentum: float, dampening: float, nesterov: bool, weight_decay: float,
          trust_coefficient: float, eps: float, clip: bool, trust_bounds: tuple[float, float],
-         mode: str, capturable: bool = False) -> None:
+         mode: str, capturable: bool = False,
+         maximize: bool = False) -> None:
     """Functional LARS: see :class:`LARS` for the update rule and the options.
 
     DTensor parameters (FSDP2) are updated through their local shards with the norms of the
@@ -237,7 +242,7 @@ def lars(params: list[Tensor], grads: list[Tensor], momentum_buffers: list[Tenso
         decay=decay, grad_scale=grad_scale, found_inf=found_inf, lr=lr, momentum=momentum,
         dampening=dampening, nesterov=nesterov, weight_decay=weight_decay,
         trust_coefficient=trust_coefficient, eps=eps, clip=clip, trust_bounds=trust_bounds,
-        mode=mode, capturable=capturable, sharding=sharding)],
+        mode=mode, capturable=capturable, maximize=maximize, sharding=sharding)],
         S.reduction_for([sharding], "lars"))
 
 
@@ -255,7 +260,7 @@ def _lars_ratio(w_norm, d_norm, wd, *, trust_coefficient, eps, lr, clip, trust_b
 def _single_tensor_lars(params, grads, momentum_buffers, master_params, state_steps, *, adapt,
                         decay, grad_scale, found_inf, lr, momentum, dampening, nesterov,
                         weight_decay, trust_coefficient, eps, clip, trust_bounds, mode,
-                        capturable, sharding=None):
+                        capturable, maximize=False, sharding=None):
     # A generator, as the other two paths: it yields once when tensors are sharded (the
     # partial squared norms) and receives their sums over the ranks (_sharding.run_steps).
     if not params or C.skip_step(found_inf):
@@ -265,6 +270,8 @@ def _single_tensor_lars(params, grads, momentum_buffers, master_params, state_st
     gs, ws, wds = [], [], []
     for i, p in enumerate(params):
         g = C.widen(grads[i])
+        if maximize:  # before the scaling, as torch.optim negates the gradient first
+            g = -g
         if coef is not None:
             g = g * coef
         step = state_steps[i]
@@ -309,13 +316,15 @@ def _single_tensor_lars(params, grads, momentum_buffers, master_params, state_st
 def _multi_tensor_lars(params, grads, momentum_buffers, master_params, state_steps, *, adapt,
                        decay, grad_scale, found_inf, lr, momentum, dampening, nesterov,
                        weight_decay, trust_coefficient, eps, clip, trust_bounds, mode,
-                       capturable, sharding=None):
+                       capturable, maximize=False, sharding=None):
     if not params or C.skip_step(found_inf):
         return
     device = params[0].device
     coef = C.scaled_step_coefficient(grad_scale, None)
     normalized = mode == "normalized"
     gs = [C.widen(g) for g in grads]
+    if maximize:
+        gs = torch._foreach_neg(gs)
     if coef is not None:
         gs = torch._foreach_mul(gs, coef.to(device))
     torch._foreach_add_(state_steps, 1.0)
@@ -387,7 +396,8 @@ def _multi_tensor_lars(params, grads, momentum_buffers, master_params, state_ste
 
 def _fused_lars(params, grads, momentum_buffers, master_params, state_steps, *, adapt, decay,
                 grad_scale, found_inf, lr, momentum, dampening, nesterov, weight_decay,
-                trust_coefficient, eps, clip, trust_bounds, mode, capturable, sharding=None):
+                trust_coefficient, eps, clip, trust_bounds, mode, capturable,
+                maximize=False, sharding=None):
     if not params:
         return
     from gpuml.optim import _triton
@@ -400,4 +410,4 @@ def _fused_lars(params, grads, momentum_buffers, master_params, state_steps, *, 
         prep, grad_scale=grad_scale, found_inf=found_inf, lr=lr, momentum=momentum,
         dampening=dampening, nesterov=nesterov, weight_decay=weight_decay,
         trust_coefficient=trust_coefficient, eps=eps, clip=clip, trust_bounds=trust_bounds,
-        mode=mode)
+        mode=mode, maximize=maximize)

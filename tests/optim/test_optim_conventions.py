@@ -5,13 +5,17 @@ outcome: what a user swapping ``AdamW`` for ``LAMB`` relies on.
 """
 
 import ast
+import os
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
-from gpuml.optim import LAMB, LARS
+if not torch.cuda.is_available():  # the fused path in the Triton interpreter, as elsewhere
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+from gpuml.optim import LAMB, LARS  # noqa: E402
 
 OPTIM = Path(__file__).resolve().parents[2] / "gpuml" / "optim"
 OPTIMIZERS = {"AdamW": lambda ps, **kw: torch.optim.AdamW(ps, **kw),
@@ -279,3 +283,78 @@ def test_float64_state_dict_round_trip_keeps_float64(cls):
         resumed.step()
     for a, b in zip(ps, ps_ref):
         torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
+# ---- maximize ----------------------------------------------------------------------------
+
+def _max_run(cls, impl, maximize, steps=4, device="cpu", **kw):
+    """``steps`` steps on f (maximize=True) or on -f (maximize=False): the gradients of -f are
+    the negated gradients of f, exactly."""
+    ps = [torch.nn.Parameter(p.detach().to(device)) for p in _params()]
+    opt = cls(ps, maximize=maximize, **impl, **kw)
+    for k in range(steps):
+        g = torch.Generator().manual_seed(100 + k)
+        for p in ps:
+            grad = torch.randn(p.shape, generator=g).to(device)
+            p.grad = grad if maximize else -grad
+        opt.step()
+    return ps, opt
+
+
+@pytest.mark.parametrize("name", list(OPTIMIZERS))
+def test_maximize_is_an_option_with_default_false(name):
+    opt = OPTIMIZERS[name](_params(), lr=0.01)
+    assert opt.defaults["maximize"] is False
+    assert opt.param_groups[0]["maximize"] is False
+
+
+MAX_IMPLS = {"loop": dict(foreach=False), "foreach": dict(foreach=True),
+             "fused": dict(fused=True)}
+
+
+@pytest.mark.parametrize("impl", list(MAX_IMPLS))
+@pytest.mark.parametrize("cls,kw", [
+    (LAMB, {}), (LAMB, {"max_grad_norm": None, "variant": "nnlamb"}),
+    (LARS, {"lr": 0.5}), (LARS, {"lr": 0.5, "mode": "normalized", "weight_decay": 0.01}),
+    (LARS, {"lr": 0.5, "nesterov": True, "weight_decay": 0.01})])
+def test_maximize_on_f_equals_minimizing_minus_f_bit_for_bit(cls, kw, impl):
+    """torch.optim's ``maximize=True`` negates the gradient: the same steps as minimising -f,
+    bit for bit on the CPU, on every path (the fused one in the Triton interpreter)."""
+    device = "cpu"
+    if impl == "fused":
+        pytest.importorskip("triton")
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    up, _ = _max_run(cls, MAX_IMPLS[impl], True, device=device, **kw)
+    down, _ = _max_run(cls, MAX_IMPLS[impl], False, device=device, **kw)
+    for a, b in zip(up, down):
+        assert torch.equal(a, b)
+    # and it is not a no-op: maximising f moves away from where minimising f goes
+    ps = [torch.nn.Parameter(p.detach().to(device)) for p in _params()]
+    opt = cls(ps, **MAX_IMPLS[impl], **kw)
+    for k in range(4):
+        g = torch.Generator().manual_seed(100 + k)
+        for p in ps:
+            p.grad = torch.randn(p.shape, generator=g).to(device)
+        opt.step()
+    assert not all(torch.equal(a, b) for a, b in zip(up, ps))
+
+
+@pytest.mark.parametrize("cls", [LAMB, LARS])
+def test_state_dict_from_before_maximize_gets_the_default(cls):
+    """A state dict saved before ``maximize`` existed loads with ``maximize=False`` (filled in
+    ``__setstate__``, as torch.optim does) and resumes as the uninterrupted run."""
+    ps_ref = _params()
+    ref = cls(ps_ref, lr=0.01)
+    _train(ref, ps_ref, 4)
+    ps = _params()
+    opt = cls(ps, lr=0.01)
+    _train(opt, ps, 2)
+    sd = opt.state_dict()
+    for group in sd["param_groups"]:
+        del group["maximize"]
+    resumed = cls(ps, lr=0.01, maximize=True)
+    resumed.load_state_dict(sd)
+    assert [g["maximize"] for g in resumed.param_groups] == [False]
+    _train(resumed, ps, 2, start=2)
+    for a, b in zip(ps, ps_ref):
+        assert torch.equal(a, b)
