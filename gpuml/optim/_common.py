@@ -24,6 +24,8 @@ _LOW_PRECISION = (torch.float16, torch.bfloat16)
 _SUPPORTED = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
 #: dtypes the update is computed in as they are (the others are computed in float32)
 _WIDE = (torch.float32, torch.float64)
+#: complex parameters are updated through torch.view_as_real, as torch.optim does
+_COMPLEX = (torch.complex64, torch.complex128)
 
 DEFAULT_EXCLUDE = ("bias", "norm", "ln", "bn")
 
@@ -82,18 +84,18 @@ def resolve_impl(params: Sequence[Tensor], foreach: bool | None, fused: bool | N
         raise ValueError("fused=True and foreach=True are mutually exclusive")
     # the Triton kernels compute in float32: float64 parameters take the foreach path by
     # default and are refused when the fused path is asked for explicitly
-    wide = any(p.dtype == torch.float64 for p in params)
+    wide = next((p.dtype for p in params if p.dtype == torch.float64 or p.is_complex()), None)
     if fused:
-        if wide:
-            raise TypeError("fused=True computes in float32 and does not take float64 "
-                            "parameters (got torch.float64); use foreach=True (the default "
-                            "on float64) or foreach=False")
+        if wide is not None:
+            raise TypeError(f"fused=True computes in float32 on real tensors and does not take "
+                            f"{wide} parameters; use foreach=True (the default on float64 and "
+                            f"complex parameters) or foreach=False")
         return "fused"
     if foreach is False:
         return "loop"
     if foreach:
         return "foreach"
-    if (fused is None and params and not wide and all(map(_is_cuda, params))
+    if (fused is None and params and wide is None and all(map(_is_cuda, params))
             and triton_available()):
         grads = list(map(_grad, params)) if grads is None else grads
         if all(p.is_contiguous() and g.is_contiguous() or dense_layout(p, g)
@@ -122,9 +124,9 @@ def check_group_tensors(params: Sequence[Tensor]) -> list[Tensor]:
         raise RuntimeError("LAMB/LARS do not support sparse gradients "
                            "(layer-wise norms need dense tensors); use torch.optim.SparseAdam")
     for dtype in set(map(_dtype, with_grad)):
-        if dtype not in _SUPPORTED:
-            raise TypeError(f"parameters must be float32, float64, float16 or bfloat16, "
-                            f"got {dtype}")
+        if dtype not in _SUPPORTED and dtype not in _COMPLEX:
+            raise TypeError(f"parameters must be float32, float64, float16, bfloat16, "
+                            f"complex64 or complex128, got {dtype}")
     devices = set(map(_device, with_grad))
     if len(devices) > 1:
         raise ValueError(f"parameters of one param group live on several devices "
@@ -135,8 +137,17 @@ def check_group_tensors(params: Sequence[Tensor]) -> list[Tensor]:
 
 def compute_dtype(t: Tensor) -> torch.dtype:
     """The dtype a tensor's update and state are computed in: float64 for float64 tensors
-    (as torch.optim keeps the state in the parameter's dtype), float32 otherwise."""
-    return t.dtype if t.dtype in _WIDE else torch.float32
+    and complex ones for complex tensors (as torch.optim keeps the state in the parameter's
+    dtype), float32 otherwise."""
+    return t.dtype if t.dtype in _WIDE or t.dtype in _COMPLEX else torch.float32
+
+
+def as_real(tensors: Sequence) -> list:
+    """``torch.view_as_real`` of the complex tensors (others, and None, as they are): the
+    update of a complex parameter is that of its real and imaginary parts as one real
+    tensor, as torch.optim does; norms of the view are the complex norms."""
+    return [torch.view_as_real(t) if t is not None and t.is_complex() else t
+            for t in tensors]
 
 
 def widen(t: Tensor) -> Tensor:
@@ -369,7 +380,7 @@ class GroupView:
 
     __slots__ = ("group", "options", "all_params", "has_grad", "impl", "params", "columns",
                  "masters", "steps", "adapt", "decay", "state_dicts", "checks", "prepared",
-                 "dtensors", "sharding")
+                 "dtensors", "sharding", "complex")
 
     def grads(self, group: dict) -> list[Tensor] | None:
         """The gradients of ``params`` when the view still holds, else None."""
@@ -386,6 +397,8 @@ class GroupView:
             grads = list(compress(grads, has))
         if self.dtensors:
             grads = S.local(grads)
+        if self.complex:
+            grads = as_real(grads)
         for key, column in self.checks:
             if not all(map(is_, map(dict.get, self.state_dicts, repeat(key)), column)):
                 return None
@@ -554,6 +567,10 @@ class LayerwiseOptimizer(torch.optim.Optimizer):
             columns = [S.local(c) for c in columns]
             masters = S.local(masters)
             S.check_local_shapes(params, *columns, masters)
+        view.complex = any(p.is_complex() for p in params)
+        if view.complex:  # the update runs on real views (the checks keep the originals)
+            params, grads, masters = as_real(params), as_real(grads), as_real(masters)
+            columns = [as_real(c) for c in columns]
         view.params, view.columns, view.masters, view.steps = params, columns, masters, steps
         view.adapt, view.decay = adapt, decay
         view.prepared = None

@@ -101,7 +101,9 @@ class LAMB(C.LayerwiseOptimizer):
         float64 parameters are updated in float64 (state too, as torch.optim does) by the
         loop and foreach paths; the fused kernels compute in float32, so the default picks
         foreach for a group with a float64 parameter and ``fused=True`` refuses it with a
-        ``TypeError``.
+        ``TypeError``. Complex parameters are updated as ``torch.view_as_real`` of them (as
+        torch.optim does; state complex, loop and foreach paths only, like float64); the
+        ``ndim <= 1`` exclusion rule looks at the complex tensor.
     maximize : bool, default False
         Maximise the objective: the gradient is negated before anything else (as in
         torch.optim), on every path (a sign flag in the fused kernels).
@@ -298,6 +300,9 @@ def lamb(params: list[Tensor], grads: list[Tensor], exp_avgs: list[Tensor],
         params, grads, exp_avgs, exp_avg_sqs, master_params = (
             S.local(x) for x in (params, grads, exp_avgs, exp_avg_sqs, master_params))
         S.check_local_shapes(params, exp_avgs, exp_avg_sqs, master_params)
+    if any(p.is_complex() for p in params):
+        params, grads, exp_avgs, exp_avg_sqs, master_params = (
+            C.as_real(x) for x in (params, grads, exp_avgs, exp_avg_sqs, master_params))
     reduction = S.reduction_for([sharding], "lamb")
     impl = C.resolve_impl(params, foreach, fused, grads)
     if max_grad_norm is not None and global_grad_norm is None and grads and impl != "fused":

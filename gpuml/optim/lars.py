@@ -234,6 +234,9 @@ def lars(params: list[Tensor], grads: list[Tensor], momentum_buffers: list[Tenso
         params, grads, momentum_buffers, master_params = (
             S.local(x) for x in (params, grads, momentum_buffers, master_params))
         S.check_local_shapes(params, momentum_buffers, master_params)
+    if any(p.is_complex() for p in params):
+        params, grads, momentum_buffers, master_params = (
+            C.as_real(x) for x in (params, grads, momentum_buffers, master_params))
     impl = C.resolve_impl(params, foreach, fused, grads)
     func = {"loop": _single_tensor_lars, "foreach": _multi_tensor_lars,
             "fused": _fused_lars}[impl]

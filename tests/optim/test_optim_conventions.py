@@ -358,3 +358,43 @@ def test_state_dict_from_before_maximize_gets_the_default(cls):
     _train(resumed, ps, 2, start=2)
     for a, b in zip(ps, ps_ref):
         assert torch.equal(a, b)
+
+
+# ---- complex parameters ------------------------------------------------------------------
+
+@pytest.mark.parametrize("dtype", [torch.complex64, torch.complex128])
+@pytest.mark.parametrize("impl", [dict(foreach=False), dict(foreach=True)])
+@pytest.mark.parametrize("name", list(OPTIMIZERS))
+def test_complex_parameters_step_as_their_real_views(name, impl, dtype):
+    """torch.optim updates a complex parameter as ``torch.view_as_real`` of it: the same steps
+    as a real parameter holding its real and imaginary parts (norms are the complex norms).
+    Exclusion from adaptation is off: it looks at ``ndim``, which the real view changes."""
+    kw = dict(lr=0.05, **impl)
+    if name != "AdamW":
+        kw.update(exclude_from_adaptation=False, exclude_from_weight_decay=False)
+    g = torch.Generator().manual_seed(0)
+    shapes = [(4, 3), (5,), (2, 3, 2)]
+    cs = [torch.nn.Parameter(torch.randn(s, dtype=dtype, generator=g)) for s in shapes]
+    rs = [torch.nn.Parameter(torch.view_as_real(c.detach()).clone()) for c in cs]
+    opt_c, opt_r = OPTIMIZERS[name](cs, **kw), OPTIMIZERS[name](rs, **kw)
+    for k in range(4):
+        g = torch.Generator().manual_seed(10 + k)
+        for c, r in zip(cs, rs):
+            c.grad = torch.randn(c.shape, dtype=dtype, generator=g)
+            r.grad = torch.view_as_real(c.grad).clone()
+        opt_c.step()
+        opt_r.step()
+    for c, r in zip(cs, rs):
+        assert c.dtype == dtype
+        torch.testing.assert_close(torch.view_as_real(c.detach()), r.detach(), rtol=0,
+                                   atol=1e-6 if dtype == torch.complex64 else 1e-12)
+    assert all(v.dtype == dtype for st in opt_c.state.values() for k, v in st.items()
+               if k != "step")
+
+
+@pytest.mark.parametrize("cls", [LAMB, LARS])
+def test_complex_on_the_fused_path_is_a_clear_error(cls):
+    p = torch.nn.Parameter(torch.randn(3, 3, dtype=torch.complex64))
+    p.grad = torch.randn_like(p)
+    with pytest.raises(TypeError, match="complex64.*foreach"):
+        cls([p], fused=True).step()
