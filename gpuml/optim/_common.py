@@ -21,7 +21,11 @@ from gpuml.optim._layout import dense_layout, interpreter_on, triton_available  
 __all__ = ["param_groups_by_name"]
 
 _LOW_PRECISION = (torch.float16, torch.bfloat16)
-_SUPPORTED = (torch.float32, torch.float16, torch.bfloat16)
+_SUPPORTED = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
+#: dtypes the update is computed in as they are (the others are computed in float32)
+_WIDE = (torch.float32, torch.float64)
+#: complex parameters are updated through torch.view_as_real, as torch.optim does
+_COMPLEX = (torch.complex64, torch.complex128)
 
 DEFAULT_EXCLUDE = ("bias", "norm", "ln", "bn")
 
@@ -78,13 +82,21 @@ def resolve_impl(params: Sequence[Tensor], foreach: bool | None, fused: bool | N
     """
     if fused and foreach:
         raise ValueError("fused=True and foreach=True are mutually exclusive")
+    # the Triton kernels compute in float32: float64 parameters take the foreach path by
+    # default and are refused when the fused path is asked for explicitly
+    wide = next((p.dtype for p in params if p.dtype == torch.float64 or p.is_complex()), None)
     if fused:
+        if wide is not None:
+            raise TypeError(f"fused=True computes in float32 on real tensors and does not take "
+                            f"{wide} parameters; use foreach=True (the default on float64 and "
+                            f"complex parameters) or foreach=False")
         return "fused"
     if foreach is False:
         return "loop"
     if foreach:
         return "foreach"
-    if fused is None and params and all(map(_is_cuda, params)) and triton_available():
+    if (fused is None and params and wide is None and all(map(_is_cuda, params))
+            and triton_available()):
         grads = list(map(_grad, params)) if grads is None else grads
         if all(p.is_contiguous() and g.is_contiguous() or dense_layout(p, g)
                for p, g in zip(params, grads)):
@@ -112,8 +124,9 @@ def check_group_tensors(params: Sequence[Tensor]) -> list[Tensor]:
         raise RuntimeError("LAMB/LARS do not support sparse gradients "
                            "(layer-wise norms need dense tensors); use torch.optim.SparseAdam")
     for dtype in set(map(_dtype, with_grad)):
-        if dtype not in _SUPPORTED:
-            raise TypeError(f"parameters must be float32, float16 or bfloat16, got {dtype}")
+        if dtype not in _SUPPORTED and dtype not in _COMPLEX:
+            raise TypeError(f"parameters must be float32, float64, float16, bfloat16, "
+                            f"complex64 or complex128, got {dtype}")
     devices = set(map(_device, with_grad))
     if len(devices) > 1:
         raise ValueError(f"parameters of one param group live on several devices "
@@ -122,11 +135,32 @@ def check_group_tensors(params: Sequence[Tensor]) -> list[Tensor]:
     return with_grad
 
 
+def compute_dtype(t: Tensor) -> torch.dtype:
+    """The dtype a tensor's update and state are computed in: float64 for float64 tensors
+    and complex ones for complex tensors (as torch.optim keeps the state in the parameter's
+    dtype), float32 otherwise."""
+    return t.dtype if t.dtype in _WIDE or t.dtype in _COMPLEX else torch.float32
+
+
+def as_real(tensors: Sequence) -> list:
+    """``torch.view_as_real`` of the complex tensors (others, and None, as they are): the
+    update of a complex parameter is that of its real and imaginary parts as one real
+    tensor, as torch.optim does; norms of the view are the complex norms."""
+    return [torch.view_as_real(t) if t is not None and t.is_complex() else t
+            for t in tensors]
+
+
+def widen(t: Tensor) -> Tensor:
+    """``t`` itself when float32 or float64, else its float32 copy (fp16/bf16 gradients)."""
+    return t if t.dtype in _WIDE else t.float()
+
+
 def compute_view(p: Tensor, master: Tensor | None) -> Tensor:
-    """The fp32 tensor the update is computed on: the master copy, or the parameter."""
+    """The tensor the update is computed on: the master copy, or the parameter (itself when
+    float32 or float64, else a float32 copy)."""
     if master is not None:
         return master
-    return p if p.dtype == torch.float32 else p.float()
+    return widen(p)
 
 
 def step_tensor(device: torch.device, on_device: bool) -> Tensor:
@@ -253,19 +287,22 @@ def global_grad_norm(parts: Sequence[tuple[Sequence[Tensor], S.Sharding | None]]
 
 
 def _per_tensor_norms(grads: Sequence[Tensor], impl: str) -> Tensor:
-    """The fp32 L2 norm of each gradient, in order, on the first gradient's device."""
+    """The L2 norm of each gradient, in order, on the first gradient's device: float32, or
+    float64 when any gradient is float64 (a float32 global norm would round the clipping
+    factor of float64 parameters)."""
     device = grads[0].device
+    dtype = torch.float64 if any(g.dtype == torch.float64 for g in grads) else torch.float32
     if impl != "foreach":
-        return torch.stack([torch.linalg.vector_norm(g.float()).to(device) for g in grads])
+        return torch.stack([torch.linalg.vector_norm(g, dtype=dtype).to(device)
+                            for g in grads])
     by_key: dict[tuple, list[int]] = {}
     for i, g in enumerate(grads):
         by_key.setdefault((g.device, g.dtype), []).append(i)
     if len(by_key) == 1:
-        return torch.stack(torch._foreach_norm(list(grads), 2, dtype=torch.float32))
+        return torch.stack(torch._foreach_norm(list(grads), 2, dtype=dtype))
     out: list = [None] * len(grads)
     for idx in by_key.values():
-        for i, n in zip(idx, torch._foreach_norm([grads[i] for i in idx], 2,
-                                                  dtype=torch.float32)):
+        for i, n in zip(idx, torch._foreach_norm([grads[i] for i in idx], 2, dtype=dtype)):
             out[i] = n.to(device)
     return torch.stack(out)
 
@@ -290,9 +327,9 @@ def clip_factor(norm: Tensor, max_grad_norm: float | None) -> Tensor | None:
 def fix_state_dtypes(optimizer: torch.optim.Optimizer, state_dict: dict, keys: Sequence[str]):
     """Undo ``Optimizer.load_state_dict``'s cast of fp32 state to a low-precision param dtype.
 
-    The moments and master weights stay fp32 whatever the parameter's dtype, so
-    they are taken from ``state_dict`` again, exactly, and only moved to the
-    parameter's device.
+    The moments and master weights stay fp32 whatever the parameter's dtype (float64 for
+    float64 parameters), so they are taken from ``state_dict`` again, exactly, and only
+    moved to the parameter's device.
     """
     saved_ids = [i for g in state_dict["param_groups"] for i in g["params"]]
     params = [p for g in optimizer.param_groups for p in g["params"]]
@@ -303,8 +340,8 @@ def fix_state_dtypes(optimizer: torch.optim.Optimizer, state_dict: dict, keys: S
         for k in keys:
             v = saved.get(k)
             if isinstance(v, Tensor):
-                optimizer.state[p][k] = v.detach().to(device=p.device, dtype=torch.float32,
-                                                      copy=True)
+                optimizer.state[p][k] = v.detach().to(device=p.device,
+                                                      dtype=compute_dtype(p), copy=True)
 
 
 def pinned_to_fused(name: str, kwargs: dict) -> dict:
@@ -343,7 +380,7 @@ class GroupView:
 
     __slots__ = ("group", "options", "all_params", "has_grad", "impl", "params", "columns",
                  "masters", "steps", "adapt", "decay", "state_dicts", "checks", "prepared",
-                 "dtensors", "sharding")
+                 "dtensors", "sharding", "complex")
 
     def grads(self, group: dict) -> list[Tensor] | None:
         """The gradients of ``params`` when the view still holds, else None."""
@@ -360,6 +397,8 @@ class GroupView:
             grads = list(compress(grads, has))
         if self.dtensors:
             grads = S.local(grads)
+        if self.complex:
+            grads = as_real(grads)
         for key, column in self.checks:
             if not all(map(is_, map(dict.get, self.state_dicts, repeat(key)), column)):
                 return None
@@ -423,9 +462,13 @@ class LayerwiseOptimizer(torch.optim.Optimizer):
     def __setstate__(self, state: dict) -> None:
         """Fill what an older or hand-made state dict lacks, as torch's optimizers do: the
         group options missing (this optimizer's defaults, e.g. ``foreach``, ``fused``,
-        ``capturable``) and a ``step`` saved as a number rather than a tensor."""
+        ``capturable``; ``maximize=False``, what such a state was saved with) and a
+        ``step`` saved as a number rather than a tensor."""
         super().__setstate__(state)
         for group in self.param_groups:
+            # a group saved before ``maximize`` existed minimised, whatever this optimizer's
+            # default (torch.optim fills False too)
+            group.setdefault("maximize", False)
             for key, value in self.defaults.items():
                 # torch's __setstate__ adds "differentiable" to the defaults: not an option
                 # of ours, so not put in the groups either
@@ -524,6 +567,10 @@ class LayerwiseOptimizer(torch.optim.Optimizer):
             columns = [S.local(c) for c in columns]
             masters = S.local(masters)
             S.check_local_shapes(params, *columns, masters)
+        view.complex = any(p.is_complex() for p in params)
+        if view.complex:  # the update runs on real views (the checks keep the originals)
+            params, grads, masters = as_real(params), as_real(grads), as_real(masters)
+            columns = [as_real(c) for c in columns]
         view.params, view.columns, view.masters, view.steps = params, columns, masters, steps
         view.adapt, view.decay = adapt, decay
         view.prepared = None

@@ -666,7 +666,8 @@ def _lamb_pass1(tab, chunks, partials, p_w, g_w, f_w, norm, gscale, found_inf, m
                 HAS_CLIP: tl.constexpr, HAS_SCALE: tl.constexpr, HAS_INF: tl.constexpr,
                 HAS_MASTER: tl.constexpr, BIAS_CORRECTION: tl.constexpr,
                 VARIANT: tl.constexpr, EPS_INSIDE: tl.constexpr, NCOL: tl.constexpr,
-                CHUNK: tl.constexpr, BLOCK: tl.constexpr, ALIGNED: tl.constexpr):
+                CHUNK: tl.constexpr, BLOCK: tl.constexpr, ALIGNED: tl.constexpr,
+                MAXIMIZE: tl.constexpr):
     row, slot, ci, live, start, full, end = _chunk(tab, chunks, found_inf, NCOL, CHUNK,
                                                    BLOCK, HAS_INF)
     g = _column(row, 1, g_w, ALIGNED)
@@ -680,6 +681,8 @@ def _lamb_pass1(tab, chunks, partials, p_w, g_w, f_w, norm, gscale, found_inf, m
     flags = tl.load(row + 9)
     wd = tl.where((flags & 2) != 0, weight_decay, 0.0)
     scale = _grad_coef(norm, max_norm, gscale, HAS_CLIP, HAS_SCALE)
+    if MAXIMIZE:  # -g * c equals g * -c exactly: the gradient negated, as torch.optim does
+        scale = -scale
     a_m, a_g, a_v, a_g2 = _lamb_coefs(t, beta1, beta2, beta3, lb1, lb2, omb2,
                                       BIAS_CORRECTION, VARIANT)
     acc_w = tl.zeros([BLOCK], dtype=tl.float32)
@@ -725,7 +728,8 @@ def _lamb_pass2(tab, chunks, partials, full_sq, p_w, g_w, f_w, norm, gscale, fou
                 LR_IS_PTR: tl.constexpr, BIAS_CORRECTION: tl.constexpr,
                 VARIANT: tl.constexpr, EPS_INSIDE: tl.constexpr, NCOL: tl.constexpr,
                 CHUNK: tl.constexpr, BLOCK: tl.constexpr, PBLOCK: tl.constexpr,
-                PARAM_BF16: tl.constexpr, ALIGNED: tl.constexpr, REDUCED: tl.constexpr):
+                PARAM_BF16: tl.constexpr, ALIGNED: tl.constexpr, REDUCED: tl.constexpr,
+                MAXIMIZE: tl.constexpr):
     row, slot, ci, live, start, full, end = _chunk(tab, chunks, found_inf, NCOL, CHUNK,
                                                    BLOCK, HAS_INF)
     p = _column(row, 0, p_w, ALIGNED)
@@ -740,6 +744,8 @@ def _lamb_pass2(tab, chunks, partials, full_sq, p_w, g_w, f_w, norm, gscale, fou
     flags = tl.load(row + 9)
     wd = tl.where((flags & 2) != 0, weight_decay, 0.0)
     scale = _grad_coef(norm, max_norm, gscale, HAS_CLIP, HAS_SCALE)
+    if MAXIMIZE:  # -g * c equals g * -c exactly: the gradient negated, as torch.optim does
+        scale = -scale
     a_m, a_g, a_v, a_g2 = _lamb_coefs(t, beta1, beta2, beta3, lb1, lb2, omb2,
                                       BIAS_CORRECTION, VARIANT)
     w_norm, u_norm = _tensor_norms(row, chunks, partials, full_sq, PBLOCK, REDUCED)
@@ -783,7 +789,8 @@ def _split_sums(summed: Tensor, buckets: list[Bucket]) -> list[Tensor]:
 def lamb_passes(prep: Prepared, *, global_grad_norm: Tensor | None,
                 max_grad_norm: float | None, grad_scale: Tensor | None,
                 found_inf: Tensor | None, lr, beta1, beta2, eps, weight_decay,
-                bias_correction, grad_averaging, trust_bounds, eps_inside_sqrt, variant):
+                bias_correction, grad_averaging, trust_bounds, eps_inside_sqrt, variant,
+                maximize=False):
     """The two passes of a fused LAMB step over prepared tensors (``step`` included).
 
     A generator (driven by :func:`gpuml.optim._sharding.run_steps`): buckets of local tensors
@@ -811,7 +818,7 @@ def lamb_passes(prep: Prepared, *, global_grad_norm: Tensor | None,
                           HAS_INF=found_inf is not None, HAS_MASTER=b.has_master,
                           BIAS_CORRECTION=bool(bias_correction), VARIANT=var,
                           EPS_INSIDE=bool(eps_inside_sqrt), NCOL=NCOL, CHUNK=prep.chunk,
-                          BLOCK=prep.block)
+                          BLOCK=prep.block, MAXIMIZE=bool(maximize))
             for chunks, n, aligned in tables.launches:
                 _lamb_pass1[(n,)](tables.tensors, chunks, tables.scratch, p_w, g_w, f_w, norm,
                                   scale, inf, max_norm, beta1, beta2, beta3, *logs, eps,
@@ -850,7 +857,7 @@ def lamb_step(params, grads, exp_avgs, exp_avg_sqs, master_params, state_steps, 
               decay, global_grad_norm, max_grad_norm, grad_scale, found_inf, lr, beta1, beta2,
               eps, weight_decay, bias_correction, grad_averaging, trust_bounds,
               eps_inside_sqrt, variant, chunk: int | None = None,
-              block: int | None = None) -> None:
+              block: int | None = None, maximize: bool = False) -> None:
     """One fused LAMB step over local tensors (see :func:`gpuml.optim.lamb`, which also
     takes sharded ones); tensors may span devices.
 
@@ -868,7 +875,7 @@ def lamb_step(params, grads, exp_avgs, exp_avg_sqs, master_params, state_steps, 
                          beta2=beta2, eps=eps, weight_decay=weight_decay,
                          bias_correction=bias_correction, grad_averaging=grad_averaging,
                          trust_bounds=trust_bounds, eps_inside_sqrt=eps_inside_sqrt,
-                         variant=variant):
+                         variant=variant, maximize=maximize):
         raise AssertionError("no bucket of local tensors waits for a reduction")
 
 
@@ -892,7 +899,8 @@ def _lars_norms(g, buf, w, idx, mask, scale, momentum, wd, NORMALIZED: tl.conste
 def _lars_pass1(tab, chunks, partials, p_w, g_w, f_w, gscale, found_inf, momentum,
                 weight_decay, HAS_SCALE: tl.constexpr, HAS_INF: tl.constexpr,
                 HAS_MASTER: tl.constexpr, NORMALIZED: tl.constexpr, NCOL: tl.constexpr,
-                CHUNK: tl.constexpr, BLOCK: tl.constexpr, ALIGNED: tl.constexpr):
+                CHUNK: tl.constexpr, BLOCK: tl.constexpr, ALIGNED: tl.constexpr,
+                MAXIMIZE: tl.constexpr):
     row, slot, ci, live, start, full, end = _chunk(tab, chunks, found_inf, NCOL, CHUNK,
                                                    BLOCK, HAS_INF)
     g = _column(row, 1, g_w, ALIGNED)
@@ -905,6 +913,8 @@ def _lars_pass1(tab, chunks, partials, p_w, g_w, f_w, gscale, found_inf, momentu
     flags = tl.load(row + 9)
     wd = tl.where((flags & 2) != 0, weight_decay, 0.0)
     scale = _grad_coef(gscale, 1.0, gscale, False, HAS_SCALE)
+    if MAXIMIZE:
+        scale = -scale
     acc_w = tl.zeros([BLOCK], dtype=tl.float32)
     acc_d = tl.zeros([BLOCK], dtype=tl.float32)
     for off in range(start, full, BLOCK):
@@ -956,7 +966,7 @@ def _lars_pass2(tab, chunks, partials, full_sq, p_w, g_w, f_w, gscale, found_inf
                 HAS_MOMENTUM: tl.constexpr, NESTEROV: tl.constexpr, CLIP: tl.constexpr,
                 NCOL: tl.constexpr, CHUNK: tl.constexpr, BLOCK: tl.constexpr,
                 PBLOCK: tl.constexpr, PARAM_BF16: tl.constexpr, ALIGNED: tl.constexpr,
-                REDUCED: tl.constexpr):
+                REDUCED: tl.constexpr, MAXIMIZE: tl.constexpr):
     row, slot, ci, live, start, full, end = _chunk(tab, chunks, found_inf, NCOL, CHUNK,
                                                    BLOCK, HAS_INF)
     p = _column(row, 0, p_w, ALIGNED)
@@ -970,6 +980,8 @@ def _lars_pass2(tab, chunks, partials, full_sq, p_w, g_w, f_w, gscale, found_inf
     flags = tl.load(row + 9)
     wd = tl.where((flags & 2) != 0, weight_decay, 0.0)
     scale = _grad_coef(gscale, 1.0, gscale, False, HAS_SCALE)
+    if MAXIMIZE:
+        scale = -scale
     lr = _load_scalar(lr_ptr, lr_val, LR_IS_PTR)
     w_norm, d_norm = _tensor_norms(row, chunks, partials, full_sq, PBLOCK, REDUCED)
     ok = (w_norm > 0) & (d_norm > 0)
@@ -994,7 +1006,7 @@ def _lars_pass2(tab, chunks, partials, full_sq, p_w, g_w, f_w, gscale, found_inf
 
 def lars_passes(prep: Prepared, *, grad_scale: Tensor | None, found_inf: Tensor | None, lr,
                 momentum, dampening, nesterov, weight_decay, trust_coefficient, eps, clip,
-                trust_bounds, mode):
+                trust_bounds, mode, maximize=False):
     """The two passes of a fused LARS step over prepared tensors (``step`` included); a
     generator that yields the per-tensor sums of squares (weight, gradient or momentum) of
     sharded buckets between their passes, as :func:`lamb_passes`."""
@@ -1012,7 +1024,7 @@ def lars_passes(prep: Prepared, *, grad_scale: Tensor | None, found_inf: Tensor 
             f_w = _dummy(device)
             common = dict(HAS_SCALE=grad_scale is not None, HAS_INF=found_inf is not None,
                           HAS_MASTER=b.has_master, NORMALIZED=normalized, NCOL=NCOL,
-                          CHUNK=prep.chunk, BLOCK=prep.block)
+                          CHUNK=prep.chunk, BLOCK=prep.block, MAXIMIZE=bool(maximize))
             for chunks, n, aligned in tables.launches:
                 _lars_pass1[(n,)](tables.tensors, chunks, tables.scratch, p_w, g_w, f_w, scale,
                                   inf, momentum, weight_decay, ALIGNED=aligned, **common)
@@ -1049,7 +1061,7 @@ def lars_passes(prep: Prepared, *, grad_scale: Tensor | None, found_inf: Tensor 
 def lars_step(params, grads, momentum_buffers, master_params, state_steps, *, adapt, decay,
               grad_scale, found_inf, lr, momentum, dampening, nesterov, weight_decay,
               trust_coefficient, eps, clip, trust_bounds, mode, chunk: int | None = None,
-              block: int | None = None) -> None:
+              block: int | None = None, maximize: bool = False) -> None:
     """One fused LARS step over local tensors (see :func:`gpuml.optim.lars`, which also takes
     sharded ones); tensors may span devices."""
     prep = prepare("lars", params, grads, (momentum_buffers, None), master_params, state_steps,
@@ -1057,5 +1069,6 @@ def lars_step(params, grads, momentum_buffers, master_params, state_steps, *, ad
     for _ in lars_passes(prep, grad_scale=grad_scale, found_inf=found_inf, lr=lr,
                          momentum=momentum, dampening=dampening, nesterov=nesterov,
                          weight_decay=weight_decay, trust_coefficient=trust_coefficient,
-                         eps=eps, clip=clip, trust_bounds=trust_bounds, mode=mode):
+                         eps=eps, clip=clip, trust_bounds=trust_bounds, mode=mode,
+                         maximize=maximize):
         raise AssertionError("no bucket of local tensors waits for a reduction")

@@ -98,6 +98,15 @@ class LAMB(C.LayerwiseOptimizer):
     foreach, fused : bool or None
         Implementation: default fused (Triton) on CUDA tensors, foreach otherwise;
         ``foreach=False`` gives the for-loop reference.
+        float64 parameters are updated in float64 (state too, as torch.optim does) by the
+        loop and foreach paths; the fused kernels compute in float32, so the default picks
+        foreach for a group with a float64 parameter and ``fused=True`` refuses it with a
+        ``TypeError``. Complex parameters are updated as ``torch.view_as_real`` of them (as
+        torch.optim does; state complex, loop and foreach paths only, like float64); the
+        ``ndim <= 1`` exclusion rule looks at the complex tensor.
+    maximize : bool, default False
+        Maximise the objective: the gradient is negated before anything else (as in
+        torch.optim), on every path (a sign flag in the fused kernels).
 
     Notes
     -----
@@ -153,7 +162,7 @@ class LAMB(C.LayerwiseOptimizer):
                  exclude_from_adaptation: bool | None = None,
                  exclude_from_weight_decay: bool | None = None, master_weights: bool = False,
                  capturable: bool = False, foreach: bool | None = None,
-                 fused: bool | None = None):
+                 fused: bool | None = None, maximize: bool = False):
         defaults = dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay,
                         bias_correction=bias_correction, grad_averaging=grad_averaging,
                         max_grad_norm=max_grad_norm, trust_bounds=trust_bounds,
@@ -161,7 +170,7 @@ class LAMB(C.LayerwiseOptimizer):
                         variant=variant, exclude_from_adaptation=exclude_from_adaptation,
                         exclude_from_weight_decay=exclude_from_weight_decay,
                         master_weights=master_weights, capturable=capturable,
-                        foreach=foreach, fused=fused)
+                        foreach=foreach, fused=fused, maximize=maximize)
         _validate(defaults)
         super().__init__(params, defaults)
 
@@ -169,7 +178,7 @@ class LAMB(C.LayerwiseOptimizer):
         _validate(group)
 
     def _new_state(self, group, state, p):
-        state["exp_avg"] = torch.zeros_like(p, dtype=torch.float32,
+        state["exp_avg"] = torch.zeros_like(p, dtype=C.compute_dtype(p),
                                             memory_format=torch.preserve_format)
         state["exp_avg_sq"] = torch.zeros_like(state["exp_avg"])
 
@@ -202,7 +211,8 @@ class LAMB(C.LayerwiseOptimizer):
         for group, view, grads in plan:
             beta1, beta2 = group["betas"]
             options = dict(
-                grad_scale=grad_scale, found_inf=found_inf, lr=group["lr"], beta1=beta1,
+                grad_scale=grad_scale, found_inf=found_inf, maximize=group["maximize"],
+                lr=group["lr"], beta1=beta1,
                 beta2=beta2, eps=group["eps"], weight_decay=group["weight_decay"],
                 bias_correction=group["bias_correction"], grad_averaging=group["grad_averaging"],
                 max_grad_norm=group["max_grad_norm"], trust_bounds=group["trust_bounds"],
@@ -274,7 +284,8 @@ def lamb(params: list[Tensor], grads: list[Tensor], exp_avgs: list[Tensor],
          fused: bool | None = None, lr: float | Tensor, beta1: float, beta2: float,
          eps: float, weight_decay: float, bias_correction: bool, grad_averaging: bool,
          max_grad_norm: float | None, trust_bounds: tuple[float, float],
-         eps_inside_sqrt: bool, variant: str, capturable: bool = False) -> None:
+         eps_inside_sqrt: bool, variant: str, capturable: bool = False,
+         maximize: bool = False) -> None:
     """Functional LAMB: see :class:`LAMB` for the update rule and the options.
 
     ``adapt[i]`` / ``decay[i]`` say whether tensor ``i`` gets the trust ratio and
@@ -289,6 +300,9 @@ def lamb(params: list[Tensor], grads: list[Tensor], exp_avgs: list[Tensor],
         params, grads, exp_avgs, exp_avg_sqs, master_params = (
             S.local(x) for x in (params, grads, exp_avgs, exp_avg_sqs, master_params))
         S.check_local_shapes(params, exp_avgs, exp_avg_sqs, master_params)
+    if any(p.is_complex() for p in params):
+        params, grads, exp_avgs, exp_avg_sqs, master_params = (
+            C.as_real(x) for x in (params, grads, exp_avgs, exp_avg_sqs, master_params))
     reduction = S.reduction_for([sharding], "lamb")
     impl = C.resolve_impl(params, foreach, fused, grads)
     if max_grad_norm is not None and global_grad_norm is None and grads and impl != "fused":
@@ -304,7 +318,7 @@ def lamb(params: list[Tensor], grads: list[Tensor], exp_avgs: list[Tensor],
         weight_decay=weight_decay, bias_correction=bias_correction,
         grad_averaging=grad_averaging, max_grad_norm=max_grad_norm,
         trust_bounds=trust_bounds, eps_inside_sqrt=eps_inside_sqrt, variant=variant,
-        capturable=capturable, sharding=sharding)], reduction)
+        capturable=capturable, maximize=maximize, sharding=sharding)], reduction)
 
 
 def _trust_ratio(w_norm: Tensor, u_norm: Tensor, bounds: tuple[float, float]) -> Tensor:
@@ -316,7 +330,8 @@ def _trust_ratio(w_norm: Tensor, u_norm: Tensor, bounds: tuple[float, float]) ->
 def _single_tensor_lamb(params, grads, exp_avgs, exp_avg_sqs, master_params, state_steps, *,
                         adapt, decay, global_grad_norm, grad_scale, found_inf, lr, beta1, beta2,
                         eps, weight_decay, bias_correction, grad_averaging, max_grad_norm,
-                        trust_bounds, eps_inside_sqrt, variant, capturable, sharding=None):
+                        trust_bounds, eps_inside_sqrt, variant, capturable,
+                        maximize=False, sharding=None):
     # A generator, as the other two paths: it yields once when tensors are sharded (the
     # partial squared norms) and receives their sums over the ranks (_sharding.run_steps).
     if not params or C.skip_step(found_inf):
@@ -327,12 +342,15 @@ def _single_tensor_lamb(params, grads, exp_avgs, exp_avg_sqs, master_params, sta
     beta3 = 1.0 - beta1 if grad_averaging else 1.0
     ws, updates = [], []
     for i, p in enumerate(params):
-        g = grads[i].float()
+        g = C.widen(grads[i])
+        if maximize:  # before the scaling, as torch.optim negates the gradient first
+            g = -g
         if coef is not None:
             g = g * coef
         m, v, step = exp_avgs[i], exp_avg_sqs[i], state_steps[i]
         step += 1
-        t = step if capturable else C.step_value(step)
+        # the coefficients in the moments' dtype (a float32 step would round float64's)
+        t = step.to(m.dtype) if capturable else C.step_value(step)
         m.mul_(beta1).add_(g, alpha=beta3)
         v.mul_(beta2).addcmul_(g, g, value=1.0 - beta2)
         a_m, a_g, a_v, a_g2 = lamb_coefficients(t, beta1, beta2, beta3, bias_correction, variant)
@@ -363,7 +381,8 @@ def _single_tensor_lamb(params, grads, exp_avgs, exp_avg_sqs, master_params, sta
 def _multi_tensor_lamb(params, grads, exp_avgs, exp_avg_sqs, master_params, state_steps, *,
                        adapt, decay, global_grad_norm, grad_scale, found_inf, lr, beta1, beta2,
                        eps, weight_decay, bias_correction, grad_averaging, max_grad_norm,
-                       trust_bounds, eps_inside_sqrt, variant, capturable, sharding=None):
+                       trust_bounds, eps_inside_sqrt, variant, capturable,
+                       maximize=False, sharding=None):
     if not params or C.skip_step(found_inf):
         return
     device = params[0].device
@@ -371,7 +390,9 @@ def _multi_tensor_lamb(params, grads, exp_avgs, exp_avg_sqs, master_params, stat
         else None
     coef = C.scaled_step_coefficient(grad_scale, clip)
     beta3 = 1.0 - beta1 if grad_averaging else 1.0
-    gs = [g.float() for g in grads]
+    gs = [C.widen(g) for g in grads]
+    if maximize:
+        gs = torch._foreach_neg(gs)
     if coef is not None:
         gs = torch._foreach_mul(gs, coef.to(device))
     torch._foreach_add_(state_steps, 1.0)
@@ -381,9 +402,11 @@ def _multi_tensor_lamb(params, grads, exp_avgs, exp_avg_sqs, master_params, stat
     torch._foreach_addcmul_(exp_avg_sqs, gs, gs, value=1.0 - beta2)
 
     if capturable:
-        t = torch.stack(state_steps)
+        # float64 coefficients when a moment is float64 (a float32 step would round them)
+        wide = torch.float64 in {m.dtype for m in exp_avgs}
+        t = torch.stack(state_steps).to(torch.float64 if wide else torch.float32)
         a_m, a_g, a_v, a_g2 = (
-            list(torch.as_tensor(c, dtype=torch.float32, device=device)
+            list(torch.as_tensor(c, dtype=t.dtype, device=device)
                  .expand(len(params)).unbind(0))
             for c in lamb_coefficients(t, beta1, beta2, beta3, bias_correction, variant))
     else:
@@ -432,7 +455,7 @@ def _multi_tensor_lamb(params, grads, exp_avgs, exp_avg_sqs, master_params, stat
 def _fused_lamb(params, grads, exp_avgs, exp_avg_sqs, master_params, state_steps, *,
                 adapt, decay, global_grad_norm, grad_scale, found_inf, lr, beta1, beta2,
                 eps, weight_decay, bias_correction, grad_averaging, max_grad_norm,
-                trust_bounds, eps_inside_sqrt, variant, capturable, sharding=None):
+                trust_bounds, eps_inside_sqrt, variant, capturable, maximize=False, sharding=None):
     if not params:
         return
     from gpuml.optim import _triton
@@ -450,4 +473,4 @@ def _fused_lamb(params, grads, exp_avgs, exp_avg_sqs, master_params, state_steps
         grad_scale=grad_scale, found_inf=found_inf, lr=lr, beta1=beta1, beta2=beta2, eps=eps,
         weight_decay=weight_decay, bias_correction=bias_correction,
         grad_averaging=grad_averaging, trust_bounds=trust_bounds,
-        eps_inside_sqrt=eps_inside_sqrt, variant=variant)
+        eps_inside_sqrt=eps_inside_sqrt, variant=variant, maximize=maximize)

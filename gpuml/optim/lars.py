@@ -82,7 +82,11 @@ class LARS(C.LayerwiseOptimizer):
     exclude_from_adaptation, exclude_from_weight_decay : bool or None, default None
         None excludes tensors with ``ndim <= 1``; True/False every/no tensor.
     master_weights, capturable, foreach, fused
-        As in :class:`gpuml.optim.LAMB`. The momentum buffer is fp32.
+        As in :class:`gpuml.optim.LAMB` (float64 parameters included: loop and foreach
+        paths only). The momentum buffer is fp32 (float64 for float64 parameters).
+    maximize : bool, default False
+        Maximise the objective (the gradient negated first, as in torch.optim), on every
+        path.
 
     Notes
     -----
@@ -135,7 +139,7 @@ class LARS(C.LayerwiseOptimizer):
                  always_adapt: bool = True, exclude_from_adaptation: bool | None = None,
                  exclude_from_weight_decay: bool | None = None, master_weights: bool = False,
                  capturable: bool = False, foreach: bool | None = None,
-                 fused: bool | None = None):
+                 fused: bool | None = None, maximize: bool = False):
         defaults = dict(lr=lr, momentum=momentum, dampening=dampening,
                         weight_decay=weight_decay, nesterov=nesterov,
                         trust_coefficient=trust_coefficient, eps=eps, clip=clip,
@@ -143,7 +147,7 @@ class LARS(C.LayerwiseOptimizer):
                         exclude_from_adaptation=exclude_from_adaptation,
                         exclude_from_weight_decay=exclude_from_weight_decay,
                         master_weights=master_weights, capturable=capturable,
-                        foreach=foreach, fused=fused)
+                        foreach=foreach, fused=fused, maximize=maximize)
         _validate(defaults)
         super().__init__(params, defaults)
 
@@ -152,7 +156,7 @@ class LARS(C.LayerwiseOptimizer):
 
     def _new_state(self, group, state, p):
         if group["momentum"] != 0 or group["mode"] == "normalized":
-            state["momentum_buffer"] = torch.zeros_like(p, dtype=torch.float32,
+            state["momentum_buffer"] = torch.zeros_like(p, dtype=C.compute_dtype(p),
                                                         memory_format=torch.preserve_format)
 
     def _update(self, plan, grad_scale, found_inf) -> None:
@@ -163,7 +167,8 @@ class LARS(C.LayerwiseOptimizer):
         steps = []
         for group, view, grads in plan:
             options = dict(
-                grad_scale=grad_scale, found_inf=found_inf, lr=group["lr"],
+                grad_scale=grad_scale, found_inf=found_inf, maximize=group["maximize"],
+                lr=group["lr"],
                 momentum=group["momentum"], dampening=group["dampening"],
                 nesterov=group["nesterov"], weight_decay=group["weight_decay"],
                 trust_coefficient=group["trust_coefficient"], eps=group["eps"],
@@ -218,7 +223,8 @@ def lars(params: list[Tensor], grads: list[Tensor], momentum_buffers: list[Tenso
          foreach: bool | None = None, fused: bool | None = None, lr: float | Tensor,
          momentum: float, dampening: float, nesterov: bool, weight_decay: float,
          trust_coefficient: float, eps: float, clip: bool, trust_bounds: tuple[float, float],
-         mode: str, capturable: bool = False) -> None:
+         mode: str, capturable: bool = False,
+         maximize: bool = False) -> None:
     """Functional LARS: see :class:`LARS` for the update rule and the options.
 
     DTensor parameters (FSDP2) are updated through their local shards with the norms of the
@@ -229,6 +235,9 @@ def lars(params: list[Tensor], grads: list[Tensor], momentum_buffers: list[Tenso
         params, grads, momentum_buffers, master_params = (
             S.local(x) for x in (params, grads, momentum_buffers, master_params))
         S.check_local_shapes(params, momentum_buffers, master_params)
+    if any(p.is_complex() for p in params):
+        params, grads, momentum_buffers, master_params = (
+            C.as_real(x) for x in (params, grads, momentum_buffers, master_params))
     impl = C.resolve_impl(params, foreach, fused, grads)
     func = {"loop": _single_tensor_lars, "foreach": _multi_tensor_lars,
             "fused": _fused_lars}[impl]
@@ -237,7 +246,7 @@ def lars(params: list[Tensor], grads: list[Tensor], momentum_buffers: list[Tenso
         decay=decay, grad_scale=grad_scale, found_inf=found_inf, lr=lr, momentum=momentum,
         dampening=dampening, nesterov=nesterov, weight_decay=weight_decay,
         trust_coefficient=trust_coefficient, eps=eps, clip=clip, trust_bounds=trust_bounds,
-        mode=mode, capturable=capturable, sharding=sharding)],
+        mode=mode, capturable=capturable, maximize=maximize, sharding=sharding)],
         S.reduction_for([sharding], "lars"))
 
 
@@ -255,7 +264,7 @@ def _lars_ratio(w_norm, d_norm, wd, *, trust_coefficient, eps, lr, clip, trust_b
 def _single_tensor_lars(params, grads, momentum_buffers, master_params, state_steps, *, adapt,
                         decay, grad_scale, found_inf, lr, momentum, dampening, nesterov,
                         weight_decay, trust_coefficient, eps, clip, trust_bounds, mode,
-                        capturable, sharding=None):
+                        capturable, maximize=False, sharding=None):
     # A generator, as the other two paths: it yields once when tensors are sharded (the
     # partial squared norms) and receives their sums over the ranks (_sharding.run_steps).
     if not params or C.skip_step(found_inf):
@@ -264,7 +273,9 @@ def _single_tensor_lars(params, grads, momentum_buffers, master_params, state_st
     normalized = mode == "normalized"
     gs, ws, wds = [], [], []
     for i, p in enumerate(params):
-        g = grads[i].float()
+        g = C.widen(grads[i])
+        if maximize:  # before the scaling, as torch.optim negates the gradient first
+            g = -g
         if coef is not None:
             g = g * coef
         step = state_steps[i]
@@ -284,7 +295,7 @@ def _single_tensor_lars(params, grads, momentum_buffers, master_params, state_st
                              torch.stack([torch.linalg.vector_norm(d) for d in ds])])
         w_norms, d_norms = yield from S.full_norms(norms, sharding)
     for i, (p, g, w, wd) in enumerate(zip(params, gs, ws, wds)):
-        ratio = torch.ones((), device=w.device)
+        ratio = torch.ones((), dtype=w.dtype, device=w.device)
         if adapt[i]:
             ratio = _lars_ratio(w_norms[i], d_norms[i], wd, trust_coefficient=trust_coefficient,
                                 eps=eps, lr=lr, clip=clip, trust_bounds=trust_bounds,
@@ -309,13 +320,15 @@ def _single_tensor_lars(params, grads, momentum_buffers, master_params, state_st
 def _multi_tensor_lars(params, grads, momentum_buffers, master_params, state_steps, *, adapt,
                        decay, grad_scale, found_inf, lr, momentum, dampening, nesterov,
                        weight_decay, trust_coefficient, eps, clip, trust_bounds, mode,
-                       capturable, sharding=None):
+                       capturable, maximize=False, sharding=None):
     if not params or C.skip_step(found_inf):
         return
     device = params[0].device
     coef = C.scaled_step_coefficient(grad_scale, None)
     normalized = mode == "normalized"
-    gs = [g.float() for g in grads]
+    gs = [C.widen(g) for g in grads]
+    if maximize:
+        gs = torch._foreach_neg(gs)
     if coef is not None:
         gs = torch._foreach_mul(gs, coef.to(device))
     torch._foreach_add_(state_steps, 1.0)
@@ -327,8 +340,11 @@ def _multi_tensor_lars(params, grads, momentum_buffers, master_params, state_ste
                                                 alpha=weight_decay)):
             ds[i] = t
     decayed = set(dec)
+    # the norms' dtype: float64 when a tensor is float64 (a float32 weight decay or ratio
+    # would round its update)
+    dtype = torch.float64 if torch.float64 in {w.dtype for w in ws} else torch.float32
     wd_vec = C.device_constant([weight_decay if i in decayed else 0.0 for i in range(len(params))],
-                               torch.float32, device)
+                               dtype, device)
     adapt_mask = C.device_constant(adapt, torch.bool, device)
     kw = dict(trust_coefficient=trust_coefficient, eps=eps, lr=lr, clip=clip,
               trust_bounds=trust_bounds)
@@ -336,7 +352,7 @@ def _multi_tensor_lars(params, grads, momentum_buffers, master_params, state_ste
     if normalized:
         torch._foreach_mul_(momentum_buffers, momentum)
         torch._foreach_add_(momentum_buffers, ds, alpha=1.0 - momentum)
-        ratio = torch.ones(len(params), device=device)
+        ratio = torch.ones(len(params), dtype=dtype, device=device)
         if any(adapt):
             norms = torch.stack([torch.stack(torch._foreach_norm(ws)),
                                  torch.stack(torch._foreach_norm(momentum_buffers))])
@@ -346,7 +362,7 @@ def _multi_tensor_lars(params, grads, momentum_buffers, master_params, state_ste
         torch._foreach_add_(ws, torch._foreach_mul(momentum_buffers,
                                                    list((ratio * neg_lr).unbind(0))))
     else:
-        ratio = torch.ones(len(params), device=device)
+        ratio = torch.ones(len(params), dtype=dtype, device=device)
         if any(adapt):
             norms = torch.stack([torch.stack(torch._foreach_norm(ws)),
                                  torch.stack(torch._foreach_norm(gs))])
@@ -384,7 +400,8 @@ def _multi_tensor_lars(params, grads, momentum_buffers, master_params, state_ste
 
 def _fused_lars(params, grads, momentum_buffers, master_params, state_steps, *, adapt, decay,
                 grad_scale, found_inf, lr, momentum, dampening, nesterov, weight_decay,
-                trust_coefficient, eps, clip, trust_bounds, mode, capturable, sharding=None):
+                trust_coefficient, eps, clip, trust_bounds, mode, capturable,
+                maximize=False, sharding=None):
     if not params:
         return
     from gpuml.optim import _triton
@@ -397,4 +414,4 @@ def _fused_lars(params, grads, momentum_buffers, master_params, state_steps, *, 
         prep, grad_scale=grad_scale, found_inf=found_inf, lr=lr, momentum=momentum,
         dampening=dampening, nesterov=nesterov, weight_decay=weight_decay,
         trust_coefficient=trust_coefficient, eps=eps, clip=clip, trust_bounds=trust_bounds,
-        mode=mode)
+        mode=mode, maximize=maximize)

@@ -5,12 +5,17 @@ outcome: what a user swapping ``AdamW`` for ``LAMB`` relies on.
 """
 
 import ast
+import os
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
-from gpuml.optim import LAMB, LARS
+if not torch.cuda.is_available():  # the fused path in the Triton interpreter, as elsewhere
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+from gpuml.optim import LAMB, LARS  # noqa: E402
 
 OPTIM = Path(__file__).resolve().parents[2] / "gpuml" / "optim"
 OPTIMIZERS = {"AdamW": lambda ps, **kw: torch.optim.AdamW(ps, **kw),
@@ -172,3 +177,224 @@ def test_torch_compile_of_a_training_step_matches_eager(name):
         out.append(torch.cat([p.detach().flatten() for p in model.parameters()]))
     torch._dynamo.reset()
     torch.testing.assert_close(out[1], out[0], rtol=0, atol=1e-6)
+
+
+# ---- float64 parameters ------------------------------------------------------------------
+
+F64_SHAPES = [(6, 5), (5,), (3, 4, 2), (1, 7)]
+
+
+def _f64_problem(steps=10, seed=3):
+    rng = np.random.default_rng(seed)
+    ws = [rng.standard_normal(s) for s in F64_SHAPES]
+    grads = [[rng.standard_normal(s) * (0.5 + k) for s in F64_SHAPES] for k in range(steps)]
+    return ws, grads
+
+
+def _run_f64(cls, ws, grads, **kw):
+    ps = [torch.nn.Parameter(torch.tensor(w, dtype=torch.float64)) for w in ws]
+    opt = cls(ps, **kw)
+    for gs in grads:
+        for p, g in zip(ps, gs):
+            p.grad = torch.tensor(g, dtype=torch.float64)
+        opt.step()
+    return ps, opt
+
+
+@pytest.mark.parametrize("name", list(OPTIMIZERS))
+def test_float64_parameters_accepted_and_state_is_float64(name):
+    """torch.optim keeps float64 parameters and their state in float64; so do LAMB/LARS."""
+    ws, grads = _f64_problem(steps=2)
+    ps = [torch.nn.Parameter(torch.tensor(w, dtype=torch.float64)) for w in ws]
+    opt = OPTIMIZERS[name](ps, lr=0.01)
+    for gs in grads:
+        for p, g in zip(ps, gs):
+            p.grad = torch.tensor(g, dtype=torch.float64)
+        opt.step()
+    assert all(p.dtype == torch.float64 and torch.isfinite(p).all() for p in ps)
+    buffers = [v for st in opt.state.values() for k, v in st.items()
+               if k != "step" and isinstance(v, torch.Tensor)]
+    assert buffers and all(b.dtype == torch.float64 for b in buffers)
+
+
+@pytest.mark.parametrize("impl", [dict(foreach=False), dict(foreach=True)])
+@pytest.mark.parametrize("opts", [{}, {"weight_decay": 0.1, "max_grad_norm": 0.5}])
+def test_lamb_float64_matches_the_written_out_algorithm(impl, opts):
+    """10 steps of LAMB (You et al., "Large Batch Optimization for Deep Learning: Training BERT
+    in 76 minutes", 2019, Alg. 2) on float64 parameters, against the algorithm written out
+    plainly in NumPy float64 (tests/optim/test_optim_lamb.py), to 1e-12: with the defaults
+    (global clipping at 1, 1-D tensors excluded from adaptation and weight decay, the trust
+    ratio 1 where a norm is 0)."""
+    from test_optim_lamb import np_lamb
+
+    ws, grads = _f64_problem()
+    kw = dict(lr=1e-3, betas=(0.9, 0.999), eps=1e-6, weight_decay=0.01, max_grad_norm=1.0)
+    kw.update(opts)
+    ps, _ = _run_f64(LAMB, ws, grads, **{**opts, **impl})
+    rule = [len(s) > 1 for s in F64_SHAPES]
+    want = np_lamb(ws, grads, lr=kw["lr"], beta1=kw["betas"][0], beta2=kw["betas"][1],
+                   eps=kw["eps"], wd=kw["weight_decay"], adapt=rule, decay=rule,
+                   max_grad_norm=kw["max_grad_norm"])
+    for p, w in zip(ps, want):
+        np.testing.assert_allclose(p.detach().numpy(), w, rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("impl", [dict(foreach=False), dict(foreach=True)])
+@pytest.mark.parametrize("opts", [{}, {"weight_decay": 5e-4, "nesterov": True}])
+def test_lars_float64_matches_the_written_out_algorithm(impl, opts):
+    """10 steps of LARS (You, Gitman, Ginsburg, "Large Batch Training of Convolutional
+    Networks", 2017) on float64 parameters against the algorithm written out in NumPy float64
+    (tests/optim/test_optim_lars.py), to 1e-12, with the defaults (lr 1, momentum 0.9,
+    trust coefficient 1e-3, 1-D tensors at the global rate)."""
+    from test_optim_lars import np_lars_classic
+
+    ws, grads = _f64_problem()
+    ps, _ = _run_f64(LARS, ws, grads, **{**opts, **impl})
+    rule = [len(s) > 1 for s in F64_SHAPES]
+    want = np_lars_classic(ws, grads, lr=1.0, momentum=0.9, wd=opts.get("weight_decay", 0.0),
+                           l=1e-3, eps=1e-8, adapt=rule, decay=rule,
+                           nesterov=opts.get("nesterov", False))
+    for p, w in zip(ps, want):
+        np.testing.assert_allclose(p.detach().numpy(), w, rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("cls", [LAMB, LARS])
+def test_float64_on_the_fused_path_is_a_clear_error(cls):
+    """The Triton kernels compute in float32: fused=True refuses float64 by name (before any
+    kernel runs) and points to the foreach path."""
+    ws, grads = _f64_problem(steps=1)
+    with pytest.raises(TypeError, match="float64.*foreach"):
+        _run_f64(cls, ws, grads, fused=True)
+
+
+@pytest.mark.parametrize("cls", [LAMB, LARS])
+def test_float64_state_dict_round_trip_keeps_float64(cls):
+    ws, grads = _f64_problem(steps=4)
+    ps_ref, _ = _run_f64(cls, ws, grads)
+    ps, opt = _run_f64(cls, ws, grads[:2])
+    sd = opt.state_dict()
+    resumed = cls(ps)
+    resumed.load_state_dict(sd)
+    assert all(v.dtype == torch.float64 for st in resumed.state.values()
+               for k, v in st.items() if k != "step")
+    for gs in grads[2:]:
+        for p, g in zip(ps, gs):
+            p.grad = torch.tensor(g, dtype=torch.float64)
+        resumed.step()
+    for a, b in zip(ps, ps_ref):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
+# ---- maximize ----------------------------------------------------------------------------
+
+def _max_run(cls, impl, maximize, steps=4, device="cpu", **kw):
+    """``steps`` steps on f (maximize=True) or on -f (maximize=False): the gradients of -f are
+    the negated gradients of f, exactly."""
+    ps = [torch.nn.Parameter(p.detach().to(device)) for p in _params()]
+    opt = cls(ps, maximize=maximize, **impl, **kw)
+    for k in range(steps):
+        g = torch.Generator().manual_seed(100 + k)
+        for p in ps:
+            grad = torch.randn(p.shape, generator=g).to(device)
+            p.grad = grad if maximize else -grad
+        opt.step()
+    return ps, opt
+
+
+@pytest.mark.parametrize("name", list(OPTIMIZERS))
+def test_maximize_is_an_option_with_default_false(name):
+    opt = OPTIMIZERS[name](_params(), lr=0.01)
+    assert opt.defaults["maximize"] is False
+    assert opt.param_groups[0]["maximize"] is False
+
+
+MAX_IMPLS = {"loop": dict(foreach=False), "foreach": dict(foreach=True),
+             "fused": dict(fused=True)}
+
+
+@pytest.mark.parametrize("impl", list(MAX_IMPLS))
+@pytest.mark.parametrize("cls,kw", [
+    (LAMB, {}), (LAMB, {"max_grad_norm": None, "variant": "nnlamb"}),
+    (LARS, {"lr": 0.5}), (LARS, {"lr": 0.5, "mode": "normalized", "weight_decay": 0.01}),
+    (LARS, {"lr": 0.5, "nesterov": True, "weight_decay": 0.01})])
+def test_maximize_on_f_equals_minimizing_minus_f_bit_for_bit(cls, kw, impl):
+    """torch.optim's ``maximize=True`` negates the gradient: the same steps as minimising -f,
+    bit for bit on the CPU, on every path (the fused one in the Triton interpreter)."""
+    device = "cpu"
+    if impl == "fused":
+        pytest.importorskip("triton")
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    up, _ = _max_run(cls, MAX_IMPLS[impl], True, device=device, **kw)
+    down, _ = _max_run(cls, MAX_IMPLS[impl], False, device=device, **kw)
+    for a, b in zip(up, down):
+        assert torch.equal(a, b)
+    # and it is not a no-op: maximising f moves away from where minimising f goes
+    ps = [torch.nn.Parameter(p.detach().to(device)) for p in _params()]
+    opt = cls(ps, **MAX_IMPLS[impl], **kw)
+    for k in range(4):
+        g = torch.Generator().manual_seed(100 + k)
+        for p in ps:
+            p.grad = torch.randn(p.shape, generator=g).to(device)
+        opt.step()
+    assert not all(torch.equal(a, b) for a, b in zip(up, ps))
+
+
+@pytest.mark.parametrize("cls", [LAMB, LARS])
+def test_state_dict_from_before_maximize_gets_the_default(cls):
+    """A state dict saved before ``maximize`` existed loads with ``maximize=False`` (filled in
+    ``__setstate__``, as torch.optim does) and resumes as the uninterrupted run."""
+    ps_ref = _params()
+    ref = cls(ps_ref, lr=0.01)
+    _train(ref, ps_ref, 4)
+    ps = _params()
+    opt = cls(ps, lr=0.01)
+    _train(opt, ps, 2)
+    sd = opt.state_dict()
+    for group in sd["param_groups"]:
+        del group["maximize"]
+    resumed = cls(ps, lr=0.01, maximize=True)
+    resumed.load_state_dict(sd)
+    assert [g["maximize"] for g in resumed.param_groups] == [False]
+    _train(resumed, ps, 2, start=2)
+    for a, b in zip(ps, ps_ref):
+        assert torch.equal(a, b)
+
+
+# ---- complex parameters ------------------------------------------------------------------
+
+@pytest.mark.parametrize("dtype", [torch.complex64, torch.complex128])
+@pytest.mark.parametrize("impl", [dict(foreach=False), dict(foreach=True)])
+@pytest.mark.parametrize("name", list(OPTIMIZERS))
+def test_complex_parameters_step_as_their_real_views(name, impl, dtype):
+    """torch.optim updates a complex parameter as ``torch.view_as_real`` of it: the same steps
+    as a real parameter holding its real and imaginary parts (norms are the complex norms).
+    Exclusion from adaptation is off: it looks at ``ndim``, which the real view changes."""
+    kw = dict(lr=0.05, **impl)
+    if name != "AdamW":
+        kw.update(exclude_from_adaptation=False, exclude_from_weight_decay=False)
+    g = torch.Generator().manual_seed(0)
+    shapes = [(4, 3), (5,), (2, 3, 2)]
+    cs = [torch.nn.Parameter(torch.randn(s, dtype=dtype, generator=g)) for s in shapes]
+    rs = [torch.nn.Parameter(torch.view_as_real(c.detach()).clone()) for c in cs]
+    opt_c, opt_r = OPTIMIZERS[name](cs, **kw), OPTIMIZERS[name](rs, **kw)
+    for k in range(4):
+        g = torch.Generator().manual_seed(10 + k)
+        for c, r in zip(cs, rs):
+            c.grad = torch.randn(c.shape, dtype=dtype, generator=g)
+            r.grad = torch.view_as_real(c.grad).clone()
+        opt_c.step()
+        opt_r.step()
+    for c, r in zip(cs, rs):
+        assert c.dtype == dtype
+        torch.testing.assert_close(torch.view_as_real(c.detach()), r.detach(), rtol=0,
+                                   atol=1e-6 if dtype == torch.complex64 else 1e-12)
+    assert all(v.dtype == dtype for st in opt_c.state.values() for k, v in st.items()
+               if k != "step")
+
+
+@pytest.mark.parametrize("cls", [LAMB, LARS])
+def test_complex_on_the_fused_path_is_a_clear_error(cls):
+    p = torch.nn.Parameter(torch.randn(3, 3, dtype=torch.complex64))
+    p.grad = torch.randn_like(p)
+    with pytest.raises(TypeError, match="complex64.*foreach"):
+        cls([p], fused=True).step()

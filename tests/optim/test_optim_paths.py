@@ -325,8 +325,9 @@ def test_fused_on_cpu_without_interpreter_is_a_clear_error(cls, monkeypatch):
 
 
 def test_unsupported_dtype_is_rejected():
-    p = torch.nn.Parameter(torch.ones(2, 2, dtype=torch.float64))
-    p.grad = torch.ones_like(p)
+    # float64 and complex are supported (tests/optim/test_optim_conventions.py)
+    p = torch.nn.Parameter(torch.ones(2, 2).to(torch.float8_e4m3fn))
+    p.grad = torch.ones(2, 2).to(torch.float8_e4m3fn)
     with pytest.raises(TypeError, match="float32"):
         LAMB([p]).step()
 

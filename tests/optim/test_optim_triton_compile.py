@@ -70,14 +70,14 @@ SCRIPT = textwrap.dedent('''
                                              ALIGNED=aligned), t)
             for variant in (0, 2):
                 lamb = dict(base, HAS_CLIP=True, BIAS_CORRECTION=True, VARIANT=variant,
-                            EPS_INSIDE=variant == 0)
+                            EPS_INSIDE=variant == 0, MAXIMIZE=variant == 2)
                 build(K._lamb_pass1, pdt, lamb, t)
                 # REDUCED: the norms of sharded tensors, summed over the ranks
                 build(K._lamb_pass2, pdt, dict(lamb, LR_IS_PTR=variant == 2, PBLOCK=128,
                                                PARAM_BF16=pdt == "bf16",
                                                REDUCED=variant == 2), t)
             for normalized in (False, True):
-                lars = dict(base, NORMALIZED=normalized)
+                lars = dict(base, NORMALIZED=normalized, MAXIMIZE=normalized)
                 build(K._lars_pass1, pdt, lars, t)
                 build(K._lars_pass2, pdt, dict(lars, LR_IS_PTR=True, HAS_MOMENTUM=True,
                                                NESTEROV=not normalized, CLIP=True,
