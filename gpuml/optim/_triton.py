@@ -762,6 +762,24 @@ def _lamb_pass2(tab, chunks, partials, full_sq, p_w, g_w, f_w, norm, gscale, fou
                 p_w, HAS_MASTER, VARIANT, EPS_INSIDE, PARAM_BF16, True)
 
 
+def _two_passes(buckets, pass1, pass2):
+    """Pass 1 on every bucket, then pass 2: at once for the unsharded buckets, and for the
+    sharded ones after the one all-reduce of their partial squared norms (the ``yield``,
+    answered by :func:`gpuml.optim._sharding.run_steps`)."""
+    sharded = []
+    for b in buckets:
+        args = pass1(b)
+        if b.sharded:
+            sharded.append((b, args))
+        else:
+            pass2(b, args, None)
+    if sharded:
+        buckets = [b for b, _ in sharded]
+        summed = yield _sharded_sums(buckets)
+        for (b, args), full_sq in zip(sharded, _split_sums(summed, buckets)):
+            pass2(b, args, full_sq)
+
+
 def _sharded_sums(buckets: list[Bucket]) -> Tensor:
     """Each tensor's two local sums of squares (pass 1's partials summed per tensor) for the
     buckets of sharded tensors, in one vector: what is summed over the ranks."""
@@ -839,18 +857,7 @@ def lamb_passes(prep: Prepared, *, global_grad_norm: Tensor | None,
                                   PARAM_BF16=b.param_dtype == torch.bfloat16,
                                   ALIGNED=aligned, REDUCED=full_sq is not None, **common)
 
-    sharded = []
-    for b in prep.buckets:
-        args = pass1(b)
-        if b.sharded:
-            sharded.append((b, args))
-        else:
-            pass2(b, args, None)
-    if sharded:
-        buckets = [b for b, _ in sharded]
-        summed = yield _sharded_sums(buckets)
-        for (b, args), full_sq in zip(sharded, _split_sums(summed, buckets)):
-            pass2(b, args, full_sq)
+    yield from _two_passes(prep.buckets, pass1, pass2)
 
 
 def lamb_step(params, grads, exp_avgs, exp_avg_sqs, master_params, state_steps, *, adapt,
@@ -1044,18 +1051,7 @@ def lars_passes(prep: Prepared, *, grad_scale: Tensor | None, found_inf: Tensor 
                                   PARAM_BF16=b.param_dtype == torch.bfloat16, ALIGNED=aligned,
                                   REDUCED=full_sq is not None, **common)
 
-    sharded = []
-    for b in prep.buckets:
-        args = pass1(b)
-        if b.sharded:
-            sharded.append((b, args))
-        else:
-            pass2(b, args, None)
-    if sharded:
-        buckets = [b for b, _ in sharded]
-        summed = yield _sharded_sums(buckets)
-        for (b, args), full_sq in zip(sharded, _split_sums(summed, buckets)):
-            pass2(b, args, full_sq)
+    yield from _two_passes(prep.buckets, pass1, pass2)
 
 
 def lars_step(params, grads, momentum_buffers, master_params, state_steps, *, adapt, decay,
