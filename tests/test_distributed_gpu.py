@@ -6,10 +6,10 @@ one GPU that is a one-rank clique, which must work too; the test that needs two
 GPUs says so when it skips.
 """
 
-import threading
 
 import numpy as np
 import pytest
+from _threads import bounded as _bounded
 from sklearn.datasets import load_digits
 
 from gpuml._backend import Backend, gpu_count
@@ -29,22 +29,9 @@ pytestmark = pytest.mark.gpu
 
 
 def bounded(fn, seconds=60.0):
-    box = {}
+    return _bounded(fn, seconds, " (a hung NCCL collective?)")
 
-    def target():
-        try:
-            box["value"] = fn()
-        except BaseException as err:
-            box["error"] = err
 
-    thread = threading.Thread(target=target, daemon=True)
-    thread.start()
-    thread.join(seconds)
-    if thread.is_alive():
-        pytest.fail(f"did not finish within {seconds} s (a hung NCCL collective?)")
-    if "error" in box:
-        raise box["error"]
-    return box.get("value")
 
 
 @pytest.fixture(scope="module")

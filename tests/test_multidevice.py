@@ -9,12 +9,12 @@ one-batch fit.
 """
 
 import pickle
-import threading
 import warnings
 
 import numpy as np
 import pytest
 import scipy.sparse as sp
+from _threads import bounded
 from sklearn.datasets import load_digits
 from sklearn.utils._param_validation import InvalidParameterError
 
@@ -28,24 +28,6 @@ CASVM_ATTRS = ["support_", "support_part_", "n_support_", "pair_status_", "n_ite
                "part_n_iter_", "partition_sizes_", "fit_status_"]
 
 
-def bounded(fn, seconds=120.0):
-    """Run ``fn`` in a daemon thread; fail instead of hanging past ``seconds``."""
-    box = {}
-
-    def target():
-        try:
-            box["value"] = fn()
-        except BaseException as err:
-            box["error"] = err
-
-    thread = threading.Thread(target=target, daemon=True)
-    thread.start()
-    thread.join(seconds)
-    if thread.is_alive():
-        pytest.fail(f"did not finish within {seconds} s")
-    if "error" in box:
-        raise box["error"]
-    return box.get("value")
 
 
 @pytest.fixture(scope="module")
