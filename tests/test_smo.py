@@ -2,11 +2,13 @@
 
 import numpy as np
 import pytest
+import scipy.sparse as sp
 from sklearn.datasets import load_breast_cancer, load_digits
 from sklearn.preprocessing import StandardScaler
 from sklearn.svm import SVC
 
 from gpuml.kernels import Kernel, SMOProblem, make_kernel, smo_solve, smo_solve_batch
+from gpuml.kernels._cpu.smo import qfloat_matrix
 
 
 @pytest.fixture(scope="module")
@@ -239,3 +241,63 @@ def test_max_iter_stops_dense_and_row_cached_paths(cancer, cache_mb):
     assert not res.converged and res.n_iter == 7
     full = smo_solve(kernel, X, y, 1.0, max_iter=-1, cache_size=cache_mb)
     assert full.converged and full.n_iter < 10**7
+
+
+# -- kernel matrices in float32, as LIBSVM's Qfloat (qfloat_matrix) ---------------------------
+
+def _far_from_origin(n=2200, d=12, seed=0):
+    """Rows far from the origin (mean 1e3, spread 1): float32 ||x||^2 cancels badly there."""
+    rng = np.random.default_rng(seed)
+    X = 1e3 + rng.normal(size=(n, d))
+    y = np.where(X[:, 0] - 1e3 + 0.3 * rng.normal(size=n) > 0, 1.0, -1.0)
+    return X, y
+
+
+def test_qfloat_matrix_is_float64_rounded_for_small_or_other_kernels(cancer):
+    X, _ = cancer
+    for kernel in (make_kernel("rbf", "scale", X=X), Kernel("linear"),
+                   Kernel("poly", gamma=0.1, degree=2, coef0=1.0)):
+        K = qfloat_matrix(kernel, X, max_bytes=1 << 30)
+        assert K.dtype == np.float32
+        np.testing.assert_array_equal(K, _symmetric(kernel.matrix(X)).astype(np.float32))
+
+
+def _symmetric(K):
+    return np.triu(K) + np.triu(K, 1).T
+
+
+def test_qfloat_matrix_sgemm_on_centred_rows():
+    X, _ = _far_from_origin()
+    kernel = make_kernel("rbf", "scale", X=X)
+    K = qfloat_matrix(kernel, X, max_bytes=1 << 30)
+    exact = kernel.matrix(X)
+    assert K.dtype == np.float32 and K.shape == exact.shape
+    np.testing.assert_array_equal(K, K.T)
+    np.testing.assert_array_equal(np.diag(K), 1.0)
+    # Centred: within a few float32 ulps of the float64 values. Uncentred rows
+    # (norms ~1e7) would lose every digit of the distances.
+    assert np.abs(K - exact).max() < 2e-6
+    uncentred = kernel.matrix(X.astype(np.float32))
+    assert np.abs(uncentred - exact).max() > 1e-2
+    # The format never changes the values.
+    np.testing.assert_array_equal(qfloat_matrix(kernel, sp.csr_matrix(X), max_bytes=1 << 30), K)
+
+
+def test_qfloat_matrix_falls_back_to_float64_for_a_large_gamma():
+    X, _ = _far_from_origin()
+    kernel = make_kernel("rbf", 50.0, X=X)  # error bound 2 gamma R^2 eps far above 1e-4
+    K = qfloat_matrix(kernel, X, max_bytes=1 << 30)
+    np.testing.assert_array_equal(K, _symmetric(kernel.matrix(X)).astype(np.float32))
+
+
+def test_solution_on_float32_kernel_matches_svc():
+    """SMO on the SGEMM matrix ends where LIBSVM does, to its tolerance."""
+    X, y = _far_from_origin(seed=3)
+    svc = SVC(C=1.0, gamma="scale", tol=1e-3).fit(X, y)
+    res = smo_solve(make_kernel("rbf", "scale", X=X), X, y, 1.0)
+    ours = svc_alpha(svc, len(y))
+    assert np.abs(res.alpha - ours).max() < 2e-2
+    assert res.intercept == pytest.approx(svc.intercept_[0], abs=2e-4)
+    K = make_kernel("rbf", "scale", X=X).matrix(X)
+    ref = dual_objective(K, y, ours)
+    assert abs(dual_objective(K, y, res.alpha) - ref) <= 1e-6 * abs(ref)
