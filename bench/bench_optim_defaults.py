@@ -24,11 +24,11 @@ sqrt learning-rate scaling + linear decay, as ``bench_large_batch``):
   layer), 20,000 Fashion-MNIST training images, 5 epochs, batches 32 (B0), 256 and 1024,
   seeds 0 and 1; accuracy on 5,000 held-out training images (validation) and on the 10,000
   test images.
-* ``digits-mlp``: the MLP of ``gpuml.optim.demo`` (with a LayerNorm, whose bias starts at
+* ``digits-mlp``: a 64-256-10 MLP with a LayerNorm (whose bias starts at
   zero), scikit-learn's digits, batch 512 from B0 = 32, 30 epochs, seeds 0-2.
 
 Writes ``bench/results/<machine>/optim_defaults.{json,md}``. ``python -m bench.run
-optim_defaults`` (about 25 minutes on the shared 2-core machine; ``--quick``: 1,024 images, one
+optim_defaults`` (9 minutes on the shared 2-core machine; ``--quick``: 1,024 images, one
 epoch, batches 32 and 256, one seed). Without Fashion-MNIST (Debian package
 ``dataset-fashion-mnist``) the CNN task runs on the example's synthetic stand-in and the
 record says so.
@@ -201,7 +201,7 @@ def main(quick: bool = True, gpu: bool = False) -> list[dict]:
     notes = (f"fashion-cnn: {src}, {sizes['train_size']} training images, "
              f"{sizes['val_size']} validation, {sizes['epochs']} epochs, seeds "
              f"{list(sizes['seeds'])}; digits-mlp: batch 512, 30 epochs, seeds "
-             f"{list(sizes['digits_seeds'])} (LAMB at lr0 2e-3 there, the demo's). LEGW warmup "
+             f"{list(sizes['digits_seeds'])} (LAMB at lr0 2e-3 there). LEGW warmup "
              f"w0 = {WARMUP_EPOCHS} epoch at B0 = {BASE_BATCH}, sqrt scaling, linear decay. "
              f"LAMB weight decay {LAMB_WD}, LARS {LARS_WD}, momentum 0.9, trust coefficient "
              f"1e-3. One torch thread; {minutes:.1f} min wall on a machine shared with other "
