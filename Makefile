@@ -39,7 +39,11 @@ $(DATA_STAMP): $(STAMP)
 gpu-data: $(DATA_STAMP)
 	$(PY) -m bench.datasets --export bench/data
 
+# The optimizer part trains on Fashion-MNIST (a Debian package, as for `make bench`); without
+# it, it runs on digits, too small to show where LAMB beats AdamW.
 demo: $(DATA_STAMP)
+	test -d $(FASHION) || (apt-get update -q && apt-get install -y -q dataset-fashion-mnist) \
+		|| echo "dataset-fashion-mnist not installed: the optimizer demo runs on digits"
 	$(PY) -m bench.demo
 
 lint: $(STAMP)

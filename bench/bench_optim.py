@@ -91,7 +91,9 @@ def variants(gpu: bool, **options):
     out = []
     for name, kw in impls.items():
         kw = {**kw, **options}
-        out.append(("LAMB", name, lambda ps, kw=kw: LAMB(ps, lr=1e-3, **kw)))
+        # global clipping pinned on: the step the recorded timings measured (44 B/param)
+        out.append(("LAMB", name, lambda ps, kw=kw: LAMB(ps, lr=1e-3, max_grad_norm=1.0,
+                                                         **kw)))
         out.append(("LARS", name, lambda ps, kw=kw: LARS(ps, lr=1.0, weight_decay=1e-4,
                                                           **kw)))
     adamw = dict(fused=True) if gpu else dict(foreach=True)

@@ -78,11 +78,14 @@ def splits():
 
 
 def make_optimizer(name: str, model: torch.nn.Module, lr: float, weight_decay: float):
-    """``name`` at peak rate ``lr``; biases get no weight decay (and no adaptation in LAMB)."""
+    """``name`` at peak rate ``lr``; biases get no weight decay (and no adaptation in LAMB).
+    LAMB: the BERT recipe (global clipping at 1.0, 1-D tensors excluded), LAMB's defaults
+    when the recorded results were measured, pinned here so that they reproduce."""
     from gpuml.optim import LAMB, LARS, param_groups_by_name
 
     if name == "LAMB":
-        return LAMB(model.parameters(), lr=lr, weight_decay=weight_decay)
+        return LAMB(model.parameters(), lr=lr, weight_decay=weight_decay, max_grad_norm=1.0,
+                    exclude_from_adaptation=None, exclude_from_weight_decay=None)
     if name == "LARS":
         return LARS(model.parameters(), lr=lr, momentum=0.9, weight_decay=weight_decay,
                     exclude_from_adaptation=False)

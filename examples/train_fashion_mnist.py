@@ -268,13 +268,17 @@ def make_model(name: str = "cnn") -> nn.Sequential:
 
 def make_optimizer(cfg: Config, model: nn.Module) -> torch.optim.Optimizer:
     """The optimizer at ``cfg.lr`` (the scheduler scales it). Biases get no weight decay for
-    every optimizer; LAMB also keeps them out of the layer-wise adaptation (its default, the
-    BERT recipe). LARS adapts every tensor: an excluded one would step at LARS' raw global
-    rate, about 1/trust_coefficient times the per-layer one. ``clip`` clips the global
-    gradient norm for every optimizer (LAMB inside its step, the others before theirs)."""
+    every optimizer; LAMB also keeps them out of the layer-wise adaptation (the BERT recipe,
+    ``exclude_from_*=None``; LAMB's defaults are Algorithm 16's, which adapts and decays every
+    tensor and trained as well in ``bench/bench_optim_defaults.py``: kept here so that the
+    recorded large-batch results reproduce). LARS adapts every tensor (its default): an
+    excluded one would step at LARS' raw global rate, about 1/trust_coefficient times the
+    per-layer one. ``clip`` clips the global gradient norm for every optimizer (LAMB inside
+    its step, the others before theirs)."""
     if cfg.optimizer == "lamb":
         return LAMB(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay,
-                    max_grad_norm=cfg.clip)
+                    max_grad_norm=cfg.clip, exclude_from_adaptation=None,
+                    exclude_from_weight_decay=None)
     if cfg.optimizer == "lars":
         return LARS(model.parameters(), lr=cfg.lr, momentum=cfg.momentum,
                     weight_decay=cfg.weight_decay, exclude_from_adaptation=False)

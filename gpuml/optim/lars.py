@@ -79,8 +79,12 @@ class LARS(C.LayerwiseOptimizer):
     mode : {"classic", "normalized"}, default "classic"
     always_adapt : bool, default True
         Adapt tensors without weight decay too; False is timm's default.
-    exclude_from_adaptation, exclude_from_weight_decay : bool or None, default None
-        None excludes tensors with ``ndim <= 1``; True/False every/no tensor.
+    exclude_from_adaptation : bool or None, default False
+        False adapts every tensor, biases and norm weights included (see Notes); None
+        excludes tensors with ``ndim <= 1``; True every tensor of the group.
+    exclude_from_weight_decay : bool or None, default None
+        None keeps tensors with ``ndim <= 1`` out of the weight decay (they still get the
+        local rate, with :math:`\beta = 0` in it); True/False every/no tensor.
     master_weights, capturable, foreach, fused
         As in :class:`gpuml.optim.LAMB` (float64 parameters included: loop and foreach
         paths only). The momentum buffer is fp32 (float64 for float64 parameters).
@@ -99,11 +103,20 @@ class LARS(C.LayerwiseOptimizer):
     trust_coefficient=0.02, clip=True, exclude_from_adaptation=False,
     exclude_from_weight_decay=False)`` for tensors with nonzero norms.
 
-    A tensor excluded from adaptation (by default every tensor with ``ndim <= 1``)
-    steps with :math:`\alpha = 1`, i.e. with the raw global rate :math:`\gamma`,
-    which for LARS is large (the per-layer scale is :math:`\gamma l`). Give such
-    tensors their own param group with a smaller ``lr``, or pass
-    ``exclude_from_adaptation=False``.
+    Biases and norm weights. A tensor excluded from adaptation steps with
+    :math:`\alpha = 1`, i.e. with the raw global rate :math:`\gamma`, which for LARS
+    is large (the default 1.0, against a per-layer scale of about :math:`\gamma l`):
+    a plain momentum-SGD step at rate 1.0. So by default every tensor is adapted,
+    tensors with ``ndim <= 1`` included, and those are only kept out of the weight
+    decay: their local rate is :math:`l\|w\|/(\|g\| + \epsilon)`. Measured
+    (``bench/bench_optim_defaults.py``, ``lr=1.0``, momentum 0.9, weight decay 5e-4, LEGW
+    + sqrt scaling), this beats excluding them by 0.4, 0.8 and 2.5 test points on a CNN
+    on Fashion-MNIST at batches 32, 256 and 1024, and trains as well as decaying them too
+    (apex's LARC, timm) or giving them their own group at :math:`\gamma l`. A tensor
+    whose norm is 0 (a LayerNorm bias at initialisation) still takes one step with
+    :math:`\alpha = 1` (You et al. 2019, Alg 1; apex, timm), after which its norm is
+    positive. ``exclude_from_adaptation=None`` gives the former rule (1-D tensors
+    excluded, the BERT recipe's choice for LAMB).
 
     GradScaler, NaN gradients and ``capturable`` behave as described in
     :class:`gpuml.optim.LAMB`.
@@ -136,7 +149,7 @@ class LARS(C.LayerwiseOptimizer):
                  dampening: float = 0.0, weight_decay: float = 0.0, nesterov: bool = False, *,
                  trust_coefficient: float = 0.001, eps: float = 1e-8, clip: bool = False,
                  trust_bounds=(0.0, float("inf")), mode: str = "classic",
-                 always_adapt: bool = True, exclude_from_adaptation: bool | None = None,
+                 always_adapt: bool = True, exclude_from_adaptation: bool | None = False,
                  exclude_from_weight_decay: bool | None = None, master_weights: bool = False,
                  capturable: bool = False, foreach: bool | None = None,
                  fused: bool | None = None, maximize: bool = False):

@@ -223,17 +223,17 @@ def test_lamb_float64_matches_the_written_out_algorithm(impl, opts):
     """10 steps of LAMB (You et al., "Large Batch Optimization for Deep Learning: Training BERT
     in 76 minutes", 2019, Alg. 2) on float64 parameters, against the algorithm written out
     plainly in NumPy float64 (tests/optim/test_optim_lamb.py), to 1e-12: with the defaults
-    (global clipping at 1, 1-D tensors excluded from adaptation and weight decay, the trust
-    ratio 1 where a norm is 0)."""
+    (no clipping, every tensor adapted and decayed, the trust ratio 1 where a norm is 0), and
+    with global clipping."""
     from test_optim_lamb import np_lamb
 
     ws, grads = _f64_problem()
-    kw = dict(lr=1e-3, betas=(0.9, 0.999), eps=1e-6, weight_decay=0.01, max_grad_norm=1.0)
+    kw = dict(lr=1e-3, betas=(0.9, 0.999), eps=1e-6, weight_decay=0.01, max_grad_norm=None)
     kw.update(opts)
     ps, _ = _run_f64(LAMB, ws, grads, **{**opts, **impl})
-    rule = [len(s) > 1 for s in F64_SHAPES]
+    every = [True] * len(F64_SHAPES)
     want = np_lamb(ws, grads, lr=kw["lr"], beta1=kw["betas"][0], beta2=kw["betas"][1],
-                   eps=kw["eps"], wd=kw["weight_decay"], adapt=rule, decay=rule,
+                   eps=kw["eps"], wd=kw["weight_decay"], adapt=every, decay=every,
                    max_grad_norm=kw["max_grad_norm"])
     for p, w in zip(ps, want):
         np.testing.assert_allclose(p.detach().numpy(), w, rtol=0, atol=1e-12)
@@ -245,14 +245,14 @@ def test_lars_float64_matches_the_written_out_algorithm(impl, opts):
     """10 steps of LARS (You, Gitman, Ginsburg, "Large Batch Training of Convolutional
     Networks", 2017) on float64 parameters against the algorithm written out in NumPy float64
     (tests/optim/test_optim_lars.py), to 1e-12, with the defaults (lr 1, momentum 0.9,
-    trust coefficient 1e-3, 1-D tensors at the global rate)."""
+    trust coefficient 1e-3, every tensor adapted, 1-D tensors without weight decay)."""
     from test_optim_lars import np_lars_classic
 
     ws, grads = _f64_problem()
     ps, _ = _run_f64(LARS, ws, grads, **{**opts, **impl})
     rule = [len(s) > 1 for s in F64_SHAPES]
     want = np_lars_classic(ws, grads, lr=1.0, momentum=0.9, wd=opts.get("weight_decay", 0.0),
-                           l=1e-3, eps=1e-8, adapt=rule, decay=rule,
+                           l=1e-3, eps=1e-8, adapt=[True] * len(rule), decay=rule,
                            nesterov=opts.get("nesterov", False))
     for p, w in zip(ps, want):
         np.testing.assert_allclose(p.detach().numpy(), w, rtol=0, atol=1e-12)

@@ -89,16 +89,21 @@ ONE_D = [len(s) <= 1 for s in SHAPES]
     {"weight_decay": 0.0},
     {"weight_decay": 0.1, "betas": (0.0, 0.0)},
     {"lr": 0.0},
+    {"exclude_from_adaptation": None, "exclude_from_weight_decay": None},
+    {"exclude_from_adaptation": None, "max_grad_norm": None},
 ])
 def test_lamb_matches_numpy(opts):
     ws, grads = make()
     kw = dict(lr=0.05, betas=(0.9, 0.999), eps=1e-6, weight_decay=0.01, max_grad_norm=1.0)
     kw.update(opts)
     got = run_torch(ws, grads, **kw)
-    # default exclusion: 1-D tensors get neither adaptation nor weight decay; always_adapt=True
+    # default exclusion: none (Alg 16); None excludes the 1-D tensors (the BERT recipe)
+    one_d = {o: [s and kw.get(o, False) is None for s in ONE_D]
+             for o in ("exclude_from_adaptation", "exclude_from_weight_decay")}
     want = np_lamb(ws, grads, lr=kw["lr"], beta1=kw["betas"][0], beta2=kw["betas"][1],
-                   eps=kw["eps"], wd=kw["weight_decay"], adapt=[not o for o in ONE_D],
-                   decay=[not o for o in ONE_D],
+                   eps=kw["eps"], wd=kw["weight_decay"],
+                   adapt=[not o for o in one_d["exclude_from_adaptation"]],
+                   decay=[not o for o in one_d["exclude_from_weight_decay"]],
                    bias_correction=kw.get("bias_correction", True),
                    grad_averaging=kw.get("grad_averaging", True),
                    max_grad_norm=kw["max_grad_norm"], bounds=kw.get("trust_bounds", (0, math.inf)),

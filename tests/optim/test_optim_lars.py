@@ -89,15 +89,18 @@ def assert_close(a, b, rtol=2e-5, atol=2e-6):
     {"clip": True, "lr": 1e-4},
     {"trust_bounds": (0.01, 0.02)},
     {"trust_coefficient": 0.02, "eps": 1e-3},
+    {"exclude_from_adaptation": None},
 ])
 def test_lars_classic_matches_numpy(opts):
     ws, grads = make()
     kw = dict(lr=2.0, momentum=0.9, weight_decay=5e-4, trust_coefficient=0.001, eps=1e-8)
     kw.update(opts)
     got = run_torch(ws, grads, **kw)
+    # default: every tensor adapted, 1-D ones kept out of weight decay; None: 1-D not adapted
+    adapt = [not (o and kw.get("exclude_from_adaptation", False) is None) for o in ONE_D]
     want = np_lars_classic(ws, grads, lr=kw["lr"], momentum=kw["momentum"],
                            wd=kw["weight_decay"], l=kw["trust_coefficient"], eps=kw["eps"],
-                           adapt=[not o for o in ONE_D], decay=[not o for o in ONE_D],
+                           adapt=adapt, decay=[not o for o in ONE_D],
                            dampening=kw.get("dampening", 0.0),
                            nesterov=kw.get("nesterov", False), clip=kw.get("clip", False),
                            bounds=kw.get("trust_bounds", (0.0, math.inf)))
@@ -112,7 +115,7 @@ def test_lars_alg15_matches_numpy(opts):
     got = run_torch(ws, grads, mode="normalized", **kw)
     want = np_lars_alg15(ws, grads, lr=kw["lr"], beta1=kw["momentum"], wd=kw["weight_decay"],
                          l=kw["trust_coefficient"], eps=kw["eps"],
-                         adapt=[not o for o in ONE_D], decay=[not o for o in ONE_D],
+                         adapt=[True] * len(ONE_D), decay=[not o for o in ONE_D],
                          bounds=kw.get("trust_bounds", (0.0, math.inf)))
     assert_close(got, want)
 

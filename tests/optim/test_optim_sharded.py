@@ -28,7 +28,7 @@ STEPS = 20
 TOL = 1e-6  # float32, max |difference| of any parameter over the 20 steps
 
 # (optimizer, options, param_groups_by_name)
-LAMB_DEFAULTS = ("lamb", dict(lr=0.02, foreach=True), False)  # wd 0.01, clip 1.0, 1-D excluded
+LAMB_DEFAULTS = ("lamb", dict(lr=0.02, foreach=True), False)  # Alg 16: wd 0.01, no clipping
 LAMB_PLAIN = ("lamb", dict(lr=0.02, weight_decay=0.0, max_grad_norm=None,
                            exclude_from_adaptation=False, foreach=False), False)
 LAMB_CLIPPING = ("lamb", dict(lr=0.02, max_grad_norm=0.05, always_adapt=False,
@@ -59,7 +59,7 @@ def collectives_per_step(config):
     momentum; param_groups_by_name puts the biases in a group that does not), after one of
     the global gradient norm (a scalar) when LAMB clips."""
     name, kwargs, by_name = config
-    clip = name == "lamb" and kwargs.get("max_grad_norm", 1.0) is not None
+    clip = name == "lamb" and kwargs.get("max_grad_norm") is not None  # default: no clipping
     return [1] * clip + [2 * (N_WEIGHTS if by_name else N_TENSORS)]
 
 
