@@ -544,12 +544,15 @@ class GCDProblem:
     random_state: object = None
 
 
-def solve_batch(X, kernel, problems, *, n_jobs=1, cache_bytes=1 << 30, **options):
+def solve_batch(X, kernel, problems, *, n_jobs=1, cache_bytes=1 << 30, progress=None,
+                **options):
     """Solve every problem with :func:`solve`, ``n_jobs`` problems at a time in threads.
 
     Each problem runs on its own rows of X and gets ``cache_bytes / n_jobs`` of
     kernel-column cache; ``options`` are :func:`solve`'s. The numba workers
     release the GIL, so problems in threads run at the same time.
+    ``progress(k, result)`` runs in the calling thread as the results come
+    back, in problem order.
     """
     n_jobs = max(1, min(int(n_jobs or 1), len(problems)))
 
@@ -565,10 +568,18 @@ def solve_batch(X, kernel, problems, *, n_jobs=1, cache_bytes=1 << 30, **options
                      random_state=problem.random_state, threads_per_worker=n_jobs, **options)
 
     if n_jobs == 1:
-        return [one(problem) for problem in problems]
-    from joblib import Parallel, delayed
+        outputs = (one(problem) for problem in problems)
+    else:
+        from joblib import Parallel, delayed
 
-    return Parallel(n_jobs=n_jobs, prefer="threads")(delayed(one)(p) for p in problems)
+        outputs = Parallel(n_jobs=n_jobs, prefer="threads", return_as="generator")(
+            delayed(one)(p) for p in problems)
+    results = []
+    for k, res in enumerate(outputs):
+        results.append(res)
+        if progress is not None:
+            progress(k, res)
+    return results
 
 
 def objective_from_gradient(alpha, g) -> float:

@@ -574,23 +574,36 @@ class _DenseRun:
                               self.status, self.rho, self.objective)
 
     def results(self) -> list[SMOResult]:
-        bounds = self.checked.offsets.tolist()
-        alpha, G = self.checked.alpha, self.G
-        return [SMOResult(alpha=alpha[a:b], intercept=-r, n_iter=it, objective=f,
-                          gradient=G[a:b], converged=st == _CONVERGED)
-                for a, b, r, it, f, st in zip(bounds[:-1], bounds[1:], self.rho.tolist(),
-                                              self.n_iter.tolist(), self.objective.tolist(),
-                                              self.status.tolist())]
+        return [self.result(w) for w in range(len(self.checked.offsets) - 1)]
+
+    def result(self, w) -> SMOResult:
+        """Problem ``w``'s solution (views of the flat arrays), once its call returned."""
+        a, b = int(self.checked.offsets[w]), int(self.checked.offsets[w + 1])
+        return SMOResult(alpha=self.checked.alpha[a:b], intercept=-float(self.rho[w]),
+                         n_iter=int(self.n_iter[w]), objective=float(self.objective[w]),
+                         gradient=self.G[a:b], converged=bool(self.status[w] == _CONVERGED))
 
 
-def _in_threads(fn, items, n_jobs):
-    """``fn`` over ``items`` in joblib threads (the numba loops release the GIL)."""
+def _in_threads(fn, items, n_jobs, on_result=None):
+    """``fn`` over ``items`` in joblib threads (the numba loops release the GIL).
+
+    ``on_result(item, result)`` runs in the calling thread as each result comes
+    back, in the order of ``items`` (progress reports are printed from there).
+    """
     from joblib import Parallel, delayed
 
     items = list(items)
     if n_jobs in (None, 1) or len(items) <= 1:
-        return [fn(item) for item in items]
-    return Parallel(n_jobs=n_jobs, prefer="threads")(delayed(fn)(it) for it in items)
+        outputs = (fn(item) for item in items)
+    else:
+        outputs = Parallel(n_jobs=n_jobs, prefer="threads", return_as="generator")(
+            delayed(fn)(it) for it in items)
+    done = []
+    for item, out in zip(items, outputs):
+        done.append(out)
+        if on_result is not None:
+            on_result(item, out)
+    return done
 
 
 class _BlasThreads:
@@ -707,7 +720,7 @@ class SMOProblem:
 
 
 def solve_batch(kernel, Xs, problems, *, tol=1e-3, max_iter=-1, cache_bytes=1 << 30,
-                shrinking=True, n_jobs=None) -> list[SMOResult]:
+                shrinking=True, n_jobs=None, progress=None) -> list[SMOResult]:
     """Solve every problem, sharing kernel values between the problems of a group.
 
     The problems are validated once, together, and laid end to end in flat
@@ -716,7 +729,9 @@ def solve_batch(kernel, Xs, problems, *, tol=1e-3, max_iter=-1, cache_bytes=1 <<
     then solved by compiled calls over chunks of problems, with no Python
     per problem or per step. Problems of larger groups are solved one by one
     with rows computed on demand. Chunks and large problems run in joblib
-    threads (the numba loops release the GIL).
+    threads (the numba loops release the GIL). ``progress(group, results)``, when
+    given, is called in the calling thread as soon as every problem of a group is
+    solved, with that group's results in problem order.
     """
     if not problems:
         return []
@@ -774,8 +789,24 @@ def solve_batch(kernel, Xs, problems, *, tol=1e-3, max_iter=-1, cache_bytes=1 <<
 
     # Many problems: the threads are the parallelism; BLAS threads inside each
     # would only oversubscribe the cores.
+    pending = np.bincount([group[what] if kind == "row-cached" else what[0]
+                           for kind, what in tasks], minlength=len(Xs))
+    row_results = {}
+
+    def finished(item, out):
+        """A task is back (calling thread): report its group once all of the group's are."""
+        kind, what = item
+        g = int(group[what]) if kind == "row-cached" else int(what[0])
+        if kind == "row-cached":
+            row_results[out[0]] = out[1]
+        pending[g] -= 1
+        if pending[g] == 0 and progress is not None:
+            mine = np.flatnonzero(group == g).tolist()
+            progress(g, [row_results[w] if w in row_results else run.result(w)
+                         for w in mine])
+
     with threadpool_limits(1, user_api="blas") if len(problems) > 1 else nullcontext():
-        done = _in_threads(task, tasks, n_jobs)
+        done = _in_threads(task, tasks, n_jobs, on_result=finished)
     results = run.results()
     for out in done:
         if out is not None:
