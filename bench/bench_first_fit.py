@@ -94,7 +94,9 @@ def main(quick: bool = False, gpu: bool = False) -> None:
                  "installing; warm: a new process with the cache the cold one wrote (every "
                  "later process; or run `python -m gpuml.precompile` once after installing). "
                  f"Medians of {repeats} runs per row, the versions interleaved; "
-                 f"{os.cpu_count()} CPU cores. *_cpu_s: CPU seconds of the process.",
+                 f"{os.cpu_count()} CPU cores, shared with other jobs (run at raised "
+                 "priority: own scheduler group, nice -15), so wall times stretch with the "
+                 "load; *_cpu_s: CPU seconds of the process, much less sensitive to it.",
            command="python -m bench.run first_fit")
 
 

@@ -2,8 +2,8 @@
 
 The CPU solvers (SMO for CA-SVM, Asy-GCD, the partitioners' greedy fills and the
 fused nearest-centre sweep) are numba functions compiled with ``cache=True``: the
-first process that needs one compiles it (CA-SVM and Asy-GCD together: about 7 s
-each on a 2-core machine) and writes the machine code next to the sources (in
+first process that needs one compiles it (a first fit of CA-SVM: 5.6 s, of Asy-GCD: 8.1 s
+on the shared 2-core machine) and writes the machine code next to the sources (in
 ``__pycache__``, or under ``NUMBA_CACHE_DIR`` when that is set); every later process
 loads it in a fraction of a second. Run this module once after installing (in a
 Docker image build, a CI setup step, ``make install``) so that no user-facing fit
