@@ -24,7 +24,7 @@ $(STAMP): pyproject.toml Makefile
 	# dask: the Dask tests (a two-worker LocalCluster) run in CI too.
 	$(PY) -m pip install -q -e ".[test,bench,dask]"
 	# Compile the numba CPU kernels into their disk cache now (~15 s once), not in the
-	# first fit of a test, the demo or a benchmark (a cold first fit: 7-9 s; warm: < 0.4 s).
+	# first fit of a test, the demo or a benchmark (a cold first fit: 5-8 s; warm: < 1 s).
 	$(PY) -m gpuml.precompile
 	touch $(STAMP)
 

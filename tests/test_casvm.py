@@ -363,7 +363,7 @@ def test_poor_parts_warn_and_good_parts_do_not():
     # Enough rows per class and part, every part with both classes: no warning; P=1 never.
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        CASVMClassifier(n_partitions=4, random_state=0).fit(X, y)
+        CASVMClassifier(n_partitions=2, random_state=0).fit(X, y)
         CASVMClassifier(n_partitions=1).fit(Xb, yb)
 
 

@@ -223,8 +223,9 @@ def test_lru_cache_evicts_the_least_recently_used_column():
     slot_time = np.zeros(2, dtype=np.int64)
 
     def get(i, clock):
-        return cpu_gcd._column(X, sq, y, i, 0, 10, 2, 0.1, 0.0, 3, cache, slot_of, slot_var,
-                               slot_time, clock)
+        slot = cpu_gcd._column(X, sq, y, i, 0, 10, 2, 0.1, 0.0, 3, cache, slot_of, slot_var,
+                               slot_time, clock, np.empty(10), np.empty(10, dtype=np.int64))
+        return cache[slot]
 
     get(3, 1)
     get(5, 2)

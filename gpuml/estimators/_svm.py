@@ -37,6 +37,35 @@ from .._validation import validate_X_y
 from ..kernels import make_kernel, squared_norms
 
 
+def value_dtype(X):
+    """The dtype of decision values and probabilities for input ``X``: float32 in, float32 out.
+
+    float32 for float32 NumPy, CuPy, SciPy sparse or Dask input and for a
+    DataFrame whose columns are all float32; float64 for anything else (as
+    scikit-learn's ``check_array`` keeps float32 and turns the rest into float64).
+    Class labels (``predict``) keep the training labels' dtype, as SVC.
+    """
+    dtype = getattr(X, "dtype", None)
+    if dtype is None and hasattr(X, "dtypes"):
+        kinds = set(map(str, X.dtypes))
+        dtype = kinds.pop() if len(kinds) == 1 else None
+    return np.dtype(np.float32) if str(dtype) == "float32" else np.dtype(np.float64)
+
+
+def gpu_compute_dtype(backend, X, model_dtype):
+    """The dtype kernel values are computed in for prediction on ``backend``.
+
+    On a GPU, float32 input is computed in float32 (the kernel GEMM, the bulk of
+    the work, at float32 speed) even for a model fitted on float64; the decision
+    values are still accumulated in float64 (``K @ dual_coef`` against the
+    float64 coefficients). float64 input is the way to ask for float64. On the
+    CPU the model's dtype is kept, so the CPU result is the float64 oracle.
+    """
+    if backend.is_gpu and X.dtype == np.float32:
+        return np.dtype(np.float32)
+    return np.dtype(model_dtype)
+
+
 def class_pairs(n_classes: int) -> list[tuple[int, int]]:
     """The one-vs-one pairs ``(a, b)``, ``a < b``, in LIBSVM's order."""
     return [(a, b) for a in range(n_classes) for b in range(a + 1, n_classes)]
@@ -180,7 +209,8 @@ class KernelSVMMixin:
         if getattr(self, "_calibrated", None) is None:
             raise NotFittedError("predict_proba is not available when fitted with "
                                  "probability=False")
-        return to_output(self._calibrated.predict_proba(X), X)
+        proba = self._calibrated.predict_proba(X)
+        return to_output(proba.astype(value_dtype(X), copy=False), X)
 
     @available_if(_check_proba)
     def predict_log_proba(self, X):

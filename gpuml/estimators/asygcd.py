@@ -14,6 +14,7 @@ from sklearn.utils._param_validation import Interval, StrOptions
 from sklearn.utils.validation import check_is_fitted
 
 from .._backend import resolve, to_numpy, to_output
+from .._progress import Progress
 from .._validation import validate_X
 from ..kernels import GCDProblem, gcd_plan, gcd_solve_batch
 from ..partition import assign_nearest, kmeans, partition
@@ -21,10 +22,12 @@ from ._partitioned import KERNEL_CONSTRAINTS
 from ._svm import (
     KernelSVMMixin,
     class_pairs,
+    gpu_compute_dtype,
     ovo_votes,
     ovr_decision,
     pack_dual_coef,
     primal_coef,
+    value_dtype,
 )
 
 #: k-means for the variable blocks runs on at most this many samples (§4.4).
@@ -160,7 +163,10 @@ class AsyGCDSVC(KernelSVMMixin, ClassifierMixin, BaseEstimator):
     random_state : int, RandomState or None, default=None
         Seeds the k-means/random split and the random selection.
     verbose : int, default=0
-        Print one line per binary problem when > 0.
+        When positive, print one line per one-vs-one pair as it finishes (its
+        variables, workers, updates, objective and largest violation), from
+        the thread that called ``fit`` (never interleaved); with ``tqdm``
+        installed a fit that lasts over 2 s also shows a progress bar on stderr.
 
     Attributes
     ----------
@@ -354,20 +360,29 @@ class AsyGCDSVC(KernelSVMMixin, ClassifierMixin, BaseEstimator):
                                        pair_rng.randint(2**31 - 1)))
             largest.append((np.bincount(blocks).max() / len(rows), workers))
         cache = None if self.cache_size is None else int(self.cache_size * 2**20)
+        progress = Progress("AsyGCDSVC", len(pairs), self.verbose, unit="pair")
+
+        def report(k, res):
+            a, b = pairs[k]
+            progress.update(k, f"classes ({self.classes_[a]}, {self.classes_[b]}), "
+                               f"{len(problems[k].rows)} variables, {res.n_workers} workers, "
+                               f"{res.n_updates} updates, objective {res.objective:.6g}, "
+                               f"max violation {res.max_violation:.2e}"
+                               + ("" if res.converged else ", stopped at max_updates"))
+
         results = gcd_solve_batch(X, self._kernel, problems, selection=self.selection,
                                   tol=self.tol, max_updates=self.max_updates,
-                                  cache_bytes=cache, n_jobs=concurrent)
-        for (a, b), problem, res in zip(pairs, problems, results):
-            if self.verbose:
-                print(f"[AsyGCDSVC] classes ({self.classes_[a]}, {self.classes_[b]}): "
-                      f"{len(problem.rows)} variables, {res.n_workers} workers, "
-                      f"{res.n_updates} updates, objective {res.objective:.6g}, "
-                      f"max violation {res.max_violation:.2e}")
+                                  cache_bytes=cache, n_jobs=concurrent,
+                                  progress=report if progress else None)
+        progress.close()
         capped = [res for res in results if not res.converged]
         if capped:
+            names = [f"({self.classes_[a]}, {self.classes_[b]})"
+                     for (a, b), res in zip(pairs, results) if not res.converged]
             warnings.warn(f"Asy-GCD stopped {len(capped)} of {len(results)} binary problems at "
                           f"the update cap before every projected gradient was below "
-                          f"tol={self.tol:g} (largest left: "
+                          f"tol={self.tol:g} (classes {', '.join(names[:8])}"
+                          f"{', ...' if len(names) > 8 else ''}; largest left: "
                           f"{max(r.max_violation for r in capped):.3g}); raise max_updates or "
                           "tol", ConvergenceWarning, stacklevel=4)
         # Unequal blocks: the largest holds over twice the mean share (over 90% with two
@@ -425,7 +440,11 @@ class AsyGCDSVC(KernelSVMMixin, ClassifierMixin, BaseEstimator):
             elif len(self.support_) == 0:
                 values = backend.xp.zeros((X.shape[0], coef.shape[0]))
             else:
-                values = self._kernel.dot(Xd, self._on_device(backend, "support_vectors_"), coef.T)
+                # Kernel values in float32 on a GPU for float32 rows, summed in float64.
+                vectors = self._on_device(backend, "support_vectors_")
+                vectors = vectors.astype(gpu_compute_dtype(backend, Xd, vectors.dtype),
+                                         copy=False)
+                values = self._kernel.dot(Xd, vectors, coef.T)
             return to_numpy(values).astype(np.float64, copy=False)
 
     def decision_function(self, X):
@@ -443,15 +462,18 @@ class AsyGCDSVC(KernelSVMMixin, ClassifierMixin, BaseEstimator):
         Returns
         -------
         ndarray of shape (n_samples,), (n_samples, n_classes) or (n_samples, n_pairs)
+            float32 for float32 ``X``, else float64 (computed with float64
+            accumulation either way).
         """
+        dtype = value_dtype(X)
         values = self._pair_values(X)
         n_classes = len(self.classes_)
         if n_classes == 2:
-            return to_output(-values[:, 0], X)
+            return to_output((-values[:, 0]).astype(dtype, copy=False), X)
         if self.decision_function_shape == "ovo":
-            return to_output(values, X)
+            return to_output(values.astype(dtype, copy=False), X)
         votes, confidence = ovo_votes(values, n_classes, zero_votes_first=True)
-        return to_output(ovr_decision(votes, confidence), X)
+        return to_output(ovr_decision(votes, confidence).astype(dtype, copy=False), X)
 
     def predict(self, X):
         """Class labels by one-vs-one voting, as SVC (a value of exactly 0 votes second).

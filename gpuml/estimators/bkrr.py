@@ -32,6 +32,7 @@ from .._backend import (
     to_numpy,
     to_output,
 )
+from .._progress import Progress
 from .._validation import check_n_partitions, validate_X, validate_X_y
 from ..distributed import balance, cholesky_cost
 from ..kernels import (
@@ -315,7 +316,17 @@ class _BKRRBase(RegressorMixin, BaseEstimator):
         return [KRRPartFit(Xj, a) for Xj, a in zip(parts, alphas)]
 
     def _store_fit(self, backend, partitioning, fits, sigma, lam):
-        """The fitted attributes from the per-part fits (in part order) and the centres."""
+        """The fitted attributes from the per-part fits (in part order) and the centres.
+
+        Called by the thread that called ``fit``, after every part is solved (one
+        batched direct solve: no iteration, so no convergence to report): with
+        ``verbose``, one line per part is printed here, in part order.
+        """
+        progress = Progress("BKRR", len(fits), getattr(self, "verbose", 0))
+        shifts = self._shifts(partitioning.sizes, lam)
+        for j, (size, shift) in enumerate(zip(partitioning.sizes.tolist(), shifts)):
+            progress.update(j, f"{size} rows, (K + {shift:.4g} I) a = y solved")
+        progress.close()
         self.X_fit_ = stack_rows([f.X for f in fits])
         self.dual_coef_ = backend.xp.concatenate([f.dual_coef for f in fits])
         self.centers_ = partitioning.centers
@@ -554,6 +565,9 @@ class BKRRRegressor(_BKRRBase):
         ``1 / n_features``, KernelRidge's ``gamma=None``.
     kernel_params : dict or None, default=None
         Keyword arguments of a callable kernel, as KernelRidge's.
+    verbose : int, default=0
+        When positive, print one line per part (its rows and diagonal shift)
+        once the parts are solved, from the thread that called ``fit``.
 
     Attributes
     ----------
@@ -618,12 +632,13 @@ class BKRRRegressor(_BKRRBase):
         "alpha": [Interval(Real, 0.0, None, closed="left"), None],
         "gamma": [Interval(Real, 0.0, None, closed="neither"), StrOptions({"auto"}), None],
         "kernel_params": [dict, None],
+        "verbose": ["verbose"],
     }
 
     def __init__(self, kernel="rbf", sigma=1.0, lam=1e-4, degree=3, coef0=1.0,
                  n_partitions="auto", partition="kbalance", combine="nearest",
                  dtype="float64", device="auto", devices=None, n_jobs=None, random_state=None,
-                 alpha=None, gamma=None, kernel_params=None):
+                 alpha=None, gamma=None, kernel_params=None, verbose=0):
         self.kernel = kernel
         self.sigma = sigma
         self.lam = lam
@@ -640,6 +655,7 @@ class BKRRRegressor(_BKRRBase):
         self.alpha = alpha
         self.gamma = gamma
         self.kernel_params = kernel_params
+        self.verbose = verbose
 
     def _host_only(self) -> bool:
         return callable(self.kernel) or self.kernel in HOST_KERNELS

@@ -14,6 +14,7 @@ from sklearn.utils._param_validation import Interval, StrOptions
 from sklearn.utils.validation import check_is_fitted
 
 from .._backend import dask_module, is_dask_collection, namespace_of, resolve, to_numpy, to_output
+from .._progress import Progress
 from .._validation import validate_X
 from ..distributed import balance, smo_cost
 from ..kernels import SMOProblem, smo_solve_batch
@@ -35,10 +36,12 @@ from ._partitioned import (
 from ._svm import (
     KernelSVMMixin,
     class_pairs,
+    gpu_compute_dtype,
     ovo_votes,
     ovr_decision,
     pack_dual_coef,
     primal_coef,
+    value_dtype,
 )
 
 #: Default number of parts, chosen from bench/bench_casvm.py (see docs/casvm.md).
@@ -75,6 +78,12 @@ class SVMPartFit:
     converged: bool
     n_problems: int
 
+
+
+def _part_line(rows, n_problems, n_iter, converged):
+    """The ``verbose`` line of one fitted part."""
+    return (f"{rows} rows, {n_problems} SMO problem{'s' if n_problems != 1 else ''}, "
+            f"{n_iter} iterations" + ("" if converged else ", stopped at max_iter"))
 
 
 class CASVMClassifier(KernelSVMMixin, ClassifierMixin, BaseEstimator):
@@ -182,7 +191,10 @@ class CASVMClassifier(KernelSVMMixin, ClassifierMixin, BaseEstimator):
     random_state : int, RandomState or None, default=None
         Seeds the partitioner.
     verbose : int, default=0
-        Print one line per fit with the parts' iterations when positive.
+        When positive, print one line per part as it finishes (its rows, SMO
+        problems and iterations) and a summary line, all from the thread that
+        called ``fit`` (never interleaved); with ``tqdm`` installed a fit that
+        lasts over 2 s also shows a progress bar on stderr.
 
     Attributes
     ----------
@@ -369,11 +381,12 @@ class CASVMClassifier(KernelSVMMixin, ClassifierMixin, BaseEstimator):
         for name in ("devices_", "part_device_", "part_worker_", "_device_cache"):
             self.__dict__.pop(name, None)
 
+        progress = Progress("CASVM", self.n_partitions, self.verbose)
         if group is None:
             with backend.use():
                 X = backend.asarray(X)
                 parts = split(X, self.n_partitions, self.partition, self.random_state)
-                fits = self._fit_parts(X, parts.parts, y_idx, sample_C)
+                fits = self._fit_parts(X, parts.parts, y_idx, sample_C, progress)
         else:
             X = to_numpy(X)
             parts = split_on_devices(group, X, self.n_partitions, self.partition,
@@ -383,16 +396,22 @@ class CASVMClassifier(KernelSVMMixin, ClassifierMixin, BaseEstimator):
                 lambda b, ids, rows, local: self._fit_parts(b.asarray(X[rows]), local,
                                                             y_idx[rows], sample_C[rows]))
             self.devices_ = group.devices
-        self._assemble(parts, fits, y_idx)
+            # The devices' threads fit the parts; their lines come from here, in part order.
+            for p, (rows, f) in enumerate(zip(parts.parts, fits)):
+                progress.update(p, _part_line(len(rows), f.n_problems, int(f.n_iter.sum()),
+                                              f.converged))
+        self._assemble(parts, fits, y_idx, progress)
         self._fit_probability(X, y, y_idx, sample_C, sample_weight)
         return self
 
-    def _fit_parts(self, X, part_rows, y_idx, sample_C) -> list[SVMPartFit]:
+    def _fit_parts(self, X, part_rows, y_idx, sample_C, progress=None) -> list[SVMPartFit]:
         """Step 2 for the given parts: their one-vs-one SMO problems, solved as one batch.
 
         ``X`` is on the current device; ``part_rows[k]`` are the rows of X of the
         k-th part, ``y_idx`` and ``sample_C`` (host) are aligned with X's rows.
-        Returns one :class:`SVMPartFit` per part, in order.
+        Returns one :class:`SVMPartFit` per part, in order. ``progress`` (a
+        :class:`gpuml._progress.Progress`, only when called from the fitting
+        thread) gets one line per part as the part's last problem is solved.
         """
         n_classes = len(self.classes_)
         pairs = class_pairs(n_classes)
@@ -424,9 +443,19 @@ class CASVMClassifier(KernelSVMMixin, ClassifierMixin, BaseEstimator):
             problems += [SMOProblem(k, idx[lo:hi], labels[lo:hi], C_part[lo:hi])
                          for lo, hi in zip([0] + ends[:-1], ends)]
             layout.append((present, q, pos[idx], labels))
+        report = None
+        if progress:
+            for k, (_, q, _, _) in enumerate(layout):
+                if not len(q):  # one class (or none) in the part: nothing to solve
+                    progress.update(k, _part_line(len(part_rows[k]), 0, 0, True))
+
+            def report(k, res):
+                progress.update(k, _part_line(len(part_rows[k]), len(res),
+                                              sum(int(r.n_iter) for r in res),
+                                              all(bool(r.converged) for r in res)))
         results = smo_solve_batch(self._kernel, Xs, problems, tol=self.tol,
                                   max_iter=self.max_iter, cache_size=self.cache_size,
-                                  shrinking=self.shrinking, n_jobs=self.n_jobs)
+                                  shrinking=self.shrinking, n_jobs=self.n_jobs, progress=report)
         # One copy to the host: the GPU solver's alphas are joined on the device first.
         alphas = [res.alpha for res in results]
         alpha = (to_numpy(namespace_of(alphas[0]).concatenate(alphas)) if alphas
@@ -487,7 +516,7 @@ class CASVMClassifier(KernelSVMMixin, ClassifierMixin, BaseEstimator):
             return Xp.toarray()
         return Xp
 
-    def _assemble(self, parts, fits, y_idx):
+    def _assemble(self, parts, fits, y_idx, progress=None):
         """The fitted attributes from the per-part models (in part order) and the centres.
 
         The support vectors of all parts are put in SVC's order (by class,
@@ -528,15 +557,21 @@ class CASVMClassifier(KernelSVMMixin, ClassifierMixin, BaseEstimator):
         self.partition_sizes_ = parts.sizes
         warn_poor_parts(parts.parts, y_idx, len(self.classes_), self.partition)
         if not converged:
+            # One warning per fit, naming the parts (SVC's sentence first, as its tests match).
             cap = ("" if self.max_iter >= 0 else
                    ": an SMO problem reached LIBSVM's cap of max(10**7, 100 * n_samples) steps")
+            stopped = [p for p, f in enumerate(fits) if not f.converged]
+            where = ("" if len(fits) == 1 else
+                     f" Stopped in {len(stopped)} of {len(fits)} parts: parts "
+                     f"{', '.join(map(str, stopped[:8]))}{', ...' if len(stopped) > 8 else ''}.")
             warnings.warn(f"Solver terminated early (max_iter={self.max_iter}){cap}.  Consider "
-                          "pre-processing your data with StandardScaler or MinMaxScaler.",
+                          f"pre-processing your data with StandardScaler or MinMaxScaler.{where}",
                           ConvergenceWarning, stacklevel=3)
-        if self.verbose:
-            print(f"[CASVM] {len(fits)} parts, {sum(f.n_problems for f in fits)} SMO problems, "
-                  f"{int(self.part_n_iter_.sum())} iterations, {len(self.support_)} support "
-                  "vectors")
+        if progress is None:  # a Dask fit: its workers fitted the parts, no per-part lines
+            progress = Progress("CASVM", 0, self.verbose)
+        progress.close(f"{len(fits)} parts, {sum(f.n_problems for f in fits)} SMO problems, "
+                       f"{int(self.part_n_iter_.sum())} iterations, {len(self.support_)} "
+                       "support vectors")
 
     @property
     def coef_(self):
@@ -578,21 +613,30 @@ class CASVMClassifier(KernelSVMMixin, ClassifierMixin, BaseEstimator):
                 out[sel] = self._part_values(backend, p, Xd[sel])
         return out, owner
 
-    def _part_model(self, backend, p):
-        """Part ``p``'s support vectors (their rows for a precomputed kernel), ``alpha y``
-        per pair and intercepts, on ``backend``; copied to a GPU once and cached there."""
+    def _part_model(self, backend, p, dtype=None):
+        """Part ``p``'s support vectors (their rows for a precomputed kernel; in ``dtype``
+        when given), ``alpha y`` per pair and intercepts, on ``backend``; copied to a GPU
+        once and cached there."""
         def upload():
             cols = np.flatnonzero(self.support_part_ == p)
             vectors = (self.support_[cols] if self._kernel.name == "precomputed"
                        else self.support_vectors_[cols])
+            if dtype is not None and self._kernel.name != "precomputed":
+                vectors = vectors.astype(dtype, copy=False)
             return (backend.asarray(vectors), backend.asarray(self.ovo_dual_coef_[:, cols].T),
                     backend.asarray(self.part_intercept_[p]))
 
-        return on_device(self, backend, ("part", p), upload)
+        return on_device(self, backend, ("part", p, str(dtype)), upload)
 
     def _part_values(self, backend, p, Xp):
-        """Pairwise decision values of the rows ``Xp`` (on ``backend``) under part ``p``'s model."""
-        vectors, coef, intercept = self._part_model(backend, p)
+        """Pairwise decision values of the rows ``Xp`` (on ``backend``) under part ``p``'s model.
+
+        Kernel values in :func:`gpu_compute_dtype` (float32 on a GPU for float32 rows),
+        summed against the float64 coefficients: float64 accumulation.
+        """
+        dtype = (None if self._kernel.name == "precomputed" else
+                 gpu_compute_dtype(backend, Xp, self.support_vectors_.dtype))
+        vectors, coef, intercept = self._part_model(backend, p, dtype)
         values = intercept[None, :]
         if vectors.shape[0]:
             if self._kernel.name == "precomputed":
@@ -637,7 +681,8 @@ class CASVMClassifier(KernelSVMMixin, ClassifierMixin, BaseEstimator):
         Returns
         -------
         ndarray of shape (n_samples,), (n_samples, n_classes) or (n_samples, n_pairs)
-            A lazy Dask array for Dask input.
+            float32 for float32 ``X``, else float64 (computed with float64
+            accumulation either way). A lazy Dask array for Dask input.
         """
         if is_dask_collection(X):
             check_is_fitted(self)
@@ -645,13 +690,14 @@ class CASVMClassifier(KernelSVMMixin, ClassifierMixin, BaseEstimator):
             columns = (None if k == 2 else k if self.decision_function_shape == "ovr"
                        else k * (k - 1) // 2)
             return dask_module().predict_blocks(self, X, "decision_function",
-                                                out_columns=columns, dtype=np.float64)
+                                                out_columns=columns, dtype=value_dtype(X))
+        dtype = value_dtype(X)
         votes, confidence, values = self._votes(X, zero_votes_first=True)
         if len(self.classes_) == 2:
-            return to_output(-values[:, 0], X)
+            return to_output((-values[:, 0]).astype(dtype, copy=False), X)
         if self.decision_function_shape == "ovo":
-            return to_output(values, X)
-        return to_output(ovr_decision(votes, confidence), X)
+            return to_output(values.astype(dtype, copy=False), X)
+        return to_output(ovr_decision(votes, confidence).astype(dtype, copy=False), X)
 
     def predict(self, X):
         """One-vs-one voting inside the part each sample is routed to (ties: lower class).

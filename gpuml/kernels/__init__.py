@@ -104,7 +104,7 @@ def fill_nearest_open(D, counts, caps):
 
 
 def smo_solve_batch(kernel, Xs, problems, *, tol=1e-3, max_iter=-1, cache_size=1024.0,
-                    shrinking=True, n_jobs=None):
+                    shrinking=True, n_jobs=None, progress=None):
     """Solve a batch of SVM dual problems (SMO with WSS2, You 2020 Alg 1), CPU or GPU.
 
     ``Xs`` is a list of matrices (all NumPy or all CuPy); each
@@ -114,17 +114,27 @@ def smo_solve_batch(kernel, Xs, problems, *, tol=1e-3, max_iter=-1, cache_size=1
     are solved concurrently, one kernel launch per chunk of groups whose
     kernel matrices fit in device memory together (usually one). Returns one
     :class:`SMOResult` per problem, arrays in the namespace of ``Xs``.
+
+    ``progress(group, results)``, when given, is called in the calling thread
+    once per group with problems, with that group's results in problem order:
+    on the CPU as soon as the group's last problem is solved, on a GPU (one
+    launch for all) after the batch.
     """
     cache_bytes = int(float(cache_size) * (1 << 20))
     if any(is_cupy_array(X) for X in Xs):
         from ._cuda.smo import solve_batch as _gpu
 
-        return _gpu(kernel, Xs, problems, tol=tol, max_iter=max_iter, cache_bytes=cache_bytes,
-                    shrinking=shrinking)
+        results = _gpu(kernel, Xs, problems, tol=tol, max_iter=max_iter,
+                       cache_bytes=cache_bytes, shrinking=shrinking)
+        if progress is not None:
+            groups = [p.group for p in problems]
+            for g in dict.fromkeys(groups):
+                progress(g, [r for r, h in zip(results, groups) if h == g])
+        return results
     from ._cpu.smo import solve_batch as _cpu
 
     return _cpu(kernel, Xs, problems, tol=tol, max_iter=max_iter, cache_bytes=cache_bytes,
-                shrinking=shrinking, n_jobs=n_jobs)
+                shrinking=shrinking, n_jobs=n_jobs, progress=progress)
 
 
 def smo_solve(kernel, X, y, C=1.0, *, tol=1e-3, max_iter=-1, cache_size=1024.0,
@@ -269,7 +279,7 @@ def gcd_solve(X, y, C, kernel, blocks, *, selection="greedy", tol=1e-3, max_upda
 
 
 def gcd_solve_batch(X, kernel, problems, *, selection="greedy", tol=1e-3, max_updates=None,
-                    cache_bytes=None, n_jobs=1):
+                    cache_bytes=None, n_jobs=1, progress=None):
     """Asy-GCD for a batch of independent problems on rows of one X (one-vs-one pairs).
 
     Parameters
@@ -290,6 +300,10 @@ def gcd_solve_batch(X, kernel, problems, *, selection="greedy", tol=1e-3, max_up
         in one launch (a thread block per worker, each problem with its own
         counters and stop flag); problems needing more blocks than the GPU
         keeps resident are split into launches that fit, one after another.
+    progress : callable or None
+        ``progress(k, result)`` is called in the calling thread for every
+        problem ``k``, in order: on the CPU as soon as it (and the problems
+        before it) are solved, on a GPU after the batch.
 
     Returns
     -------
@@ -308,13 +322,16 @@ def gcd_solve_batch(X, kernel, problems, *, selection="greedy", tol=1e-3, max_up
     if on_gpu:
         from ._cuda.gcd import solve_batch as solve_cuda
 
-        return solve_cuda(X, kernel, problems, selection=selection, tol=tol,
-                          max_updates=max_updates, cache_bytes=cache_bytes, seeds=seeds)
+        results = solve_cuda(X, kernel, problems, selection=selection, tol=tol,
+                             max_updates=max_updates, cache_bytes=cache_bytes, seeds=seeds)
+        for k, res in enumerate(results if progress is not None else ()):
+            progress(k, res)
+        return results
     from ._cpu.gcd import solve_batch as solve_cpu
 
     seeded = [dataclasses.replace(p, random_state=s) for p, s in zip(problems, seeds)]
     return solve_cpu(X, kernel, seeded, n_jobs=n_jobs, cache_bytes=cache_bytes,
-                     selection=selection, tol=tol, max_updates=max_updates)
+                     selection=selection, tol=tol, max_updates=max_updates, progress=progress)
 
 
 def gcd_default_cache_bytes(like=None) -> int:

@@ -21,7 +21,7 @@ _LN2_LO = 1.90821492927058770002e-10
 XMIN = -708.0
 
 
-@njit(nogil=True, cache=True, fastmath={"contract"})
+@njit(nogil=True, cache=True, fastmath={"contract"}, _nrt=False)
 def exp_nonpositive(x, out, scratch):
     """``out[j] = exp(x[j])`` for ``x[j] <= 0``.
 

@@ -63,6 +63,12 @@ certifying. Every run ends: after :func:`default_max_updates` updates at the
 latest (``converged=False``). After the run each block adds the updates
 published after it last read the log, so ``g`` holds every update made.
 
+Compile time (the first fit in a fresh install compiles :func:`_work` and what it
+calls): the functions are compiled without reference counting (``_nrt=False``): no
+compiled function allocates or returns an array (the workers' workspaces come from
+Python), and the greedy selection passes ``rng=None``, so numba leaves the random
+selection's code out of the default variant.
+
 Damped steps (our addition to Alg 14). Workers that step at the same time
 from the same gradient each take the *exact* step for their own coordinate,
 as if no other coordinate moved. When the coordinates are strongly
@@ -165,7 +171,7 @@ def default_max_updates(n: int) -> int:
     return max(10**7, 100 * int(n))
 
 
-@njit(nogil=True, cache=True)
+@njit(nogil=True, cache=True, _nrt=False)
 def damped_step_factor(eta, g_now, g_before):
     """The next step factor of a worker that moved a coordinate whose gradient was ``g_before``.
 
@@ -179,7 +185,7 @@ def damped_step_factor(eta, g_now, g_before):
     return min(1.0, ETA_GROWTH * eta)
 
 
-@njit(nogil=True, cache=True, fastmath=True, inline="always")
+@njit(nogil=True, cache=True, fastmath=True, inline="always", _nrt=False)
 def _dot(a, b):
     # Row views, not X[i, k]: without index wrap-around checks the loop vectorises (2x).
     s = 0.0
@@ -188,7 +194,7 @@ def _dot(a, b):
     return s
 
 
-@njit(nogil=True, cache=True, fastmath=True, inline="always")
+@njit(nogil=True, cache=True, fastmath=True, inline="always", _nrt=False)
 def _from_dot(dot, sq_i, sq_j, kind, gamma, coef0, degree):
     """Kernel value from the inner product (and squared norms, for rbf)."""
     if kind == 0:
@@ -200,11 +206,14 @@ def _from_dot(dot, sq_i, sq_j, kind, gamma, coef0, degree):
     return math.tanh(gamma * dot + coef0)
 
 
-@njit(nogil=True, cache=True, fastmath=True)
-def fill_rows(X, sq_norms, y, i, lo, hi, kind, gamma, coef0, degree, out):
+@njit(nogil=True, cache=True, fastmath=True, _nrt=False)
+def fill_rows(X, sq_norms, y, i, lo, hi, kind, gamma, coef0, degree, out, arg, scratch):
     """``out[j - lo] = Q_ji = y_j y_i K(x_j, x_i)`` for j in [lo, hi): part of column i, O(m d).
 
     ``kind == 4``: X is the precomputed kernel matrix (symmetric, so row i is column i).
+    ``arg`` (float64) and ``scratch`` (int64): workspaces of at least ``hi - lo``
+    entries (allocating in compiled code would compile NumPy's allocators into the
+    first fit).
     """
     m = hi - lo
     if kind == 4:
@@ -214,11 +223,10 @@ def fill_rows(X, sq_norms, y, i, lo, hi, kind, gamma, coef0, degree, out):
     xi = X[i]
     if kind == 2:  # rbf: the exponents first, then one vectorised exp over the column
         # (into separate arrays: with out as its own input the SIMD loop would not be taken)
-        arg = np.empty(m)
         for j in range(m):
             arg[j] = -gamma * max(sq_norms[i] + sq_norms[lo + j] - 2.0 * _dot(X[lo + j], xi),
                                   0.0)
-        exp_nonpositive(arg, out, np.empty(m, dtype=np.int64))
+        exp_nonpositive(arg[:m], out, scratch)
         for j in range(m):
             out[j] *= y[lo + j] * y[i]
         return
@@ -231,22 +239,24 @@ def fill_rows(X, sq_norms, y, i, lo, hi, kind, gamma, coef0, degree, out):
 @njit(nogil=True, cache=True)
 def fill_column(X, sq_norms, y, i, kind, gamma, coef0, degree, out):
     """``out[j] = Q_ji = y_j y_i K(x_j, x_i)`` for every j: one column of Q in O(n d)."""
-    fill_rows(X, sq_norms, y, i, 0, y.shape[0], kind, gamma, coef0, degree, out)
+    n = y.shape[0]
+    fill_rows(X, sq_norms, y, i, 0, n, kind, gamma, coef0, degree, out, np.empty(n),
+              np.empty(n, dtype=np.int64))
 
 
-@njit(nogil=True, cache=True, inline="always")
+@njit(nogil=True, cache=True, inline="always", _nrt=False)
 def _projected_gradient(g_j, a_j, c_j):
     """|a - P_[0,C](a - g)| (eq. 4.11)."""
     return abs(a_j - min(max(a_j - g_j, 0.0), c_j))
 
 
-@njit(nogil=True, cache=True, inline="always")
+@njit(nogil=True, cache=True, inline="always", _nrt=False)
 def _moves(g_j, a_j, c_j, q_j):
     """Whether the exact step (eq. 4.10) changes ``a_j`` at all in floating point."""
     return min(max(a_j - g_j / q_j, 0.0), c_j) != a_j
 
 
-@njit(nogil=True, cache=True)
+@njit(nogil=True, cache=True, _nrt=False)
 def _scan(g, alpha, C, qdiag, lo, hi):
     """The variable of [lo, hi) with the largest projected gradient, and its value.
 
@@ -265,11 +275,12 @@ def _scan(g, alpha, C, qdiag, lo, hi):
     return best, best_v
 
 
-@njit(nogil=True, cache=True)
+@njit(nogil=True, cache=True, _nrt=False)
 def _column(X, sq_norms, y, i, lo, hi, kind, gamma, coef0, degree, cache, slot_of, slot_var,
-            slot_time, clock):
-    """Rows [lo, hi) of column q_i from this worker's LRU cache (filling the least recently
-    used slot on a miss)."""
+            slot_time, clock, arg, scratch):
+    """The slot of this worker's LRU cache that holds rows [lo, hi) of column q_i (filling
+    the least recently used slot on a miss). The slot, not the row: returning an array
+    view needs numba's reference counting, which these functions are compiled without."""
     s = slot_of[i]
     if s < 0:
         s = 0
@@ -278,14 +289,14 @@ def _column(X, sq_norms, y, i, lo, hi, kind, gamma, coef0, degree, cache, slot_o
                 s = t
         if slot_var[s] >= 0:
             slot_of[slot_var[s]] = -1
-        fill_rows(X, sq_norms, y, i, lo, hi, kind, gamma, coef0, degree, cache[s])
+        fill_rows(X, sq_norms, y, i, lo, hi, kind, gamma, coef0, degree, cache[s], arg, scratch)
         slot_var[s] = i
         slot_of[i] = s
     slot_time[s] = clock
-    return cache[s]
+    return s
 
 
-@njit(nogil=True, cache=True)
+@njit(nogil=True, cache=True, _nrt=False)
 def _xorshift(state):
     """One step of xorshift64* on ``state[0]``; a uniform 64-bit draw (per-worker RNG)."""
     x = state[0]
@@ -296,9 +307,9 @@ def _xorshift(state):
     return x * np.uint64(2685821657736338717)
 
 
-@njit(nogil=True, cache=True)
+@njit(nogil=True, cache=True, _nrt=False)
 def _catch_up(lo, hi, done, end, X, sq_norms, y, kind, gamma, coef0, degree, g, log_var,
-              log_delta, log_seq, cache, slot_of, slot_var, slot_time, clock):
+              log_delta, log_seq, cache, slot_of, slot_var, slot_time, clock, arg, scratch):
     """Add the published updates ``done, done + 1, ...`` (below ``end``) into ``g[lo:hi]``.
 
     Stops at the first entry not yet published (its maker is between claiming
@@ -317,8 +328,8 @@ def _catch_up(lo, hi, done, end, X, sq_norms, y, kind, gamma, coef0, degree, g, 
         i = log_var[slot]
         if i < lo or i >= hi:
             clock += 1
-            q = _column(X, sq_norms, y, i, lo, hi, kind, gamma, coef0, degree, cache, slot_of,
-                        slot_var, slot_time, clock)
+            q = cache[_column(X, sq_norms, y, i, lo, hi, kind, gamma, coef0, degree, cache, slot_of,
+                        slot_var, slot_time, clock, arg, scratch)]
             d = log_delta[slot]
             for j in range(hi - lo):
                 g[lo + j] += d * q[j]
@@ -326,7 +337,7 @@ def _catch_up(lo, hi, done, end, X, sq_norms, y, kind, gamma, coef0, degree, g, 
     return done, clock
 
 
-@njit(nogil=True, cache=True)
+@njit(nogil=True, cache=True, _nrt=False)
 def _agree(counters, quiet, n_workers, state):
     """Whether every worker found its block quiet at ``state`` and no update came after."""
     for v in range(n_workers):
@@ -335,7 +346,7 @@ def _agree(counters, quiet, n_workers, state):
     return atomic_load(counters, C_STARTED) == state
 
 
-@njit(nogil=True, cache=True)
+@njit(nogil=True, cache=True, _nrt=False)
 def _largest(vmax, n_workers):
     """The largest block violation the workers published."""
     v = 0.0
@@ -344,16 +355,19 @@ def _largest(vmax, n_workers):
     return v
 
 
-@njit(nogil=True, cache=True)
-def _work(w, X, sq_norms, y, C, qdiag, starts, kind, gamma, coef0, degree, greedy, tol,
+@njit(nogil=True, cache=True, _nrt=False)
+def _work(w, X, sq_norms, y, C, qdiag, starts, kind, gamma, coef0, degree, tol,
           max_updates, idle_polls, share, vmax, alpha, g, counters, log_var, log_delta,
-          log_seq, applied, quiet, cache, slot_of, slot_var, slot_time, rng, damp, state):
+          log_seq, applied, quiet, cache, slot_of, slot_var, slot_time, rng, damp, state, arg,
+          scratch):
     """Worker w's loop (Alg 14, owner-computes updates) until the run stops (DONE) or it
     idles (IDLE).
 
     ``damp = [eta, g_before]`` and ``state = [last i, quiet state, picks, updates made]``
     hold the worker's state across calls (``last i = -1``: no coordinate to look at
     again; ``quiet state``: the log position at which its block was last found quiet).
+    ``rng`` is None for the greedy selection (numba then drops the random selection's
+    code at compile time). ``arg``, ``scratch``: the worker's column workspaces.
     """
     lo = starts[w]
     hi = starts[w + 1]
@@ -363,7 +377,7 @@ def _work(w, X, sq_norms, y, C, qdiag, starts, kind, gamma, coef0, degree, greed
     mask = ring - 1
     done = applied[w * PAD]
     # The LRU clock resumes after the latest use (a loop: np.max costs ~1 s more to compile).
-    clock = 0
+    clock = np.int64(0)  # not the literal 0: one compiled _catch_up for both call sites
     for t in range(slot_time.shape[0]):
         clock = max(clock, slot_time[t])
     unbounded = np.int64(-1)  # not the literal -1: one compiled _catch_up serves the drain too
@@ -374,7 +388,7 @@ def _work(w, X, sq_norms, y, C, qdiag, starts, kind, gamma, coef0, degree, greed
         # 1. Everyone else's updates, in log order, into this block's part of g.
         done, clock = _catch_up(lo, hi, done, unbounded, X, sq_norms, y, kind, gamma, coef0, degree,
                                 g, log_var, log_delta, log_seq, cache, slot_of, slot_var,
-                                slot_time, clock)
+                                slot_time, clock, arg, scratch)
         atomic_store(applied, w * PAD, done)
         if state[1] == done:  # nothing new since the block was found quiet
             if _agree(counters, quiet, n_workers, done):
@@ -387,7 +401,7 @@ def _work(w, X, sq_norms, y, C, qdiag, starts, kind, gamma, coef0, degree, greed
         if waited_at != done:
             polls = 0
         # 2. Pick a variable of the block.
-        if greedy:
+        if rng is None:  # greedy (selection="greedy"; the random branch is not compiled)
             i, best_v = _scan(g, alpha, C, qdiag, lo, hi)
             if best_v < tol or i < 0:
                 atomic_store(vmax, w * PAD, 0.0)
@@ -447,7 +461,7 @@ def _work(w, X, sq_norms, y, C, qdiag, starts, kind, gamma, coef0, degree, greed
                 break
             done, clock = _catch_up(lo, hi, done, unbounded, X, sq_norms, y, kind, gamma, coef0,
                                     degree, g, log_var, log_delta, log_seq, cache, slot_of,
-                                    slot_var, slot_time, clock)
+                                    slot_var, slot_time, clock, arg, scratch)
             atomic_store(applied, w * PAD, done)
             if atomic_load(counters, C_STOP) != RUNNING:
                 return DONE  # the claim is dropped: nobody reads past it after the run
@@ -456,8 +470,8 @@ def _work(w, X, sq_norms, y, C, qdiag, starts, kind, gamma, coef0, degree, greed
         atomic_store(log_seq, s & mask, s)  # release: the entry is complete
         alpha[i] = new
         clock += 1
-        q = _column(X, sq_norms, y, i, lo, hi, kind, gamma, coef0, degree, cache, slot_of,
-                    slot_var, slot_time, clock)
+        q = cache[_column(X, sq_norms, y, i, lo, hi, kind, gamma, coef0, degree, cache, slot_of,
+                    slot_var, slot_time, clock, arg, scratch)]
         for j in range(size):
             g[lo + j] += delta * q[j]
         state[0] = i
@@ -544,12 +558,15 @@ class GCDProblem:
     random_state: object = None
 
 
-def solve_batch(X, kernel, problems, *, n_jobs=1, cache_bytes=1 << 30, **options):
+def solve_batch(X, kernel, problems, *, n_jobs=1, cache_bytes=1 << 30, progress=None,
+                **options):
     """Solve every problem with :func:`solve`, ``n_jobs`` problems at a time in threads.
 
     Each problem runs on its own rows of X and gets ``cache_bytes / n_jobs`` of
     kernel-column cache; ``options`` are :func:`solve`'s. The numba workers
     release the GIL, so problems in threads run at the same time.
+    ``progress(k, result)`` runs in the calling thread as the results come
+    back, in problem order.
     """
     n_jobs = max(1, min(int(n_jobs or 1), len(problems)))
 
@@ -565,10 +582,18 @@ def solve_batch(X, kernel, problems, *, n_jobs=1, cache_bytes=1 << 30, **options
                      random_state=problem.random_state, threads_per_worker=n_jobs, **options)
 
     if n_jobs == 1:
-        return [one(problem) for problem in problems]
-    from joblib import Parallel, delayed
+        outputs = (one(problem) for problem in problems)
+    else:
+        from joblib import Parallel, delayed
 
-    return Parallel(n_jobs=n_jobs, prefer="threads")(delayed(one)(p) for p in problems)
+        outputs = Parallel(n_jobs=n_jobs, prefer="threads", return_as="generator")(
+            delayed(one)(p) for p in problems)
+    results = []
+    for k, res in enumerate(outputs):
+        results.append(res)
+        if progress is not None:
+            progress(k, res)
+    return results
 
 
 def objective_from_gradient(alpha, g) -> float:
@@ -623,23 +648,24 @@ def solve(X, y, C, kernel, blocks, *, selection="greedy", tol=1e-3, max_updates=
     limit = default_max_updates(n) if max_updates is None else int(max_updates)
     seeds = np.random.default_rng(random_state).integers(1, 2**63, size=max(n_workers, 1))
     kparams = (kind, float(kernel.gamma), float(kernel.coef0), int(kernel.degree))
-    args = (Xw, sq_norms, yw, Cw, qdiag, starts, *kparams, selection == "greedy", float(tol),
+    args = (Xw, sq_norms, yw, Cw, qdiag, starts, *kparams, float(tol),
             limit, IDLE_POLLS if n_workers * int(threads_per_worker) > _cores() else SPIN_POLLS,
             float(GREEDY_SHARE if greedy_share is None else greedy_share),
             np.zeros(max(n_workers, 1) * PAD),
             alpha, g, counters, log_var, log_delta, log_seq, applied, quiet)
     # Per worker: an LRU cache of its rows of kernel columns (cache_bytes / workers in all;
     # a part-column is block-long, so each worker holds about as many columns as one worker
-    # with the whole cache would), which column sits in which slot, the RNG, the step factor
-    # and the loop state of _work.
+    # with the whole cache would), which column sits in which slot, the RNG (None for the
+    # greedy selection), the step factor, the loop state of _work and its column workspaces.
     workers = []
     for w in range(n_workers):
         size = int(counts[w])
         slots = max(min(int(cache_bytes) // n_workers // (8 * size), n), 1)
         workers.append((np.empty((slots, size)), np.full(n, -1, dtype=np.int64),
                         np.full(slots, -1, dtype=np.int64), np.zeros(slots, dtype=np.int64),
-                        np.array([seeds[w]], dtype=np.uint64), np.array([1.0, 0.0]),
-                        np.array([-1, -1, 0, 0], dtype=np.int64)))
+                        None if selection == "greedy" else np.array([seeds[w]], dtype=np.uint64),
+                        np.array([1.0, 0.0]), np.array([-1, -1, 0, 0], dtype=np.int64),
+                        np.empty(size), np.empty(size, dtype=np.int64)))
 
     worker_cpu = [0.0] * n_workers
 
@@ -650,7 +676,7 @@ def solve(X, y, C, kernel, blocks, *, selection="greedy", tol=1e-3, max_updates=
         worker_cpu[w] = time.thread_time() - cpu0
 
     def made():
-        return sum(int(state[3]) for *_, state in workers)
+        return sum(int(state[3]) for *_, state, _arg, _scratch in workers)
 
     trace = []
     t0 = time.perf_counter()
@@ -676,7 +702,7 @@ def solve(X, y, C, kernel, blocks, *, selection="greedy", tol=1e-3, max_updates=
         cache, slot_of, slot_var, slot_time = workers[w][:4]
         _catch_up(starts[w], starts[w + 1], applied[w * PAD], end, Xw, sq_norms, yw, *kparams,
                   g, log_var, log_delta, log_seq, cache, slot_of, slot_var, slot_time,
-                  slot_time.max())
+                  slot_time.max(), *workers[w][-2:])
     n_updates = made()
     if trace_interval is not None:
         trace.append((time.perf_counter() - t0, n_updates, alpha.copy()))

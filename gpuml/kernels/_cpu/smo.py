@@ -25,6 +25,16 @@ CA-SVM fit, thousands of small problems) is validated once and laid end to
 end in flat arrays; each compiled call (:func:`_solve_dense_problems`)
 solves a chunk of one group's problems on that group's kernel matrix, so
 no Python runs per problem.
+
+Compile time. The first fit in a fresh install compiles these functions
+(numba's type inference and lowering, in Python: seconds, see
+``bench/bench_first_fit.py``), so they are written to compile little: nothing
+allocates inside compiled code (the workspaces come from Python: each NumPy
+allocator would compile its own implementation), the functions are compiled
+without reference counting (``_nrt=False``, which that allows), and the dense
+path passes ``None`` for what it does not use (the LRU slots, and shrinking
+when it is off, the default of CA-SVM), which numba prunes before typing, so
+that code is compiled only by a fit that uses it.
 """
 
 from __future__ import annotations
@@ -85,7 +95,6 @@ class SMOResult:
     converged: bool
 
 
-@njit(nogil=True, cache=True)
 def iteration_limit(max_iter, n):
     """SMO steps allowed on a problem of ``n`` variables: ``max_iter``, or LIBSVM's cap for -1.
 
@@ -96,17 +105,17 @@ def iteration_limit(max_iter, n):
     return max(ITER_CAP_MIN, ITER_CAP_PER_VARIABLE * n)
 
 
-@njit(nogil=True, cache=True, inline="always")
+@njit(nogil=True, cache=True, inline="always", _nrt=False)
 def _in_up(yk, ak, ck):
     return (yk > 0 and ak < ck) or (yk < 0 and ak > 0)
 
 
-@njit(nogil=True, cache=True, inline="always")
+@njit(nogil=True, cache=True, inline="always", _nrt=False)
 def _in_low(yk, ak, ck):
     return (yk > 0 and ak > 0) or (yk < 0 and ak < ck)
 
 
-@njit(nogil=True, cache=True)
+@njit(nogil=True, cache=True, _nrt=False)
 def _lookup(r, slot_of, slot_time, state):
     """Cache slot of row ``r`` (refreshing its LRU time), or -1."""
     s = slot_of[r]
@@ -116,7 +125,7 @@ def _lookup(r, slot_of, slot_time, state):
     return s
 
 
-@njit(nogil=True, cache=True)
+@njit(nogil=True, cache=True, _nrt=False)
 def _gaps(y, C, alpha, G, active, n_active):
     """``(Gmax1, Gmax2)``: max of ``-yG`` over I_up and of ``yG`` over I_low."""
     g1 = -np.inf
@@ -131,7 +140,7 @@ def _gaps(y, C, alpha, G, active, n_active):
     return g1, g2
 
 
-@njit(nogil=True, cache=True)
+@njit(nogil=True, cache=True, _nrt=False)
 def _shrinkable(k, y, C, alpha, G, g1, g2):
     """LIBSVM's be_shrunk: a variable at a bound whose gradient pushes it further out."""
     if alpha[k] >= C[k]:
@@ -141,7 +150,7 @@ def _shrinkable(k, y, C, alpha, G, g1, g2):
     return False
 
 
-@njit(nogil=True, cache=True)
+@njit(nogil=True, cache=True, _nrt=False)
 def _shrink(y, C, alpha, G, active, state, tol):
     """Move variables stuck at a bound to the inactive tail of ``active``."""
     n_active = state[_ACTIVE]
@@ -164,7 +173,7 @@ def _shrink(y, C, alpha, G, active, state, tol):
     return False
 
 
-@njit(nogil=True, cache=True)
+@njit(nogil=True, cache=True, _nrt=False)
 def _run(y, C, QD, alpha, G, active, cache, slot_of, slot_time, state, tol, shrinking):
     """SMO iterations until convergence, ``max_iter``, a cache miss or an unshrink request.
 
@@ -173,6 +182,10 @@ def _run(y, C, QD, alpha, G, active, cache, slot_of, slot_time, state, tol, shri
     depends only on the state), so a step is never half done.
     """
     n = y.shape[0]
+    # slot_of (with slot_time) None: the whole matrix is ``cache``, row k in slot k (the
+    # dense path). It and ``shrinking=None`` are pruned at compile time (numba drops the
+    # branches on an argument typed None), so a dense fit without shrinking compiles
+    # neither the LRU lookups nor the shrinking code: a third of the compile time.
     while True:
         if state[_MAX] >= 0 and state[_ITER] >= state[_MAX]:
             return _MAX_ITER
@@ -190,10 +203,12 @@ def _run(y, C, QD, alpha, G, active, cache, slot_of, slot_time, state, tol, shri
                 i = k
         if i < 0:
             return _CONVERGED
-        si = _lookup(i, slot_of, slot_time, state)
-        if si < 0:
-            state[_NEED] = i
-            return _NEED_ROWS
+        si = i
+        if slot_of is not None:
+            si = _lookup(i, slot_of, slot_time, state)
+            if si < 0:
+                state[_NEED] = i
+                return _NEED_ROWS
         Ki = cache[si]
         g_max2 = -np.inf
         j = -1
@@ -223,10 +238,12 @@ def _run(y, C, QD, alpha, G, active, cache, slot_of, slot_time, state, tol, shri
                         j = k
         if g_max + g_max2 < tol or j < 0:
             return _CONVERGED
-        sj = _lookup(j, slot_of, slot_time, state)
-        if sj < 0:
-            state[_NEED] = j
-            return _NEED_ROWS
+        sj = j
+        if slot_of is not None:
+            sj = _lookup(j, slot_of, slot_time, state)
+            if sj < 0:
+                state[_NEED] = j
+                return _NEED_ROWS
         Kj = cache[sj]
         Ci = C[i]
         Cj = C[j]
@@ -283,45 +300,47 @@ def _run(y, C, QD, alpha, G, active, cache, slot_of, slot_time, state, tol, shri
             k = active[t]
             G[k] += y[k] * (Ki[k] * di + Kj[k] * dj)
         state[_ITER] += 1
-        if shrinking:
+        if shrinking is not None and shrinking:
             state[_COUNTER] -= 1
             if state[_COUNTER] == 0:
-                state[_COUNTER] = min(n, 1000)
+                state[_COUNTER] = n if n < 1000 else 1000
                 if _shrink(y, C, alpha, G, active, state, tol):
                     return _UNSHRINK
 
 
-@njit(nogil=True, cache=True)
-def _submatrix(K, idx):
-    """``K[np.ix_(idx, idx)]`` for a one-vs-one problem (numpy's generic gather is slower)."""
+@njit(nogil=True, cache=True, _nrt=False)
+def _submatrix(K, idx, out):
+    """``out[:m, :m] = K[np.ix_(idx, idx)]`` for a one-vs-one problem (numpy's generic
+    gather is slower); ``out`` is a workspace at least m x m, same type as ``K``."""
     m = idx.shape[0]
-    out = np.empty((m, m), dtype=K.dtype)
     for a in range(m):
         row = K[idx[a]]
         for b in range(m):
             out[a, b] = row[idx[b]]
-    return out
 
 
-@njit(nogil=True, cache=True)
+@njit(nogil=True, cache=True, _nrt=False)
 def _rho(y, C, alpha, G):
     """LIBSVM's rho: the mean of ``yG`` over free variables, else the middle of its bounds."""
     ub = np.inf
     lb = -np.inf
     total = 0.0
     n_free = 0
+    # Comparisons, not min/max: each builtin overload costs compile time.
     for k in range(y.shape[0]):
         yg = y[k] * G[k]
         if alpha[k] >= C[k]:
             if y[k] < 0:
-                ub = min(ub, yg)
-            else:
-                lb = max(lb, yg)
+                if yg < ub:
+                    ub = yg
+            elif yg > lb:
+                lb = yg
         elif alpha[k] <= 0:
             if y[k] > 0:
-                ub = min(ub, yg)
-            else:
-                lb = max(lb, yg)
+                if yg < ub:
+                    ub = yg
+            elif yg > lb:
+                lb = yg
         else:
             n_free += 1
             total += yg
@@ -330,13 +349,12 @@ def _rho(y, C, alpha, G):
     return 0.5 * (ub + lb)
 
 
-@njit(nogil=True, cache=True)
-def _dense_gradient(K, y, alpha, G, rows):
-    """``G_k = (Q a)_k - 1`` for the rows ``rows`` of a dense kernel matrix."""
+@njit(nogil=True, cache=True, _nrt=False)
+def _dense_gradient(K, y, alpha, G, rows, nz, v):
+    """``G_k = (Q a)_k - 1`` for the rows ``rows`` of a dense kernel matrix (``nz``, ``v``:
+    workspaces of at least n entries)."""
     n = y.shape[0]
     n_nz = 0
-    nz = np.empty(n, dtype=np.int64)
-    v = np.empty(n)
     for k in range(n):
         if alpha[k] > 0:
             nz[n_nz] = k
@@ -350,60 +368,70 @@ def _dense_gradient(K, y, alpha, G, rows):
         G[k] = y[k] * g - 1.0
 
 
-@njit(nogil=True, cache=True)
-def _solve_dense(K, y, C, alpha, G, state, tol, shrinking):
+@njit(nogil=True, cache=True, _nrt=False)
+def _solve_dense(K, y, C, alpha, G, state, tol, shrinking, QD, active, nz, v):
     """SMO on one problem whose kernel matrix ``K`` is in memory: no row ever leaves numba.
 
     The same iteration (:func:`_run`) as the cached path, with every row
-    "cached"; shrinking's gradient reconstruction is a loop over ``K``.
+    "cached" (row k of ``K`` is slot k); shrinking's gradient reconstruction is a
+    loop over ``K``. ``shrinking=None`` compiles the variant without shrinking.
+    ``QD``, ``active``, ``nz``, ``v``: workspaces of at least n entries (no
+    allocation in compiled code: every NumPy allocator costs compile time).
     """
     n = y.shape[0]
-    QD = np.empty(n)
     for k in range(n):
         QD[k] = K[k, k]
-    active = np.arange(n)
-    slot_of = np.arange(n)
-    slot_time = np.zeros(n, dtype=np.int64)
+        active[k] = k
     state[_ACTIVE] = n
-    state[_COUNTER] = min(n, 1000)
-    _dense_gradient(K, y, alpha, G, active)
+    state[_COUNTER] = n if n < 1000 else 1000
+    _dense_gradient(K, y, alpha, G, active[:n], nz, v)
     while True:
-        status = _run(y, C, QD, alpha, G, active, K, slot_of, slot_time, state, tol, shrinking)
-        if state[_ACTIVE] < n:
-            _dense_gradient(K, y, alpha, G, active[state[_ACTIVE]:])
-            for t in range(n):
-                active[t] = t
-            state[_ACTIVE] = n
-            state[_VERSION] += 1
-            state[_COUNTER] = 1
-            if status != _MAX_ITER:
+        status = _run(y, C, QD, alpha, G, active, K, None, None, state, tol, shrinking)
+        if shrinking is not None:
+            if state[_ACTIVE] < n:
+                _dense_gradient(K, y, alpha, G, active[state[_ACTIVE]:n], nz, v)
+                for t in range(n):
+                    active[t] = t
+                state[_ACTIVE] = n
+                state[_VERSION] += 1
+                state[_COUNTER] = 1
+                if status != _MAX_ITER:
+                    continue
+            elif status == _UNSHRINK:
                 continue
-        elif status == _UNSHRINK:
-            continue
         return status
 
 
-@njit(nogil=True, cache=True)
-def _solve_dense_problems(K, whole, offsets, idx, y, C, alpha, G, which, tol, max_iter,
-                          shrinking, n_iter, status, rho, objective):
+@njit(nogil=True, cache=True, _nrt=False)
+def _solve_dense_problems(K, whole, offsets, idx, y, C, alpha, G, which, tol, limits,
+                          shrinking, n_iter, status, rho, objective, sub, QD, active, nz, v,
+                          state):
     """Solve the problems ``which`` of a flat batch, all on rows of ``K``, in one call.
 
     Problem ``w`` owns ``offsets[w]:offsets[w + 1]`` of the flat ``idx`` (rows of
-    ``K``), ``y``, ``C``, ``alpha`` (warm start in, solution out) and ``G``.
-    ``whole[w]``: the problem is all rows of ``K`` in order, so ``K`` is used
-    as it is; otherwise its submatrix is gathered.
+    ``K``), ``y``, ``C``, ``alpha`` (warm start in, solution out) and ``G``, and
+    stops after ``limits[w]`` steps. ``whole[w]``: the problem is all rows of ``K``
+    in order, so ``K`` is used as it is; otherwise its submatrix is gathered into
+    the workspace ``sub`` (as large as the largest such problem, same type as
+    ``K``). ``QD``, ``active``, ``nz``, ``v`` (the largest problem's size) and
+    ``state`` (8) are workspaces too. ``shrinking=None``: no shrinking (compiled
+    without it).
     """
     for w in which:
         a = offsets[w]
         b = offsets[w + 1]
-        Kw = K if whole[w] else _submatrix(K, idx[a:b])
-        state = np.zeros(8, dtype=np.int64)
-        state[_MAX] = iteration_limit(max_iter, b - a)
+        Kw = K
+        if not whole[w]:
+            _submatrix(K, idx[a:b], sub)
+            Kw = sub
+        for s in range(state.shape[0]):
+            state[s] = 0
+        state[_MAX] = limits[w]
         ya = y[a:b]
         Ca = C[a:b]
         al = alpha[a:b]
         Ga = G[a:b]
-        status[w] = _solve_dense(Kw, ya, Ca, al, Ga, state, tol, shrinking)
+        status[w] = _solve_dense(Kw, ya, Ca, al, Ga, state, tol, shrinking, QD, active, nz, v)
         n_iter[w] = state[_ITER]
         rho[w] = _rho(ya, Ca, al, Ga)
         f = 0.0
@@ -559,38 +587,65 @@ class _DenseRun:
 
     def __init__(self, whole, idx, checked, tol, max_iter, shrinking):
         self.checked = checked
+        self.whole = whole
         self.args = (whole, checked.offsets, idx, checked.y, checked.C, checked.alpha)
         n_problems = len(checked.offsets) - 1
+        self.sizes = np.diff(checked.offsets)
         self.G = np.empty_like(checked.y)
         self.n_iter = np.zeros(n_problems, dtype=np.int64)
         self.status = np.zeros(n_problems, dtype=np.int64)
         self.rho = np.zeros(n_problems)
         self.objective = np.zeros(n_problems)
-        self.settings = (float(tol), int(max_iter), bool(shrinking))
+        limits = [iteration_limit(int(max_iter), int(n)) for n in self.sizes.tolist()]
+        self.limits = np.array(limits, dtype=np.int64)
+        # None, not False: the compiled code without shrinking is a smaller, faster compile.
+        self.settings = (float(tol), self.limits, True if shrinking else None)
 
     def __call__(self, K, which):
         """Solve the problems ``which`` on rows of ``K`` (one compiled call, GIL released)."""
-        _solve_dense_problems(K, *self.args, self.G, which, *self.settings, self.n_iter,
-                              self.status, self.rho, self.objective)
+        m = int(self.sizes[which].max()) if len(which) else 0
+        gathered = self.sizes[which][~self.whole[which]]
+        side = int(gathered.max()) if gathered.size else 1
+        # Workspaces for the call (one per thread): allocating them in compiled code
+        # would compile NumPy's allocators into the first fit.
+        sub = np.empty((side, side), dtype=K.dtype)
+        _solve_dense_problems(K, *self.args, self.G, np.asarray(which, dtype=np.int64),
+                              *self.settings, self.n_iter, self.status, self.rho,
+                              self.objective, sub, np.empty(m), np.empty(m, dtype=np.int64),
+                              np.empty(m, dtype=np.int64), np.empty(m),
+                              np.zeros(8, dtype=np.int64))
 
     def results(self) -> list[SMOResult]:
-        bounds = self.checked.offsets.tolist()
-        alpha, G = self.checked.alpha, self.G
-        return [SMOResult(alpha=alpha[a:b], intercept=-r, n_iter=it, objective=f,
-                          gradient=G[a:b], converged=st == _CONVERGED)
-                for a, b, r, it, f, st in zip(bounds[:-1], bounds[1:], self.rho.tolist(),
-                                              self.n_iter.tolist(), self.objective.tolist(),
-                                              self.status.tolist())]
+        return [self.result(w) for w in range(len(self.checked.offsets) - 1)]
+
+    def result(self, w) -> SMOResult:
+        """Problem ``w``'s solution (views of the flat arrays), once its call returned."""
+        a, b = int(self.checked.offsets[w]), int(self.checked.offsets[w + 1])
+        return SMOResult(alpha=self.checked.alpha[a:b], intercept=-float(self.rho[w]),
+                         n_iter=int(self.n_iter[w]), objective=float(self.objective[w]),
+                         gradient=self.G[a:b], converged=bool(self.status[w] == _CONVERGED))
 
 
-def _in_threads(fn, items, n_jobs):
-    """``fn`` over ``items`` in joblib threads (the numba loops release the GIL)."""
+def _in_threads(fn, items, n_jobs, on_result=None):
+    """``fn`` over ``items`` in joblib threads (the numba loops release the GIL).
+
+    ``on_result(item, result)`` runs in the calling thread as each result comes
+    back, in the order of ``items`` (progress reports are printed from there).
+    """
     from joblib import Parallel, delayed
 
     items = list(items)
     if n_jobs in (None, 1) or len(items) <= 1:
-        return [fn(item) for item in items]
-    return Parallel(n_jobs=n_jobs, prefer="threads")(delayed(fn)(it) for it in items)
+        outputs = (fn(item) for item in items)
+    else:
+        outputs = Parallel(n_jobs=n_jobs, prefer="threads", return_as="generator")(
+            delayed(fn)(it) for it in items)
+    done = []
+    for item, out in zip(items, outputs):
+        done.append(out)
+        if on_result is not None:
+            on_result(item, out)
+    return done
 
 
 class _BlasThreads:
@@ -707,7 +762,7 @@ class SMOProblem:
 
 
 def solve_batch(kernel, Xs, problems, *, tol=1e-3, max_iter=-1, cache_bytes=1 << 30,
-                shrinking=True, n_jobs=None) -> list[SMOResult]:
+                shrinking=True, n_jobs=None, progress=None) -> list[SMOResult]:
     """Solve every problem, sharing kernel values between the problems of a group.
 
     The problems are validated once, together, and laid end to end in flat
@@ -716,7 +771,9 @@ def solve_batch(kernel, Xs, problems, *, tol=1e-3, max_iter=-1, cache_bytes=1 <<
     then solved by compiled calls over chunks of problems, with no Python
     per problem or per step. Problems of larger groups are solved one by one
     with rows computed on demand. Chunks and large problems run in joblib
-    threads (the numba loops release the GIL).
+    threads (the numba loops release the GIL). ``progress(group, results)``, when
+    given, is called in the calling thread as soon as every problem of a group is
+    solved, with that group's results in problem order.
     """
     if not problems:
         return []
@@ -774,8 +831,24 @@ def solve_batch(kernel, Xs, problems, *, tol=1e-3, max_iter=-1, cache_bytes=1 <<
 
     # Many problems: the threads are the parallelism; BLAS threads inside each
     # would only oversubscribe the cores.
+    pending = np.bincount([group[what] if kind == "row-cached" else what[0]
+                           for kind, what in tasks], minlength=len(Xs))
+    row_results = {}
+
+    def finished(item, out):
+        """A task is back (calling thread): report its group once all of the group's are."""
+        kind, what = item
+        g = int(group[what]) if kind == "row-cached" else int(what[0])
+        if kind == "row-cached":
+            row_results[out[0]] = out[1]
+        pending[g] -= 1
+        if pending[g] == 0 and progress is not None:
+            mine = np.flatnonzero(group == g).tolist()
+            progress(g, [row_results[w] if w in row_results else run.result(w)
+                         for w in mine])
+
     with threadpool_limits(1, user_api="blas") if len(problems) > 1 else nullcontext():
-        done = _in_threads(task, tasks, n_jobs)
+        done = _in_threads(task, tasks, n_jobs, on_result=finished)
     results = run.results()
     for out in done:
         if out is not None:
