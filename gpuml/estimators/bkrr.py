@@ -127,16 +127,26 @@ def _r2_scores(y, preds):
     return r2.mean(axis=1)
 
 
-def scale_gamma(X) -> float:
+def scale_gamma(X, sample_weight=None) -> float:
     """``1 / (n_features * X.var())``: scikit-learn's ``gamma="scale"`` (SVC), for any input.
 
     ``X.var()`` is the variance of all entries of ``X`` (dense or sparse,
-    NumPy or CuPy); a constant ``X`` gives 1.0, as in SVC.
+    NumPy or CuPy); a constant ``X`` gives 1.0, as in SVC. With
+    ``sample_weight`` each row counts its weight times (so weight 2 is the
+    same as a repeated row, as everywhere else in the fit).
     """
-    if hasattr(X, "multiply"):  # sparse: E[x^2] - E[x]^2 without densifying
-        var = float(X.multiply(X).mean()) - float(X.mean()) ** 2
+    if sample_weight is None:
+        if hasattr(X, "multiply"):  # sparse: E[x^2] - E[x]^2 without densifying
+            var = float(X.multiply(X).mean()) - float(X.mean()) ** 2
+        else:
+            var = float(X.var())
     else:
-        var = float(X.var())
+        p = sample_weight / sample_weight.sum()
+        squares = X.multiply(X).mean(axis=1) if hasattr(X, "multiply") else (X * X).mean(axis=1)
+        means = X.mean(axis=1)
+        flat = (lambda a: a.ravel()) if not hasattr(X, "multiply") else (
+            lambda a: a.A.ravel() if hasattr(a, "A") else a.ravel())
+        var = float(p @ flat(squares)) - float(p @ flat(means)) ** 2
     return 1.0 / (X.shape[1] * var) if var > 0 else 1.0
 
 
@@ -322,7 +332,7 @@ class _BKRRBase(RegressorMixin, BaseEstimator):
             return 1.0 / (2.0 * sigma**2)
         return 1.0 / n_features if gamma == "auto" else float(gamma)
 
-    def _resolve_sigma(self, X) -> float:
+    def _resolve_sigma(self, X, sample_weight=None) -> float:
         """σ as a number: ``sigma="scale"`` (or ``gamma="scale"``) from the training X.
 
         The rule is SVC's ``gamma = 1 / (n_features * X.var())``, so
@@ -332,7 +342,7 @@ class _BKRRBase(RegressorMixin, BaseEstimator):
         if gamma == "scale" or (gamma is None and self.sigma == "scale"):
             if getattr(self, "kernel", "rbf") == "precomputed":
                 return 1.0  # no features: the width is not used
-            return 1.0 / math.sqrt(2.0 * scale_gamma(X))
+            return 1.0 / math.sqrt(2.0 * scale_gamma(X, sample_weight))
         return 1.0 if self.sigma == "scale" else float(self.sigma)
 
     def _part_offsets(self, xp, targets, weights):
@@ -835,7 +845,7 @@ class BKRRRegressor(_BKRRBase):
         sample_weight = self._sample_weight(backend, sample_weight, X)
         with backend.use():
             self._check_before_split(X.shape[0], X.dtype.itemsize, backend)
-            sigma = self._resolve_sigma(X)
+            sigma = self._resolve_sigma(X, sample_weight)
             lam = self._resolve_lam(backend, X, y, sample_weight, sigma)
             partitioning = self._split(X)
             self._check_memory(partitioning.sizes, X.dtype.itemsize, backend)
@@ -916,7 +926,7 @@ class BKRRRegressor(_BKRRBase):
         for backend in group.backends:
             with backend.use():
                 self._check_before_split(n, itemsize, backend)
-        sigma = self._resolve_sigma(X)
+        sigma = self._resolve_sigma(X, sample_weight)
         lam = self._resolve_lam(CPU, X, y, sample_weight, sigma)
         P = _n_partitions(self.n_partitions, n)
         partitioning = split_on_devices(group, X, P, self.partition, self.random_state)
