@@ -612,7 +612,8 @@ class BKRRRegressor(_BKRRBase):
     sigma : float > 0 or "scale", default="scale"
         Gaussian kernel width σ. ``"scale"``: scikit-learn's ``gamma="scale"``
         of ``SVC``, ``gamma = 1 / (n_features * X.var())`` with ``X.var()``
-        the variance of all entries of the training X, i.e.
+        the variance of all entries of the training X (rows weighted by
+        ``sample_weight``), i.e.
         ``sigma = sqrt(n_features * X.var() / 2)`` (``sigma_`` and ``gamma_``
         hold the value; a constant X gives gamma 1). Measured against
         0.1-4× that gamma at each one's best λ, 1× is within 0.01 R² of the
