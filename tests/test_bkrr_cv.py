@@ -34,12 +34,16 @@ def test_same_choice_and_scores_as_grid_search(diabetes, partition, combine):
     np.testing.assert_allclose(fast.predict(X[:30]), brute.predict(X[:30]), rtol=1e-8)
 
 
-def test_closed_form_loo_is_brute_force_loo(diabetes):
-    """Every sample left out of its own part, the part's shift lam*m_j kept (eq. 3.6)."""
+@pytest.mark.parametrize("fit_intercept", [False, True])
+def test_closed_form_loo_is_brute_force_loo(diabetes, fit_intercept):
+    """Every sample left out of its own part, the part's shift lam*m_j kept (eq. 3.6).
+
+    With centring, the part's mean is the whole part's (not refitted without the sample).
+    """
     X, y = diabetes
     X, y = X[:120], y[:120]
-    fast = BKRRRegressorCV(sigmas=SIGMAS, lams=LAMS, n_partitions=3, device="cpu",
-                           random_state=0).fit(X, y)
+    fast = BKRRRegressorCV(sigmas=SIGMAS, lams=LAMS, fit_intercept=fit_intercept,
+                           n_partitions=3, device="cpu", random_state=0).fit(X, y)
     parts = BKRRRegressor(n_partitions=3, device="cpu", random_state=0).fit(X, y)
     order = [np.flatnonzero((X == r).all(axis=1))[0] for r in parts.X_fit_]
     brute = []
@@ -48,11 +52,12 @@ def test_closed_form_loo_is_brute_force_loo(diabetes):
             loo = []
             for lo, hi in zip(parts.part_offsets_[:-1], parts.part_offsets_[1:]):
                 idx = np.array(order[lo:hi])
+                mean = y[idx].mean() if fit_intercept else 0.0
                 for i in range(len(idx)):
                     keep = np.delete(idx, i)
                     model = KernelRidge(alpha=lam * len(idx), kernel="rbf",
-                                        gamma=1 / (2 * sigma**2)).fit(X[keep], y[keep])
-                    loo.append(model.predict(X[idx[i]][None])[0])
+                                        gamma=1 / (2 * sigma**2)).fit(X[keep], y[keep] - mean)
+                    loo.append(model.predict(X[idx[i]][None])[0] + mean)
             brute.append(r2_score(y[order], loo))
     np.testing.assert_allclose(fast.cv_results_["mean_test_score"], brute, rtol=1e-7)
     assert fast.best_index_ == int(np.argmax(brute))
@@ -130,3 +135,41 @@ def test_float32_search_close_to_float64(diabetes):
     single = BKRRRegressorCV(dtype="float32", **common).fit(X.astype(np.float32), y)
     np.testing.assert_allclose(single.cv_results_["mean_test_score"],
                                double.cv_results_["mean_test_score"], rtol=1e-3, atol=1e-3)
+
+
+@pytest.mark.parametrize("cv", [None, 3])
+@pytest.mark.parametrize("combine", ["nearest", "average"])
+def test_cholesky_search_equals_the_reduction(diabetes, cv, combine):
+    if cv is None and combine == "average":
+        return  # leave-one-out is for combine="nearest" only
+    X, y = diabetes
+    common = dict(sigmas=SIGMAS, lams=LAMS, cv=cv, n_partitions=3, combine=combine,
+                  device="cpu", random_state=0)
+    red = BKRRRegressorCV(search="reduction", **common).fit(X, y)
+    cho = BKRRRegressorCV(search="cholesky", **common).fit(X, y)
+    assert red.search_ == "reduction" and cho.search_ == "cholesky"
+    np.testing.assert_allclose(cho.cv_results_["mean_test_score"],
+                               red.cv_results_["mean_test_score"], rtol=1e-7, atol=1e-9)
+    assert cho.best_params_ == red.best_params_
+
+
+def test_auto_search_picks_the_cheaper_for_the_grid(diabetes):
+    """Reduction ~5 Cholesky (Householder) or ~12 (eigen: LOO, GPU); a λ ~1 (LOO: 3)."""
+    est = BKRRRegressorCV()
+    assert est._search_kind(3, loo=False, gpu=False) == "cholesky"
+    assert est._search_kind(5, loo=False, gpu=False) == "cholesky"
+    assert est._search_kind(6, loo=False, gpu=False) == "reduction"
+    assert est._search_kind(4, loo=True, gpu=False) == "cholesky"
+    assert est._search_kind(5, loo=True, gpu=False) == "reduction"
+    assert est._search_kind(10, loo=False, gpu=True) == "cholesky"
+    assert est._search_kind(13, loo=False, gpu=True) == "reduction"
+    assert BKRRRegressorCV(search="reduction")._search_kind(1, loo=True, gpu=False) == \
+        "reduction"
+    X, y = diabetes
+    small = BKRRRegressorCV(sigmas=[1.0], lams=[1e-4, 1e-3, 1e-2], n_partitions=2,
+                            device="cpu", random_state=0).fit(X, y)
+    large = BKRRRegressorCV(sigmas=[1.0], lams=np.geomspace(1e-6, 1e-1, 10), n_partitions=2,
+                            device="cpu", random_state=0).fit(X, y)
+    assert small.search_ == "cholesky" and large.search_ == "reduction"
+    with pytest.raises(ValueError, match="search"):
+        BKRRRegressorCV(search="fast").fit(X, y)

@@ -100,7 +100,8 @@ def test_exact_krr_on_gpu_equals_kernel_ridge(cp, diabetes, n):
         X = rng.normal(size=(n, 8))
         y = np.sin(X.sum(axis=1)) + 0.1 * rng.normal(size=n)
     sigma, lam = 2.0, 1e-4
-    gpu = BKRRRegressor(sigma=sigma, lam=lam, n_partitions=1, device="cuda").fit(X, y)
+    gpu = BKRRRegressor(sigma=sigma, lam=lam, fit_intercept=False, n_partitions=1,
+                        device="cuda").fit(X, y)
     ref = KernelRidge(alpha=lam * n, kernel="rbf", gamma=1 / (2 * sigma**2)).fit(X, y)
     assert _rel(gpu.predict(X), ref.predict(X)) < 1e-6
     assert _rel(cp.asnumpy(gpu.dual_coef_), ref.dual_coef_) < 1e-6

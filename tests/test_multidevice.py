@@ -226,9 +226,9 @@ def test_bkrr_subset_fit_and_store_equals_one_batch(diabetes):
     est = BKRRRegressor(device="cpu", n_partitions=4, sigma=3.0, random_state=0).fit(X, y)
     expected = est.X_fit_.copy(), est.dual_coef_.copy()
     parts = est._split(X)
-    fits = (est._fit_parts(CPU, X, y, parts.parts[:3], 3.0, est.lam)
-            + est._fit_parts(CPU, X, y, parts.parts[3:], 3.0, est.lam))
-    est._store_fit(CPU, parts, pickle.loads(pickle.dumps(fits)), 3.0, est.lam)
+    fits = (est._fit_parts(CPU, X, y, parts.parts[:3], 3.0, est.lam_)
+            + est._fit_parts(CPU, X, y, parts.parts[3:], 3.0, est.lam_))
+    est._store_fit(CPU, parts, pickle.loads(pickle.dumps(fits)), 3.0, est.lam_)
     np.testing.assert_array_equal(est.X_fit_, expected[0])
     np.testing.assert_array_equal(est.dual_coef_, expected[1])
 

@@ -676,7 +676,8 @@ def _fit_krr_group(estimator, part_ids, *pieces):
         estimator._check_memory(sizes, X.dtype.itemsize, backend)
         fits = estimator._fit_parts(backend, backend.asarray(X), backend.asarray(y), local,
                                     estimator.sigma, estimator.lam, part_ids=part_ids)
-    return [KRRPartFit(to_numpy(f.X), to_numpy(f.dual_coef)) for f in fits]
+    return [KRRPartFit(to_numpy(f.X), to_numpy(f.dual_coef), to_numpy(f.intercept))
+            for f in fits]
 
 
 def _workers(client):
@@ -909,17 +910,65 @@ def fit_bkrr(estimator, X, y, sample_weight=None):
     _set_features(estimator, X, names)
     for name in ("devices_", "part_device_", "_device_cache"):
         estimator.__dict__.pop(name, None)
+    sigma, lam = _krr_width_and_lam(estimator, X, y, dtype)
     labels, centers = partition_chunks(rows, P, estimator.partition, estimator.random_state)
     all_labels = _gather_labels(rows, labels)
     sizes = np.bincount(all_labels, minlength=P).astype(np.int64)
     check_budget(need, sizes, n, budget, "BKRRRegressor")
+    shipped = _shipped(estimator)
+    # the workers solve with the resolved numbers, not "scale" / "auto"
+    shipped.sigma, shipped.lam, shipped.gamma = sigma, lam, _resolved_gamma(estimator)
     fits, part_worker, centers = ship_and_fit(rows, labels, sizes, cholesky_cost(sizes, d),
-                                              _fit_krr_group, _shipped(estimator), addresses,
-                                              centers)
+                                              _fit_krr_group, shipped, addresses, centers)
     parts = Partitioning.from_labels(all_labels, centers, P)
-    estimator._store_fit(CPU, parts, fits, estimator.sigma, estimator.lam)
+    estimator._store_fit(CPU, parts, fits, sigma, lam)
     estimator.part_worker_ = np.asarray(part_worker, dtype=object)
     return estimator
+
+
+def _krr_width_and_lam(estimator, X, y, dtype):
+    """BKRR's σ and λ as numbers on Dask input: ``"scale"`` and ``"auto"`` resolved.
+
+    ``sigma="scale"`` needs the variance of all of X (one pass over the
+    chunks); ``lam="auto"`` the rows of the fixed subsample
+    (``AUTO_LAM_SAMPLES``), gathered here and searched as in memory.
+    """
+    from ..estimators.bkrr import AUTO_LAM_SAMPLES, scale_gamma
+
+    needs_scale = estimator.gamma == "scale" or (estimator.gamma is None
+                                                 and estimator.sigma == "scale")
+    sigma = estimator.sigma
+    if needs_scale:
+        gamma = float(scale_gamma(_VarianceOf(X)))
+        sigma = 1.0 / np.sqrt(2.0 * gamma)
+    elif sigma == "scale":
+        sigma = 1.0
+    if estimator.lam != "auto":
+        return float(sigma), float(estimator.lam)
+    n = X.shape[0]
+    rows = np.arange(n)
+    if n > AUTO_LAM_SAMPLES:
+        rows = np.sort(np.random.default_rng(0).choice(n, AUTO_LAM_SAMPLES, replace=False))
+    Xs = np.asarray(X[rows].compute(), dtype=dtype)
+    ys = np.asarray(y[rows].compute(), dtype=dtype)
+    lam = estimator._resolve_lam(CPU, Xs, ys, None, float(sigma))
+    return float(sigma), lam
+
+
+class _VarianceOf:
+    """A stand-in for a Dask array in :func:`scale_gamma`: its variance and width, computed."""
+
+    def __init__(self, X):
+        self.shape = X.shape
+        self._var = X.var()
+
+    def var(self):
+        return float(self._var.compute())
+
+
+def _resolved_gamma(estimator):
+    """The ``gamma`` the workers see: "scale" is carried by the resolved σ."""
+    return None if estimator.gamma == "scale" else estimator.gamma
 
 
 def _shipped(estimator):
