@@ -706,10 +706,11 @@ class BKRRRegressor(_BKRRBase):
         ``(K_j + alpha I) a_j = y_j`` and ``lam`` is ignored. It lets
         ``KernelRidge(alpha=...)`` map onto this class without knowing n
         (``alpha = lam * n`` for one part).
-    gamma : float > 0, "auto" or None, default=None
+    gamma : float > 0, "scale", "auto" or None, default=None
         KernelRidge's kernel coefficient: when given, it replaces
         ``1 / (2 sigma^2)`` (and ``sigma`` is ignored); "auto" is
-        ``1 / n_features``, KernelRidge's ``gamma=None``.
+        ``1 / n_features``, KernelRidge's ``gamma=None``; "scale" is SVC's
+        rule, the same as ``sigma="scale"``.
     kernel_params : dict or None, default=None
         Keyword arguments of a callable kernel, as KernelRidge's.
     verbose : int, default=0
