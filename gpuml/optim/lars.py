@@ -2,7 +2,8 @@ r"""LARS: layer-wise adaptive rate scaling (You 2020 eq. 5.1 and Alg 15; You et 
 
 Same structure as :mod:`gpuml.optim.lamb`: :class:`LARS` → :func:`lars` →
 :func:`_single_tensor_lars` (reference) / :func:`_multi_tensor_lars`
-(``torch._foreach_*``) / :func:`_fused_lars` (Triton, :mod:`gpuml.optim._triton`).
+(``torch._foreach_*``) / :func:`_fused_lars` (Triton, :mod:`gpuml.optim._triton`, on
+CUDA; numba, :mod:`gpuml.optim._numba`, on the CPU).
 """
 
 from __future__ import annotations
@@ -179,7 +180,7 @@ class LARS(C.LayerwiseOptimizer):
                 steps.append(_triton.lars_passes(view.prepared, **options))
                 continue
             (bufs,) = view.columns
-            func = _single_tensor_lars if view.impl == "loop" else _multi_tensor_lars
+            func = _IMPLS[view.impl]
             steps.append(func(view.params, grads, bufs, view.masters, view.steps,
                               adapt=view.adapt, decay=view.decay,
                               capturable=group["capturable"], sharding=view.sharding,
@@ -188,7 +189,7 @@ class LARS(C.LayerwiseOptimizer):
 
 
 class FusedLARS(LARS):
-    """:class:`LARS` pinned to the fused Triton path (CUDA tensors)."""
+    """:class:`LARS` pinned to the fused path (Triton on CUDA tensors, numba on CPU ones)."""
 
     def __init__(self, params, *args, **kwargs):
         super().__init__(params, *args, **C.pinned_to_fused("LARS", kwargs))
@@ -239,8 +240,7 @@ def lars(params: list[Tensor], grads: list[Tensor], momentum_buffers: list[Tenso
         params, grads, momentum_buffers, master_params = (
             C.as_real(x) for x in (params, grads, momentum_buffers, master_params))
     impl = C.resolve_impl(params, foreach, fused, grads)
-    func = {"loop": _single_tensor_lars, "foreach": _multi_tensor_lars,
-            "fused": _fused_lars}[impl]
+    func = _IMPLS[impl]
     S.run_steps([func(
         params, grads, momentum_buffers, master_params, state_steps, adapt=adapt,
         decay=decay, grad_scale=grad_scale, found_inf=found_inf, lr=lr, momentum=momentum,
@@ -264,57 +264,90 @@ def _lars_ratio(w_norm, d_norm, wd, *, trust_coefficient, eps, lr, clip, trust_b
 def _single_tensor_lars(params, grads, momentum_buffers, master_params, state_steps, *, adapt,
                         decay, grad_scale, found_inf, lr, momentum, dampening, nesterov,
                         weight_decay, trust_coefficient, eps, clip, trust_bounds, mode,
-                        capturable, maximize=False, sharding=None):
-    # A generator, as the other two paths: it yields once when tensors are sharded (the
-    # partial squared norms) and receives their sums over the ranks (_sharding.run_steps).
+                        capturable, maximize=False, sharding=None, differentiable=False):
+    # A generator, as the other two paths: with sharded tensors it yields once (the partial
+    # squared norms of every tensor) and receives their sums over the ranks
+    # (_sharding.run_steps). Otherwise each tensor is updated start to finish before the
+    # next, with two scratch buffers for all of them (see lamb._single_tensor_lamb).
     if not params or C.skip_step(found_inf):
         return
     coef = C.scaled_step_coefficient(grad_scale, None)
+    # maximize negates the gradient first, as torch.optim does ((-c) g is exactly -(c g))
+    factor = coef if not maximize else (-1.0 if coef is None else -coef)
     normalized = mode == "normalized"
-    gs, ws, wds = [], [], []
-    for i, p in enumerate(params):
+    sharded = sharding is not None
+    scratch = C.Scratch(params, fresh=differentiable or sharded)
+    neg_lr = -lr
+    kw = dict(trust_coefficient=trust_coefficient, eps=eps, lr=lr, clip=clip,
+              trust_bounds=trust_bounds, normalized=normalized)
+
+    def prepare(i):
+        """The scaled gradient, the compute view and the weight decay of tensor ``i``; in
+        Alg 15 its momentum stepped, m = mu m + (1 - mu) (g + wd w)."""
         g = C.widen(grads[i])
-        if maximize:  # before the scaling, as torch.optim negates the gradient first
-            g = -g
-        if coef is not None:
-            g = g * coef
-        step = state_steps[i]
-        step += 1
-        w = C.compute_view(p, master_params[i])
+        if factor is not None:
+            g = torch.mul(g, factor, out=scratch.take(0, g))
+        state_steps[i] += 1
+        w = C.compute_view(params[i], master_params[i])
         wd = weight_decay if decay[i] else 0.0
         if normalized:
-            d = g + wd * w if wd != 0 else g
-            momentum_buffers[i].mul_(momentum).add_(d, alpha=1.0 - momentum)
-        gs.append(g)
-        ws.append(w)
-        wds.append(wd)
-    if any(adapt):
-        # the norm of the new momentum (Alg 15) or of the gradient (eq. 5.1)
-        ds = momentum_buffers if normalized else gs
-        norms = torch.stack([torch.stack([torch.linalg.vector_norm(w) for w in ws]),
-                             torch.stack([torch.linalg.vector_norm(d) for d in ds])])
-        w_norms, d_norms = yield from S.full_norms(norms, sharding)
-    for i, (p, g, w, wd) in enumerate(zip(params, gs, ws, wds)):
-        ratio = torch.ones((), dtype=w.dtype, device=w.device)
-        if adapt[i]:
-            ratio = _lars_ratio(w_norms[i], d_norms[i], wd, trust_coefficient=trust_coefficient,
-                                eps=eps, lr=lr, clip=clip, trust_bounds=trust_bounds,
-                                normalized=normalized)
+            d = torch.add(g, w, alpha=wd, out=scratch.take(1, g)) if wd != 0 else g
+            momentum_buffers[i].lerp_(d, 1.0 - momentum)
+        return g, w, wd
+
+    def norms(i, g, w):
+        # the norm of the new momentum (Alg 15) or of the gradient (eq. 5.1); autograd keeps
+        # the tensor a norm was taken of, and w changes in place afterwards
+        w = w.clone() if differentiable else w
+        return torch.stack([torch.linalg.vector_norm(w), torch.linalg.vector_norm(
+            momentum_buffers[i] if normalized else g)])
+
+    def apply(i, g, w, wd, ratio):
+        # ratio None: not adapted (alpha = 1)
         buf = momentum_buffers[i]
         if normalized:
-            direction = ratio * buf
+            C.add_scaled_(w, buf, neg_lr if ratio is None else ratio * neg_lr)
         else:
-            d = ratio * (g + wd * w if wd != 0 else g)
-            if momentum != 0:
-                first = state_steps[i] == 1 if capturable else C.step_value(state_steps[i]) == 1
-                buf.copy_(torch.where(torch.as_tensor(first, device=buf.device), d,
-                                      momentum * buf + (1.0 - dampening) * d))
-                direction = d + momentum * buf if nesterov else buf
+            # d = alpha e with e = g + wd w, folded into the operations that use d
+            e = torch.add(g, w, alpha=wd, out=scratch.take(1, g)) if wd != 0 else g
+            if momentum == 0:
+                C.add_scaled_(w, e, neg_lr if ratio is None else ratio * neg_lr)
             else:
-                direction = d
-        w.sub_(lr * direction)
-        if w is not p:
-            p.copy_(w)
+                step = state_steps[i]
+                first = step == 1 if capturable else C.step_value(step) == 1
+                if capturable:
+                    d = e if ratio is None else e * ratio
+                    buf.copy_(torch.where(first, d, momentum * buf + (1.0 - dampening) * d))
+                elif first:  # a = d at the first step
+                    buf.copy_(e if ratio is None else e * ratio)
+                else:
+                    keep = 1.0 - dampening
+                    C.add_scaled_(buf.mul_(momentum), e, keep if ratio is None else ratio * keep)
+                if nesterov:  # w - lr (d + mu a)
+                    C.add_scaled_(w, e, neg_lr if ratio is None else ratio * neg_lr)
+                    C.add_scaled_(w, buf, neg_lr * momentum)
+                else:
+                    C.add_scaled_(w, buf, neg_lr)
+        if w is not params[i]:
+            params[i].copy_(w)
+
+    if not sharded:
+        for i in range(len(params)):
+            g, w, wd = prepare(i)
+            ratio = None
+            if adapt[i]:
+                w_norm, d_norm = norms(i, g, w)
+                ratio = _lars_ratio(w_norm, d_norm, wd, **kw)
+            apply(i, g, w, wd, ratio)
+        return
+    parts = [prepare(i) for i in range(len(params))]
+    if any(adapt):
+        stacked = torch.stack([norms(i, g, w) for i, (g, w, _) in enumerate(parts)], dim=1)
+        w_norms, d_norms = yield from S.full_norms(stacked, sharding)
+    for i, (g, w, wd) in enumerate(parts):
+        apply(i, g, w, wd, _lars_ratio(w_norms[i], d_norms[i], wd, **kw) if adapt[i] else None)
+
+
 
 
 def _multi_tensor_lars(params, grads, momentum_buffers, master_params, state_steps, *, adapt,
@@ -404,9 +437,16 @@ def _fused_lars(params, grads, momentum_buffers, master_params, state_steps, *, 
                 maximize=False, sharding=None):
     if not params:
         return
+    if C.fused_backend(params) == "cpu":
+        yield from _fused_cpu_lars(
+            params, grads, momentum_buffers, master_params, state_steps, adapt=adapt,
+            decay=decay, grad_scale=grad_scale, found_inf=found_inf, lr=lr, momentum=momentum,
+            dampening=dampening, nesterov=nesterov, weight_decay=weight_decay,
+            trust_coefficient=trust_coefficient, eps=eps, clip=clip, trust_bounds=trust_bounds,
+            mode=mode, maximize=maximize, sharding=sharding)
+        return
     from gpuml.optim import _triton
 
-    C.check_fused_devices(params)
     prep = _triton.prepare("lars", params, grads, (momentum_buffers, None), master_params,
                            state_steps, adapt, decay,
                            sharded=sharding.flags if sharding is not None else None)
@@ -415,3 +455,53 @@ def _fused_lars(params, grads, momentum_buffers, master_params, state_steps, *, 
         dampening=dampening, nesterov=nesterov, weight_decay=weight_decay,
         trust_coefficient=trust_coefficient, eps=eps, clip=clip, trust_bounds=trust_bounds,
         mode=mode, maximize=maximize)
+
+
+def _fused_cpu_lars(params, grads, momentum_buffers, master_params, state_steps, *, adapt,
+                    decay, grad_scale, found_inf, lr, momentum, dampening, nesterov,
+                    weight_decay, trust_coefficient, eps, clip, trust_bounds, mode, maximize,
+                    sharding):
+    """``fused=True`` on CPU tensors: per tensor, pass 1 (the two sums of squares; Alg 15
+    steps the momentum there) then, once every ratio is known, pass 2 (momentum and
+    update), in numba kernels (:mod:`gpuml.optim._numba`)."""
+    from gpuml.optim import _numba as K
+
+    if C.skip_step(found_inf):
+        return
+    gs = [C.widen(g) for g in grads]
+    ws = [C.compute_view(p, mp) for p, mp in zip(params, master_params)]
+    K.check_layouts(ws, gs, momentum_buffers)
+    coef = C.scaled_step_coefficient(grad_scale, None)
+    c = 1.0 if coef is None else coef.item()
+    c = -c if maximize else c  # the gradient negated first, as torch.optim does
+    normalized = mode == "normalized"
+    wds = [weight_decay if d else 0.0 for d in decay]
+    K.use_torch_threads()
+    views = [tuple(map(K.flat, t)) for t in zip(gs, ws, momentum_buffers)]
+    sums = []
+    for (g, w, buf), step, wd in zip(views, state_steps, wds):
+        step += 1
+        sums.append(K.run("lars_normalized", w.size, g, w, buf, c, wd, momentum) if normalized
+                    else K.run("sumsq2", w.size, w, g, c))
+    norms = torch.tensor(sums, dtype=torch.float64).sqrt().T.float()
+    w_norms, d_norms = yield from S.full_norms(norms, sharding)
+    ratios = torch.where(torch.tensor(adapt), _lars_ratio(
+        w_norms, d_norms, torch.tensor(wds), trust_coefficient=trust_coefficient, eps=eps,
+        lr=lr, clip=clip, trust_bounds=trust_bounds, normalized=normalized), 1.0).tolist()
+    neg_lr = -float(lr)
+    nest_d, nest_b = (1.0, momentum) if nesterov else (0.0, 1.0)
+    for i, (g, w, buf) in enumerate(views):
+        if normalized:
+            K.run("axpy", w.size, w, buf, neg_lr * ratios[i])
+        elif momentum == 0:
+            K.run("lars_plain", w.size, g, w, c, wds[i], ratios[i], neg_lr)
+        else:
+            keep, take = (0.0, 1.0) if C.step_value(state_steps[i]) == 1 \
+                else (momentum, 1.0 - dampening)
+            K.run("lars_momentum", w.size, g, w, buf, c, wds[i], ratios[i], keep, take, nest_d,
+                  nest_b, neg_lr)
+        if ws[i] is not params[i]:
+            params[i].copy_(ws[i])
+
+
+_IMPLS = {"loop": _single_tensor_lars, "foreach": _multi_tensor_lars, "fused": _fused_lars}
