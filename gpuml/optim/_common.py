@@ -14,6 +14,7 @@ from operator import attrgetter, is_, is_not
 
 import torch
 from torch import Tensor
+from torch.optim.optimizer import _use_grad_for_differentiable
 
 from gpuml.optim import _sharding as S
 from gpuml.optim._layout import dense_layout, interpreter_on, triton_available  # noqa: F401
@@ -41,7 +42,7 @@ def check_nonneg(name: str, value) -> None:
             raise ValueError(f"{name} must be a scalar, got a tensor of shape {tuple(value.shape)}")
         # read once, when the group is checked (as torch.optim does: a negative or NaN
         # tensor lr is refused like a float one)
-        if not 0.0 <= float(value):
+        if not 0.0 <= float(value.detach()):
             raise ValueError(f"Invalid {name}: {value!r} (must be a number >= 0)")
         return
     if not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
@@ -75,7 +76,7 @@ def check_exclusion(name: str, value) -> None:
 
 
 def resolve_impl(params: Sequence[Tensor], foreach: bool | None, fused: bool | None,
-                 grads: Sequence[Tensor] | None = None) -> str:
+                 grads: Sequence[Tensor] | None = None, differentiable: bool = False) -> str:
     """The path a group takes unless asked explicitly: ``"fused"`` on CUDA tensors,
     ``"loop"`` on CPU tensors, ``"foreach"`` otherwise (CUDA without Triton, float64,
     complex).
@@ -87,10 +88,14 @@ def resolve_impl(params: Sequence[Tensor], foreach: bool | None, fused: bool | N
     updates one tensor start to finish in reused scratch buffers (about 0.5x the foreach
     step on ResNet-50 shapes, ``bench/results/cpu-2core/optim_cpu.md``).
 
-    ``grads`` defaults to the parameters' ``.grad``.
+    ``grads`` defaults to the parameters' ``.grad``. ``differentiable=True`` takes the loop
+    (the only path autograd can record) and refuses the others, as torch.optim does.
     """
     if fused and foreach:
         raise ValueError("fused=True and foreach=True are mutually exclusive")
+    if differentiable:
+        check_differentiable(foreach, fused)
+        return "loop"
     # the Triton kernels compute in float32: float64 parameters take the foreach path by
     # default and are refused when the fused path is asked for explicitly
     wide = next((p.dtype for p in params if p.dtype == torch.float64 or p.is_complex()), None)
@@ -113,6 +118,15 @@ def resolve_impl(params: Sequence[Tensor], foreach: bool | None, fused: bool | N
     if params and all(p.device.type == "cpu" for p in params):
         return "loop"
     return "foreach"
+
+
+def check_differentiable(foreach: bool | None, fused: bool | None) -> None:
+    """``differentiable=True`` runs the loop path only (torch.optim refuses ``fused`` with it
+    by this error too; its foreach path asserts)."""
+    for name, value in (("fused", fused), ("foreach", foreach)):
+        if value:
+            raise RuntimeError(f"`{name}` does not support `differentiable`: "
+                               "differentiable=True runs the for-loop path (foreach=False)")
 
 
 def fused_backend(params: Sequence[Tensor]) -> str:
@@ -403,7 +417,7 @@ def pinned_to_fused(name: str, kwargs: dict) -> dict:
 
 def _view_options(group: dict) -> tuple:
     """The group options a :class:`GroupView` depends on (path, step placement, flags)."""
-    return (group["foreach"], group["fused"], group["capturable"],
+    return (group["foreach"], group["fused"], group["capturable"], group["differentiable"],
             group["exclude_from_adaptation"], group["exclude_from_weight_decay"],
             group["always_adapt"], bool(group["weight_decay"] != 0), group["master_weights"])
 
@@ -520,10 +534,7 @@ class LayerwiseOptimizer(torch.optim.Optimizer):
             # default (torch.optim fills False too)
             group.setdefault("maximize", False)
             for key, value in self.defaults.items():
-                # torch's __setstate__ adds "differentiable" to the defaults: not an option
-                # of ours, so not put in the groups either
-                if key != "differentiable":
-                    group.setdefault(key, value)
+                group.setdefault(key, value)
             for p in group["params"]:
                 p_state = self.state.get(p)
                 if p_state and "step" in p_state and not isinstance(p_state["step"], Tensor):
@@ -535,10 +546,11 @@ class LayerwiseOptimizer(torch.optim.Optimizer):
         """Apply the update rule to every ``(group, view, grads)`` of ``plan``."""
         raise NotImplementedError
 
-    @torch.no_grad()
+    @_use_grad_for_differentiable
     def step(self, closure=None, grad_scale: Tensor | None = None,
              found_inf: Tensor | None = None):
-        """One optimizer step.
+        """One optimizer step (without autograd, or recorded by it when the optimizer was
+        made with ``differentiable=True``, as in torch.optim).
 
         ``grad_scale`` (the loss scale, or None if the gradients are unscaled) and
         ``found_inf`` (nonzero: skip the step) are the fused-optimizer protocol of
@@ -598,8 +610,8 @@ class LayerwiseOptimizer(torch.optim.Optimizer):
         dtensors, sharding = S.inspect(with_grad, grads)
         local_params, local_grads = (S.local(with_grad), S.local(grads)) if dtensors \
             else (with_grad, grads)
-        impl = resolve_impl(local_params, group["foreach"], group["fused"],
-                            local_grads) if with_grad else ""
+        impl = resolve_impl(local_params, group["foreach"], group["fused"], local_grads,
+                            group["differentiable"]) if with_grad else ""
         backend = fused_backend(local_params) if impl == "fused" else None
         params, grads, columns, masters, steps, adapt, decay = self._gather(
             group, impl, self._STATE_KEYS)

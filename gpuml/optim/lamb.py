@@ -112,6 +112,12 @@ class LAMB(C.LayerwiseOptimizer):
         Maximise the objective: the gradient is negated before anything else (as in
         torch.optim), on every path (a sign flag in the fused kernels).
 
+    differentiable : bool, default False
+        Record the step with autograd, as torch.optim's ``differentiable=True``: the
+        updated parameters and state are differentiable functions of the parameters,
+        gradients, state and tensor hyperparameters (``lr``) before the step (for
+        meta-learning). For-loop path only: ``foreach=True`` and ``fused=True`` are
+        refused with it (``RuntimeError``, as torch.optim refuses ``fused``).
     Notes
     -----
     Defaults follow the paper where it is explicit (betas, bias correction,
@@ -166,7 +172,8 @@ class LAMB(C.LayerwiseOptimizer):
                  exclude_from_adaptation: bool | None = None,
                  exclude_from_weight_decay: bool | None = None, master_weights: bool = False,
                  capturable: bool = False, foreach: bool | None = None,
-                 fused: bool | None = None, maximize: bool = False):
+                 fused: bool | None = None, maximize: bool = False,
+                 differentiable: bool = False):
         defaults = dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay,
                         bias_correction=bias_correction, grad_averaging=grad_averaging,
                         max_grad_norm=max_grad_norm, trust_bounds=trust_bounds,
@@ -174,7 +181,8 @@ class LAMB(C.LayerwiseOptimizer):
                         variant=variant, exclude_from_adaptation=exclude_from_adaptation,
                         exclude_from_weight_decay=exclude_from_weight_decay,
                         master_weights=master_weights, capturable=capturable,
-                        foreach=foreach, fused=fused, maximize=maximize)
+                        foreach=foreach, fused=fused, maximize=maximize,
+                        differentiable=differentiable)
         _validate(defaults)
         super().__init__(params, defaults)
 
@@ -216,6 +224,7 @@ class LAMB(C.LayerwiseOptimizer):
             beta1, beta2 = group["betas"]
             options = dict(
                 grad_scale=grad_scale, found_inf=found_inf, maximize=group["maximize"],
+                differentiable=group["differentiable"],
                 lr=group["lr"], beta1=beta1,
                 beta2=beta2, eps=group["eps"], weight_decay=group["weight_decay"],
                 bias_correction=group["bias_correction"], grad_averaging=group["grad_averaging"],
@@ -263,6 +272,8 @@ def _validate(group: dict) -> None:
     C.check_exclusion("exclude_from_weight_decay", group["exclude_from_weight_decay"])
     if group["fused"] and group["foreach"]:
         raise ValueError("fused=True and foreach=True are mutually exclusive")
+    if group["differentiable"]:
+        C.check_differentiable(group["foreach"], group["fused"])
 
 
 def lamb_coefficients(t, beta1: float, beta2: float, beta3: float, bias_correction: bool,
@@ -289,7 +300,7 @@ def lamb(params: list[Tensor], grads: list[Tensor], exp_avgs: list[Tensor],
          eps: float, weight_decay: float, bias_correction: bool, grad_averaging: bool,
          max_grad_norm: float | None, trust_bounds: tuple[float, float],
          eps_inside_sqrt: bool, variant: str, capturable: bool = False,
-         maximize: bool = False) -> None:
+         maximize: bool = False, differentiable: bool = False) -> None:
     """Functional LAMB: see :class:`LAMB` for the update rule and the options.
 
     ``adapt[i]`` / ``decay[i]`` say whether tensor ``i`` gets the trust ratio and
@@ -308,7 +319,7 @@ def lamb(params: list[Tensor], grads: list[Tensor], exp_avgs: list[Tensor],
         params, grads, exp_avgs, exp_avg_sqs, master_params = (
             C.as_real(x) for x in (params, grads, exp_avgs, exp_avg_sqs, master_params))
     reduction = S.reduction_for([sharding], "lamb")
-    impl = C.resolve_impl(params, foreach, fused, grads)
+    impl = C.resolve_impl(params, foreach, fused, grads, differentiable)
     if max_grad_norm is not None and global_grad_norm is None and grads and impl != "fused":
         global_grad_norm = C.global_grad_norm([(grads, sharding)], impl, reduction)
         if grad_scale is not None:
@@ -321,7 +332,8 @@ def lamb(params: list[Tensor], grads: list[Tensor], exp_avgs: list[Tensor],
         weight_decay=weight_decay, bias_correction=bias_correction,
         grad_averaging=grad_averaging, max_grad_norm=max_grad_norm,
         trust_bounds=trust_bounds, eps_inside_sqrt=eps_inside_sqrt, variant=variant,
-        capturable=capturable, maximize=maximize, sharding=sharding)], reduction)
+        capturable=capturable, maximize=maximize, sharding=sharding,
+        differentiable=differentiable)], reduction)
 
 
 def _trust_ratio(w_norm: Tensor, u_norm: Tensor, bounds: tuple[float, float]) -> Tensor:
@@ -385,8 +397,9 @@ def _single_tensor_lamb(params, grads, exp_avgs, exp_avg_sqs, master_params, sta
             if eps_inside_sqrt:
                 denom = torch.add(v, eps / a_v, out=denom).sqrt_()
             else:
-                denom = torch.sqrt(v, out=denom).add_(eps / root_a_v)
-            d = torch.div(m, denom, out=denom)
+                # out-of-place add: autograd keeps sqrt's result (differentiable=True)
+                denom = torch.add(torch.sqrt(v, out=denom), eps / root_a_v, out=denom)
+            d = torch.div(m, denom, out=scratch.take(1, v))  # denom's buffer, or a new one
             if decay[i] and weight_decay != 0:  # u = k (d + (lambda / k) w)
                 d = C.add_scaled_(d, w, weight_decay / k)
             return p, w, d, k
@@ -395,8 +408,9 @@ def _single_tensor_lamb(params, grads, exp_avgs, exp_avg_sqs, master_params, sta
         v_hat = torch.mul(v, a_v, out=scratch.take(2, v))
         if variant == "nnlamb":
             v_hat = v_hat.add_(g * g * a_g2)
-        denom = v_hat.add_(eps).sqrt_() if eps_inside_sqrt else v_hat.sqrt_().add_(eps)
-        update = m_hat.div_(denom)
+        denom = v_hat.add_(eps).sqrt_() if eps_inside_sqrt else torch.add(
+            v_hat.sqrt_(), eps, out=scratch.take(2, v))
+        update = torch.div(m_hat, denom, out=scratch.take(1, m))
         if decay[i] and weight_decay != 0:
             update = update.add_(w, alpha=weight_decay)
         return p, w, update, 1.0
@@ -436,7 +450,10 @@ def _multi_tensor_lamb(params, grads, exp_avgs, exp_avg_sqs, master_params, stat
                        adapt, decay, global_grad_norm, grad_scale, found_inf, lr, beta1, beta2,
                        eps, weight_decay, bias_correction, grad_averaging, max_grad_norm,
                        trust_bounds, eps_inside_sqrt, variant, capturable,
-                       maximize=False, sharding=None):
+                       maximize=False, sharding=None,
+                       differentiable=False):
+    if differentiable:
+        C.check_differentiable(True, False)
     if not params or C.skip_step(found_inf):
         return
     device = params[0].device
@@ -509,7 +526,10 @@ def _multi_tensor_lamb(params, grads, exp_avgs, exp_avg_sqs, master_params, stat
 def _fused_lamb(params, grads, exp_avgs, exp_avg_sqs, master_params, state_steps, *,
                 adapt, decay, global_grad_norm, grad_scale, found_inf, lr, beta1, beta2,
                 eps, weight_decay, bias_correction, grad_averaging, max_grad_norm,
-                trust_bounds, eps_inside_sqrt, variant, capturable, maximize=False, sharding=None):
+                trust_bounds, eps_inside_sqrt, variant, capturable, maximize=False, sharding=None,
+                differentiable=False):
+    if differentiable:
+        C.check_differentiable(False, True)
     if not params:
         return
     if C.fused_backend(params) == "cpu":

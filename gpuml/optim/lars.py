@@ -89,6 +89,12 @@ class LARS(C.LayerwiseOptimizer):
         Maximise the objective (the gradient negated first, as in torch.optim), on every
         path.
 
+    differentiable : bool, default False
+        Record the step with autograd, as torch.optim's ``differentiable=True``: the
+        updated parameters and state are differentiable functions of the parameters,
+        gradients, state and tensor hyperparameters (``lr``) before the step (for
+        meta-learning). For-loop path only: ``foreach=True`` and ``fused=True`` are
+        refused with it (``RuntimeError``, as torch.optim refuses ``fused``).
     Notes
     -----
     timm ``Lars(lr, momentum, dampening, weight_decay, nesterov, trust_coeff, eps,
@@ -140,7 +146,8 @@ class LARS(C.LayerwiseOptimizer):
                  always_adapt: bool = True, exclude_from_adaptation: bool | None = None,
                  exclude_from_weight_decay: bool | None = None, master_weights: bool = False,
                  capturable: bool = False, foreach: bool | None = None,
-                 fused: bool | None = None, maximize: bool = False):
+                 fused: bool | None = None, maximize: bool = False,
+                 differentiable: bool = False):
         defaults = dict(lr=lr, momentum=momentum, dampening=dampening,
                         weight_decay=weight_decay, nesterov=nesterov,
                         trust_coefficient=trust_coefficient, eps=eps, clip=clip,
@@ -148,7 +155,8 @@ class LARS(C.LayerwiseOptimizer):
                         exclude_from_adaptation=exclude_from_adaptation,
                         exclude_from_weight_decay=exclude_from_weight_decay,
                         master_weights=master_weights, capturable=capturable,
-                        foreach=foreach, fused=fused, maximize=maximize)
+                        foreach=foreach, fused=fused, maximize=maximize,
+                        differentiable=differentiable)
         _validate(defaults)
         super().__init__(params, defaults)
 
@@ -169,6 +177,7 @@ class LARS(C.LayerwiseOptimizer):
         for group, view, grads in plan:
             options = dict(
                 grad_scale=grad_scale, found_inf=found_inf, maximize=group["maximize"],
+                differentiable=group["differentiable"],
                 lr=group["lr"],
                 momentum=group["momentum"], dampening=group["dampening"],
                 nesterov=group["nesterov"], weight_decay=group["weight_decay"],
@@ -216,6 +225,8 @@ def _validate(group: dict) -> None:
     C.check_exclusion("exclude_from_weight_decay", group["exclude_from_weight_decay"])
     if group["fused"] and group["foreach"]:
         raise ValueError("fused=True and foreach=True are mutually exclusive")
+    if group["differentiable"]:
+        C.check_differentiable(group["foreach"], group["fused"])
 
 
 def lars(params: list[Tensor], grads: list[Tensor], momentum_buffers: list[Tensor | None],
@@ -225,7 +236,7 @@ def lars(params: list[Tensor], grads: list[Tensor], momentum_buffers: list[Tenso
          momentum: float, dampening: float, nesterov: bool, weight_decay: float,
          trust_coefficient: float, eps: float, clip: bool, trust_bounds: tuple[float, float],
          mode: str, capturable: bool = False,
-         maximize: bool = False) -> None:
+         maximize: bool = False, differentiable: bool = False) -> None:
     """Functional LARS: see :class:`LARS` for the update rule and the options.
 
     DTensor parameters (FSDP2) are updated through their local shards with the norms of the
@@ -239,14 +250,15 @@ def lars(params: list[Tensor], grads: list[Tensor], momentum_buffers: list[Tenso
     if any(p.is_complex() for p in params):
         params, grads, momentum_buffers, master_params = (
             C.as_real(x) for x in (params, grads, momentum_buffers, master_params))
-    impl = C.resolve_impl(params, foreach, fused, grads)
+    impl = C.resolve_impl(params, foreach, fused, grads, differentiable)
     func = _IMPLS[impl]
     S.run_steps([func(
         params, grads, momentum_buffers, master_params, state_steps, adapt=adapt,
         decay=decay, grad_scale=grad_scale, found_inf=found_inf, lr=lr, momentum=momentum,
         dampening=dampening, nesterov=nesterov, weight_decay=weight_decay,
         trust_coefficient=trust_coefficient, eps=eps, clip=clip, trust_bounds=trust_bounds,
-        mode=mode, capturable=capturable, maximize=maximize, sharding=sharding)],
+        mode=mode, capturable=capturable, maximize=maximize, sharding=sharding,
+        differentiable=differentiable)],
         S.reduction_for([sharding], "lars"))
 
 
@@ -353,7 +365,10 @@ def _single_tensor_lars(params, grads, momentum_buffers, master_params, state_st
 def _multi_tensor_lars(params, grads, momentum_buffers, master_params, state_steps, *, adapt,
                        decay, grad_scale, found_inf, lr, momentum, dampening, nesterov,
                        weight_decay, trust_coefficient, eps, clip, trust_bounds, mode,
-                       capturable, maximize=False, sharding=None):
+                       capturable, maximize=False, sharding=None,
+                       differentiable=False):
+    if differentiable:
+        C.check_differentiable(True, False)
     if not params or C.skip_step(found_inf):
         return
     device = params[0].device
@@ -434,7 +449,10 @@ def _multi_tensor_lars(params, grads, momentum_buffers, master_params, state_ste
 def _fused_lars(params, grads, momentum_buffers, master_params, state_steps, *, adapt, decay,
                 grad_scale, found_inf, lr, momentum, dampening, nesterov, weight_decay,
                 trust_coefficient, eps, clip, trust_bounds, mode, capturable,
-                maximize=False, sharding=None):
+                maximize=False, sharding=None,
+                differentiable=False):
+    if differentiable:
+        C.check_differentiable(False, True)
     if not params:
         return
     if C.fused_backend(params) == "cpu":
