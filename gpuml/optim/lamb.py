@@ -224,7 +224,6 @@ class LAMB(C.LayerwiseOptimizer):
             beta1, beta2 = group["betas"]
             options = dict(
                 grad_scale=grad_scale, found_inf=found_inf, maximize=group["maximize"],
-                differentiable=group["differentiable"],
                 lr=group["lr"], beta1=beta1,
                 beta2=beta2, eps=group["eps"], weight_decay=group["weight_decay"],
                 bias_correction=group["bias_correction"], grad_averaging=group["grad_averaging"],
@@ -241,6 +240,7 @@ class LAMB(C.LayerwiseOptimizer):
             steps.append(func(view.params, grads, ms, vs, view.masters, view.steps,
                               adapt=view.adapt, decay=view.decay, global_grad_norm=norm,
                               capturable=group["capturable"], sharding=view.sharding,
+                              differentiable=group["differentiable"],
                               **options))
         S.run_steps(steps, reduction)
 

@@ -177,7 +177,6 @@ class LARS(C.LayerwiseOptimizer):
         for group, view, grads in plan:
             options = dict(
                 grad_scale=grad_scale, found_inf=found_inf, maximize=group["maximize"],
-                differentiable=group["differentiable"],
                 lr=group["lr"],
                 momentum=group["momentum"], dampening=group["dampening"],
                 nesterov=group["nesterov"], weight_decay=group["weight_decay"],
@@ -193,6 +192,7 @@ class LARS(C.LayerwiseOptimizer):
             steps.append(func(view.params, grads, bufs, view.masters, view.steps,
                               adapt=view.adapt, decay=view.decay,
                               capturable=group["capturable"], sharding=view.sharding,
+                              differentiable=group["differentiable"],
                               **options))
         S.run_steps(steps, self._reduction)
 
