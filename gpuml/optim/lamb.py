@@ -8,8 +8,9 @@ dispatches to one of three implementations with one signature:
   and the oracle of the tests;
 * :func:`_multi_tensor_lamb`, ``torch._foreach_*`` over all tensors of a group,
   per-tensor norms with ``torch._foreach_norm`` (no host synchronisation);
-* :func:`_fused_lamb`, two Triton kernels over all tensors of a group (see
-  :mod:`gpuml.optim._triton`).
+* :func:`_fused_lamb`, two Triton kernels over all tensors of a group on CUDA (see
+  :mod:`gpuml.optim._triton`), two numba kernels per tensor on the CPU (see
+  :mod:`gpuml.optim._numba`).
 """
 
 from __future__ import annotations
@@ -99,8 +100,11 @@ class LAMB(C.LayerwiseOptimizer):
         Keep ``step`` on the parameter's device so a step can be captured in a
         CUDA graph (pass ``lr`` as a device tensor to change it inside the graph).
     foreach, fused : bool or None
-        Implementation: default fused (Triton) on CUDA tensors, foreach otherwise;
-        ``foreach=False`` gives the for-loop reference.
+        Implementation: default fused (Triton) on CUDA tensors, the for-loop on CPU
+        tensors (faster there than foreach, see :func:`gpuml.optim._common.resolve_impl`),
+        foreach otherwise; ``foreach=False`` gives the for-loop reference. ``fused=True``
+        on CPU tensors runs numba kernels (:mod:`gpuml.optim._numba`), as torch's
+        ``AdamW(fused=True)`` has a CPU kernel.
         float64 parameters are updated in float64 (state too, as torch.optim does) by the
         loop and foreach paths; the fused kernels compute in float32, so the default picks
         foreach for a group with a float64 parameter and ``fused=True`` refuses it with a
@@ -111,6 +115,12 @@ class LAMB(C.LayerwiseOptimizer):
         Maximise the objective: the gradient is negated before anything else (as in
         torch.optim), on every path (a sign flag in the fused kernels).
 
+    differentiable : bool, default False
+        Record the step with autograd, as torch.optim's ``differentiable=True``: the
+        updated parameters and state are differentiable functions of the parameters,
+        gradients, state and tensor hyperparameters (``lr``) before the step (for
+        meta-learning). For-loop path only: ``foreach=True`` and ``fused=True`` are
+        refused with it (``RuntimeError``, as torch.optim refuses ``fused``).
     Notes
     -----
     ``LAMB(params, lr)`` with every other option at its default is Algorithm 16 of
@@ -172,7 +182,8 @@ class LAMB(C.LayerwiseOptimizer):
                  exclude_from_adaptation: bool | None = False,
                  exclude_from_weight_decay: bool | None = False, master_weights: bool = False,
                  capturable: bool = False, foreach: bool | None = None,
-                 fused: bool | None = None, maximize: bool = False):
+                 fused: bool | None = None, maximize: bool = False,
+                 differentiable: bool = False):
         defaults = dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay,
                         bias_correction=bias_correction, grad_averaging=grad_averaging,
                         max_grad_norm=max_grad_norm, trust_bounds=trust_bounds,
@@ -180,7 +191,8 @@ class LAMB(C.LayerwiseOptimizer):
                         variant=variant, exclude_from_adaptation=exclude_from_adaptation,
                         exclude_from_weight_decay=exclude_from_weight_decay,
                         master_weights=master_weights, capturable=capturable,
-                        foreach=foreach, fused=fused, maximize=maximize)
+                        foreach=foreach, fused=fused, maximize=maximize,
+                        differentiable=differentiable)
         _validate(defaults)
         super().__init__(params, defaults)
 
@@ -204,7 +216,7 @@ class LAMB(C.LayerwiseOptimizer):
         if not plan:
             return
         reduction = self._reduction
-        fused = all(view.impl == "fused" for _, view, _ in plan)
+        fused = all(view.prepared is not None for _, view, _ in plan)
         norm = None
         if any(group["max_grad_norm"] is not None for group, _, _ in plan):
             if fused:
@@ -212,7 +224,7 @@ class LAMB(C.LayerwiseOptimizer):
 
                 norm = _triton.grad_norm([view.prepared for _, view, _ in plan], reduction)
             else:
-                impl = "loop" if all(v.impl == "loop" for _, v, _ in plan) else "foreach"
+                impl = "foreach" if any(v.impl == "foreach" for _, v, _ in plan) else "loop"
                 norm = C.global_grad_norm([(grads, view.sharding) for _, view, grads in plan],
                                           impl, reduction)
             if grad_scale is not None:
@@ -234,16 +246,17 @@ class LAMB(C.LayerwiseOptimizer):
                                                  **options))
                 continue
             ms, vs = view.columns
-            func = _single_tensor_lamb if view.impl == "loop" else _multi_tensor_lamb
+            func = _IMPLS[view.impl]
             steps.append(func(view.params, grads, ms, vs, view.masters, view.steps,
                               adapt=view.adapt, decay=view.decay, global_grad_norm=norm,
                               capturable=group["capturable"], sharding=view.sharding,
+                              differentiable=group["differentiable"],
                               **options))
         S.run_steps(steps, reduction)
 
 
 class FusedLAMB(LAMB):
-    """:class:`LAMB` pinned to the fused Triton path (CUDA tensors)."""
+    """:class:`LAMB` pinned to the fused path (Triton on CUDA tensors, numba on CPU ones)."""
 
     def __init__(self, params, *args, **kwargs):
         super().__init__(params, *args, **C.pinned_to_fused("LAMB", kwargs))
@@ -269,6 +282,8 @@ def _validate(group: dict) -> None:
     C.check_exclusion("exclude_from_weight_decay", group["exclude_from_weight_decay"])
     if group["fused"] and group["foreach"]:
         raise ValueError("fused=True and foreach=True are mutually exclusive")
+    if group["differentiable"]:
+        C.check_differentiable(group["foreach"], group["fused"])
 
 
 def lamb_coefficients(t, beta1: float, beta2: float, beta3: float, bias_correction: bool,
@@ -295,7 +310,7 @@ def lamb(params: list[Tensor], grads: list[Tensor], exp_avgs: list[Tensor],
          eps: float, weight_decay: float, bias_correction: bool, grad_averaging: bool,
          max_grad_norm: float | None, trust_bounds: tuple[float, float],
          eps_inside_sqrt: bool, variant: str, capturable: bool = False,
-         maximize: bool = False) -> None:
+         maximize: bool = False, differentiable: bool = False) -> None:
     """Functional LAMB: see :class:`LAMB` for the update rule and the options.
 
     ``adapt[i]`` / ``decay[i]`` say whether tensor ``i`` gets the trust ratio and
@@ -314,13 +329,12 @@ def lamb(params: list[Tensor], grads: list[Tensor], exp_avgs: list[Tensor],
         params, grads, exp_avgs, exp_avg_sqs, master_params = (
             C.as_real(x) for x in (params, grads, exp_avgs, exp_avg_sqs, master_params))
     reduction = S.reduction_for([sharding], "lamb")
-    impl = C.resolve_impl(params, foreach, fused, grads)
+    impl = C.resolve_impl(params, foreach, fused, grads, differentiable)
     if max_grad_norm is not None and global_grad_norm is None and grads and impl != "fused":
         global_grad_norm = C.global_grad_norm([(grads, sharding)], impl, reduction)
         if grad_scale is not None:
             global_grad_norm = global_grad_norm / grad_scale.float()
-    func = {"loop": _single_tensor_lamb, "foreach": _multi_tensor_lamb,
-            "fused": _fused_lamb}[impl]
+    func = _IMPLS[impl]
     S.run_steps([func(
         params, grads, exp_avgs, exp_avg_sqs, master_params, state_steps, adapt=adapt,
         decay=decay, global_grad_norm=global_grad_norm, grad_scale=grad_scale,
@@ -328,7 +342,8 @@ def lamb(params: list[Tensor], grads: list[Tensor], exp_avgs: list[Tensor],
         weight_decay=weight_decay, bias_correction=bias_correction,
         grad_averaging=grad_averaging, max_grad_norm=max_grad_norm,
         trust_bounds=trust_bounds, eps_inside_sqrt=eps_inside_sqrt, variant=variant,
-        capturable=capturable, maximize=maximize, sharding=sharding)], reduction)
+        capturable=capturable, maximize=maximize, sharding=sharding,
+        differentiable=differentiable)], reduction)
 
 
 def _trust_ratio(w_norm: Tensor, u_norm: Tensor, bounds: tuple[float, float]) -> Tensor:
@@ -341,58 +356,114 @@ def _single_tensor_lamb(params, grads, exp_avgs, exp_avg_sqs, master_params, sta
                         adapt, decay, global_grad_norm, grad_scale, found_inf, lr, beta1, beta2,
                         eps, weight_decay, bias_correction, grad_averaging, max_grad_norm,
                         trust_bounds, eps_inside_sqrt, variant, capturable,
-                        maximize=False, sharding=None):
-    # A generator, as the other two paths: it yields once when tensors are sharded (the
-    # partial squared norms) and receives their sums over the ranks (_sharding.run_steps).
+                        maximize=False, sharding=None, differentiable=False):
+    # A generator, as the other two paths: with sharded tensors it yields once (the partial
+    # squared norms of every tensor) and receives their sums over the ranks
+    # (_sharding.run_steps). Otherwise each tensor is updated start to finish before the next
+    # one: what it computes is still in cache for its norms and its update, and three
+    # scratch buffers serve every tensor (C.Scratch says why that matters on the CPU).
     if not params or C.skip_step(found_inf):
         return
     clip = C.clip_factor(global_grad_norm, max_grad_norm) if global_grad_norm is not None \
         else None
     coef = C.scaled_step_coefficient(grad_scale, clip)
+    # maximize negates the gradient before anything else, as torch.optim does; (-c) g is
+    # exactly -(c g), so folding the sign into the factor changes no bit
+    factor = coef if not maximize else (-1.0 if coef is None else -coef)
+    if isinstance(factor, Tensor) and factor.device.type == "cpu" and not differentiable:
+        # a number folds into the moments' updates (no pass to scale g); on the CPU reading
+        # it costs nothing, elsewhere it would synchronise, and autograd needs the tensor
+        factor = factor.item()
     beta3 = 1.0 - beta1 if grad_averaging else 1.0
-    ws, updates = [], []
-    for i, p in enumerate(params):
+    sharded = sharding is not None
+    scratch = C.Scratch(params, fresh=differentiable or sharded)
+    neg_lr = -lr
+
+    def direction(i):
+        """Tensor ``i``'s moments stepped; its compute view ``w``, a direction ``d`` and a
+        positive ``k`` (a number or a 0-d tensor) such that ``k d`` is its update ``u``."""
         g = C.widen(grads[i])
-        if maximize:  # before the scaling, as torch.optim negates the gradient first
-            g = -g
-        if coef is not None:
-            g = g * coef
+        c = 1.0
+        if isinstance(factor, Tensor):
+            g = torch.mul(g, factor, out=scratch.take(0, g))
+        elif factor is not None:
+            c = factor
         m, v, step = exp_avgs[i], exp_avg_sqs[i], state_steps[i]
         step += 1
         # the coefficients in the moments' dtype (a float32 step would round float64's)
         t = step.to(m.dtype) if capturable else C.step_value(step)
-        m.mul_(beta1).add_(g, alpha=beta3)
-        v.mul_(beta2).addcmul_(g, g, value=1.0 - beta2)
+        # m = beta1 m + beta3 (c g), v = beta2 v + (1 - beta2) (c g)^2
+        m.mul_(beta1).add_(g, alpha=beta3 * c)
+        v.mul_(beta2).addcmul_(g, g, value=(1.0 - beta2) * c * c)
         a_m, a_g, a_v, a_g2 = lamb_coefficients(t, beta1, beta2, beta3, bias_correction, variant)
-        m_hat, v_hat = m * a_m, v * a_v
-        if variant != "lamb":
-            m_hat = m_hat + g * a_g
-            v_hat = v_hat + g * g * a_g2
-        denom = (v_hat + eps).sqrt() if eps_inside_sqrt else v_hat.sqrt() + eps
-        update = m_hat / denom
-        w = C.compute_view(p, master_params[i])
+        w = C.compute_view(p := params[i], master_params[i])
+        if variant == "lamb":
+            # Alg 16's r = a_m m / sqrt(a_v v + eps) (or a_m m / (sqrt(a_v v) + eps)) is
+            # k m / sqrt(v + eps / a_v) (or k m / (sqrt(v) + eps / sqrt(a_v))) with
+            # k = a_m / sqrt(a_v): the bias corrections leave the elementwise passes
+            root_a_v = a_v ** 0.5
+            k = a_m / root_a_v
+            denom = scratch.take(1, v)
+            if eps_inside_sqrt:
+                denom = torch.add(v, eps / a_v, out=denom).sqrt_()
+            else:
+                # out-of-place add: autograd keeps sqrt's result (differentiable=True)
+                denom = torch.add(torch.sqrt(v, out=denom), eps / root_a_v, out=denom)
+            d = torch.div(m, denom, out=scratch.take(1, v))  # denom's buffer, or a new one
+            if decay[i] and weight_decay != 0:  # u = k (d + (lambda / k) w)
+                d = C.add_scaled_(d, w, weight_decay / k)
+            return p, w, d, k
+        g = g if c == 1.0 else g * c  # Alg 17-18 use the (scaled) gradient again
+        m_hat = torch.mul(m, a_m, out=scratch.take(1, m)).add_(g * a_g)
+        v_hat = torch.mul(v, a_v, out=scratch.take(2, v))
+        if variant == "nnlamb":
+            v_hat = v_hat.add_(g * g * a_g2)
+        denom = v_hat.add_(eps).sqrt_() if eps_inside_sqrt else torch.add(
+            v_hat.sqrt_(), eps, out=scratch.take(2, v))
+        update = torch.div(m_hat, denom, out=scratch.take(1, m))
         if decay[i] and weight_decay != 0:
-            update = update + weight_decay * w
-        ws.append(w)
-        updates.append(update)
-    if any(adapt):
-        norms = torch.stack([torch.stack([torch.linalg.vector_norm(w) for w in ws]),
-                             torch.stack([torch.linalg.vector_norm(u) for u in updates])])
-        w_norms, u_norms = yield from S.full_norms(norms, sharding)
-    for i, (p, w, update) in enumerate(zip(params, ws, updates)):
-        ratio = 1.0
-        if adapt[i]:
-            ratio = _trust_ratio(w_norms[i], u_norms[i], trust_bounds)
-        w.sub_(update * (ratio * lr))
+            update = update.add_(w, alpha=weight_decay)
+        return p, w, update, 1.0
+
+    def apply(p, w, d, k, ratio):
+        # w - lr ratio u = w - lr ratio k d
+        C.add_scaled_(w, d, neg_lr * k if ratio is None else ratio * (neg_lr * k))
         if w is not p:
             p.copy_(w)
+
+    def norms(w, d, k):
+        # autograd keeps the tensor a norm was taken of, and w changes in place afterwards
+        w = w.clone() if differentiable else w
+        return torch.stack([torch.linalg.vector_norm(w), torch.linalg.vector_norm(d) * k])
+
+    if not sharded:
+        for i in range(len(params)):
+            p, w, d, k = direction(i)
+            ratio = None
+            if adapt[i]:
+                w_norm, u_norm = norms(w, d, k)
+                ratio = _trust_ratio(w_norm, u_norm, trust_bounds)
+            apply(p, w, d, k, ratio)
+        return
+    parts = [direction(i) for i in range(len(params))]
+    if any(adapt):
+        stacked = torch.stack([norms(w, d, k) for _, w, d, k in parts], dim=1)
+        w_norms, u_norms = yield from S.full_norms(stacked, sharding)
+    for i, (p, w, d, k) in enumerate(parts):
+        apply(p, w, d, k, _trust_ratio(w_norms[i], u_norms[i], trust_bounds)
+              if adapt[i] else None)
+
+
 
 
 def _multi_tensor_lamb(params, grads, exp_avgs, exp_avg_sqs, master_params, state_steps, *,
                        adapt, decay, global_grad_norm, grad_scale, found_inf, lr, beta1, beta2,
                        eps, weight_decay, bias_correction, grad_averaging, max_grad_norm,
                        trust_bounds, eps_inside_sqrt, variant, capturable,
-                       maximize=False, sharding=None):
+                       maximize=False, sharding=None,
+                       differentiable=False):
+    if differentiable:
+        C.check_differentiable(True, False)
     if not params or C.skip_step(found_inf):
         return
     device = params[0].device
@@ -465,12 +536,24 @@ def _multi_tensor_lamb(params, grads, exp_avgs, exp_avg_sqs, master_params, stat
 def _fused_lamb(params, grads, exp_avgs, exp_avg_sqs, master_params, state_steps, *,
                 adapt, decay, global_grad_norm, grad_scale, found_inf, lr, beta1, beta2,
                 eps, weight_decay, bias_correction, grad_averaging, max_grad_norm,
-                trust_bounds, eps_inside_sqrt, variant, capturable, maximize=False, sharding=None):
+                trust_bounds, eps_inside_sqrt, variant, capturable, maximize=False, sharding=None,
+                differentiable=False):
+    if differentiable:
+        C.check_differentiable(False, True)
     if not params:
+        return
+    if C.fused_backend(params) == "cpu":
+        yield from _fused_cpu_lamb(
+            params, grads, exp_avgs, exp_avg_sqs, master_params, state_steps, adapt=adapt,
+            decay=decay, global_grad_norm=global_grad_norm, grad_scale=grad_scale,
+            found_inf=found_inf, lr=lr, beta1=beta1, beta2=beta2, eps=eps,
+            weight_decay=weight_decay, bias_correction=bias_correction,
+            grad_averaging=grad_averaging, max_grad_norm=max_grad_norm,
+            trust_bounds=trust_bounds, eps_inside_sqrt=eps_inside_sqrt, variant=variant,
+            maximize=maximize, sharding=sharding)
         return
     from gpuml.optim import _triton
 
-    C.check_fused_devices(params)
     prep = _triton.prepare("lamb", params, grads, (exp_avgs, exp_avg_sqs), master_params,
                            state_steps, adapt, decay,
                            sharded=sharding.flags if sharding is not None else None)
@@ -484,3 +567,56 @@ def _fused_lamb(params, grads, exp_avgs, exp_avg_sqs, master_params, state_steps
         weight_decay=weight_decay, bias_correction=bias_correction,
         grad_averaging=grad_averaging, trust_bounds=trust_bounds,
         eps_inside_sqrt=eps_inside_sqrt, variant=variant, maximize=maximize)
+
+
+def _fused_cpu_lamb(params, grads, exp_avgs, exp_avg_sqs, master_params, state_steps, *,
+                    adapt, decay, global_grad_norm, grad_scale, found_inf, lr, beta1, beta2,
+                    eps, weight_decay, bias_correction, grad_averaging, max_grad_norm,
+                    trust_bounds, eps_inside_sqrt, variant, maximize, sharding):
+    """``fused=True`` on CPU tensors: per tensor, pass 1 (moments, the two sums of squares)
+    then, once every trust ratio is known, pass 2 (the update), in numba kernels
+    (:mod:`gpuml.optim._numba`). fp16/bf16 parameters without master weights are updated
+    through float32 copies, as on the loop path."""
+    from gpuml.optim import _numba as K
+
+    if C.skip_step(found_inf):
+        return
+    gs = [C.widen(g) for g in grads]
+    ws = [C.compute_view(p, mp) for p, mp in zip(params, master_params)]
+    K.check_layouts(ws, gs, exp_avgs, exp_avg_sqs)
+    if max_grad_norm is not None and global_grad_norm is None:
+        global_grad_norm = C.global_grad_norm([(grads, sharding)], "loop",
+                                              S.reduction_for([sharding], "lamb"))
+        if grad_scale is not None:
+            global_grad_norm = global_grad_norm / grad_scale.float()
+    clip = C.clip_factor(global_grad_norm, max_grad_norm) if global_grad_norm is not None \
+        else None
+    coef = C.scaled_step_coefficient(grad_scale, clip)
+    c = 1.0 if coef is None else coef.item()
+    c = -c if maximize else c  # the gradient negated first, as torch.optim does
+    beta3 = 1.0 - beta1 if grad_averaging else 1.0
+    eps_in, eps_out = (eps, 0.0) if eps_inside_sqrt else (0.0, eps)
+    K.use_torch_threads()
+    views = [tuple(map(K.flat, t)) for t in zip(gs, exp_avgs, exp_avg_sqs, ws)]
+    rows, sums = [], []
+    for i, view in enumerate(views):
+        step = state_steps[i]
+        step += 1
+        row = (c, *lamb_coefficients(C.step_value(step), beta1, beta2, beta3, bias_correction,
+                                     variant), eps_in, eps_out,
+               weight_decay if decay[i] else 0.0)
+        rows.append(row)
+        sums.append(K.run("lamb_moments", view[3].size, *view, c, beta1, beta3, beta2,
+                          1.0 - beta2, *row[1:]))
+    norms = torch.tensor(sums, dtype=torch.float64).sqrt().T.float()
+    w_norms, u_norms = yield from S.full_norms(norms, sharding)
+    ratios = torch.where(torch.tensor(adapt), _trust_ratio(w_norms, u_norms, trust_bounds),
+                         1.0).tolist()
+    neg_lr = -float(lr)
+    for i, view in enumerate(views):
+        K.run("lamb_apply", view[3].size, *view, *rows[i], neg_lr * ratios[i])
+        if ws[i] is not params[i]:
+            params[i].copy_(ws[i])
+
+
+_IMPLS = {"loop": _single_tensor_lamb, "foreach": _multi_tensor_lamb, "fused": _fused_lamb}

@@ -2,7 +2,8 @@ r"""LARS: layer-wise adaptive rate scaling (You 2020 eq. 5.1 and Alg 15; You et 
 
 Same structure as :mod:`gpuml.optim.lamb`: :class:`LARS` → :func:`lars` →
 :func:`_single_tensor_lars` (reference) / :func:`_multi_tensor_lars`
-(``torch._foreach_*``) / :func:`_fused_lars` (Triton, :mod:`gpuml.optim._triton`).
+(``torch._foreach_*``) / :func:`_fused_lars` (Triton, :mod:`gpuml.optim._triton`, on
+CUDA; numba, :mod:`gpuml.optim._numba`, on the CPU).
 """
 
 from __future__ import annotations
@@ -92,6 +93,12 @@ class LARS(C.LayerwiseOptimizer):
         Maximise the objective (the gradient negated first, as in torch.optim), on every
         path.
 
+    differentiable : bool, default False
+        Record the step with autograd, as torch.optim's ``differentiable=True``: the
+        updated parameters and state are differentiable functions of the parameters,
+        gradients, state and tensor hyperparameters (``lr``) before the step (for
+        meta-learning). For-loop path only: ``foreach=True`` and ``fused=True`` are
+        refused with it (``RuntimeError``, as torch.optim refuses ``fused``).
     Notes
     -----
     timm ``Lars(lr, momentum, dampening, weight_decay, nesterov, trust_coeff, eps,
@@ -152,7 +159,8 @@ class LARS(C.LayerwiseOptimizer):
                  always_adapt: bool = True, exclude_from_adaptation: bool | None = False,
                  exclude_from_weight_decay: bool | None = None, master_weights: bool = False,
                  capturable: bool = False, foreach: bool | None = None,
-                 fused: bool | None = None, maximize: bool = False):
+                 fused: bool | None = None, maximize: bool = False,
+                 differentiable: bool = False):
         defaults = dict(lr=lr, momentum=momentum, dampening=dampening,
                         weight_decay=weight_decay, nesterov=nesterov,
                         trust_coefficient=trust_coefficient, eps=eps, clip=clip,
@@ -160,7 +168,8 @@ class LARS(C.LayerwiseOptimizer):
                         exclude_from_adaptation=exclude_from_adaptation,
                         exclude_from_weight_decay=exclude_from_weight_decay,
                         master_weights=master_weights, capturable=capturable,
-                        foreach=foreach, fused=fused, maximize=maximize)
+                        foreach=foreach, fused=fused, maximize=maximize,
+                        differentiable=differentiable)
         _validate(defaults)
         super().__init__(params, defaults)
 
@@ -192,16 +201,17 @@ class LARS(C.LayerwiseOptimizer):
                 steps.append(_triton.lars_passes(view.prepared, **options))
                 continue
             (bufs,) = view.columns
-            func = _single_tensor_lars if view.impl == "loop" else _multi_tensor_lars
+            func = _IMPLS[view.impl]
             steps.append(func(view.params, grads, bufs, view.masters, view.steps,
                               adapt=view.adapt, decay=view.decay,
                               capturable=group["capturable"], sharding=view.sharding,
+                              differentiable=group["differentiable"],
                               **options))
         S.run_steps(steps, self._reduction)
 
 
 class FusedLARS(LARS):
-    """:class:`LARS` pinned to the fused Triton path (CUDA tensors)."""
+    """:class:`LARS` pinned to the fused path (Triton on CUDA tensors, numba on CPU ones)."""
 
     def __init__(self, params, *args, **kwargs):
         super().__init__(params, *args, **C.pinned_to_fused("LARS", kwargs))
@@ -228,6 +238,8 @@ def _validate(group: dict) -> None:
     C.check_exclusion("exclude_from_weight_decay", group["exclude_from_weight_decay"])
     if group["fused"] and group["foreach"]:
         raise ValueError("fused=True and foreach=True are mutually exclusive")
+    if group["differentiable"]:
+        C.check_differentiable(group["foreach"], group["fused"])
 
 
 def lars(params: list[Tensor], grads: list[Tensor], momentum_buffers: list[Tensor | None],
@@ -237,7 +249,7 @@ def lars(params: list[Tensor], grads: list[Tensor], momentum_buffers: list[Tenso
          momentum: float, dampening: float, nesterov: bool, weight_decay: float,
          trust_coefficient: float, eps: float, clip: bool, trust_bounds: tuple[float, float],
          mode: str, capturable: bool = False,
-         maximize: bool = False) -> None:
+         maximize: bool = False, differentiable: bool = False) -> None:
     """Functional LARS: see :class:`LARS` for the update rule and the options.
 
     DTensor parameters (FSDP2) are updated through their local shards with the norms of the
@@ -251,15 +263,15 @@ def lars(params: list[Tensor], grads: list[Tensor], momentum_buffers: list[Tenso
     if any(p.is_complex() for p in params):
         params, grads, momentum_buffers, master_params = (
             C.as_real(x) for x in (params, grads, momentum_buffers, master_params))
-    impl = C.resolve_impl(params, foreach, fused, grads)
-    func = {"loop": _single_tensor_lars, "foreach": _multi_tensor_lars,
-            "fused": _fused_lars}[impl]
+    impl = C.resolve_impl(params, foreach, fused, grads, differentiable)
+    func = _IMPLS[impl]
     S.run_steps([func(
         params, grads, momentum_buffers, master_params, state_steps, adapt=adapt,
         decay=decay, grad_scale=grad_scale, found_inf=found_inf, lr=lr, momentum=momentum,
         dampening=dampening, nesterov=nesterov, weight_decay=weight_decay,
         trust_coefficient=trust_coefficient, eps=eps, clip=clip, trust_bounds=trust_bounds,
-        mode=mode, capturable=capturable, maximize=maximize, sharding=sharding)],
+        mode=mode, capturable=capturable, maximize=maximize, sharding=sharding,
+        differentiable=differentiable)],
         S.reduction_for([sharding], "lars"))
 
 
@@ -277,63 +289,99 @@ def _lars_ratio(w_norm, d_norm, wd, *, trust_coefficient, eps, lr, clip, trust_b
 def _single_tensor_lars(params, grads, momentum_buffers, master_params, state_steps, *, adapt,
                         decay, grad_scale, found_inf, lr, momentum, dampening, nesterov,
                         weight_decay, trust_coefficient, eps, clip, trust_bounds, mode,
-                        capturable, maximize=False, sharding=None):
-    # A generator, as the other two paths: it yields once when tensors are sharded (the
-    # partial squared norms) and receives their sums over the ranks (_sharding.run_steps).
+                        capturable, maximize=False, sharding=None, differentiable=False):
+    # A generator, as the other two paths: with sharded tensors it yields once (the partial
+    # squared norms of every tensor) and receives their sums over the ranks
+    # (_sharding.run_steps). Otherwise each tensor is updated start to finish before the
+    # next, with two scratch buffers for all of them (see lamb._single_tensor_lamb).
     if not params or C.skip_step(found_inf):
         return
     coef = C.scaled_step_coefficient(grad_scale, None)
+    # maximize negates the gradient first, as torch.optim does ((-c) g is exactly -(c g))
+    factor = coef if not maximize else (-1.0 if coef is None else -coef)
     normalized = mode == "normalized"
-    gs, ws, wds = [], [], []
-    for i, p in enumerate(params):
+    sharded = sharding is not None
+    scratch = C.Scratch(params, fresh=differentiable or sharded)
+    neg_lr = -lr
+    kw = dict(trust_coefficient=trust_coefficient, eps=eps, lr=lr, clip=clip,
+              trust_bounds=trust_bounds, normalized=normalized)
+
+    def prepare(i):
+        """The scaled gradient, the compute view and the weight decay of tensor ``i``; in
+        Alg 15 its momentum stepped, m = mu m + (1 - mu) (g + wd w)."""
         g = C.widen(grads[i])
-        if maximize:  # before the scaling, as torch.optim negates the gradient first
-            g = -g
-        if coef is not None:
-            g = g * coef
-        step = state_steps[i]
-        step += 1
-        w = C.compute_view(p, master_params[i])
+        if factor is not None:
+            g = torch.mul(g, factor, out=scratch.take(0, g))
+        state_steps[i] += 1
+        w = C.compute_view(params[i], master_params[i])
         wd = weight_decay if decay[i] else 0.0
         if normalized:
-            d = g + wd * w if wd != 0 else g
-            momentum_buffers[i].mul_(momentum).add_(d, alpha=1.0 - momentum)
-        gs.append(g)
-        ws.append(w)
-        wds.append(wd)
-    if any(adapt):
-        # the norm of the new momentum (Alg 15) or of the gradient (eq. 5.1)
-        ds = momentum_buffers if normalized else gs
-        norms = torch.stack([torch.stack([torch.linalg.vector_norm(w) for w in ws]),
-                             torch.stack([torch.linalg.vector_norm(d) for d in ds])])
-        w_norms, d_norms = yield from S.full_norms(norms, sharding)
-    for i, (p, g, w, wd) in enumerate(zip(params, gs, ws, wds)):
-        ratio = torch.ones((), dtype=w.dtype, device=w.device)
-        if adapt[i]:
-            ratio = _lars_ratio(w_norms[i], d_norms[i], wd, trust_coefficient=trust_coefficient,
-                                eps=eps, lr=lr, clip=clip, trust_bounds=trust_bounds,
-                                normalized=normalized)
+            d = torch.add(g, w, alpha=wd, out=scratch.take(1, g)) if wd != 0 else g
+            momentum_buffers[i].lerp_(d, 1.0 - momentum)
+        return g, w, wd
+
+    def norms(i, g, w):
+        # the norm of the new momentum (Alg 15) or of the gradient (eq. 5.1); autograd keeps
+        # the tensor a norm was taken of, and w changes in place afterwards
+        w = w.clone() if differentiable else w
+        return torch.stack([torch.linalg.vector_norm(w), torch.linalg.vector_norm(
+            momentum_buffers[i] if normalized else g)])
+
+    def apply(i, g, w, wd, ratio):
+        # ratio None: not adapted (alpha = 1)
         buf = momentum_buffers[i]
         if normalized:
-            direction = ratio * buf
+            C.add_scaled_(w, buf, neg_lr if ratio is None else ratio * neg_lr)
         else:
-            d = ratio * (g + wd * w if wd != 0 else g)
-            if momentum != 0:
-                first = state_steps[i] == 1 if capturable else C.step_value(state_steps[i]) == 1
-                buf.copy_(torch.where(torch.as_tensor(first, device=buf.device), d,
-                                      momentum * buf + (1.0 - dampening) * d))
-                direction = d + momentum * buf if nesterov else buf
+            # d = alpha e with e = g + wd w, folded into the operations that use d
+            e = torch.add(g, w, alpha=wd, out=scratch.take(1, g)) if wd != 0 else g
+            if momentum == 0:
+                C.add_scaled_(w, e, neg_lr if ratio is None else ratio * neg_lr)
             else:
-                direction = d
-        w.sub_(lr * direction)
-        if w is not p:
-            p.copy_(w)
+                step = state_steps[i]
+                first = step == 1 if capturable else C.step_value(step) == 1
+                if capturable:
+                    d = e if ratio is None else e * ratio
+                    buf.copy_(torch.where(first, d, momentum * buf + (1.0 - dampening) * d))
+                elif first:  # a = d at the first step
+                    buf.copy_(e if ratio is None else e * ratio)
+                else:
+                    keep = 1.0 - dampening
+                    C.add_scaled_(buf.mul_(momentum), e, keep if ratio is None else ratio * keep)
+                if nesterov:  # w - lr (d + mu a)
+                    C.add_scaled_(w, e, neg_lr if ratio is None else ratio * neg_lr)
+                    C.add_scaled_(w, buf, neg_lr * momentum)
+                else:
+                    C.add_scaled_(w, buf, neg_lr)
+        if w is not params[i]:
+            params[i].copy_(w)
+
+    if not sharded:
+        for i in range(len(params)):
+            g, w, wd = prepare(i)
+            ratio = None
+            if adapt[i]:
+                w_norm, d_norm = norms(i, g, w)
+                ratio = _lars_ratio(w_norm, d_norm, wd, **kw)
+            apply(i, g, w, wd, ratio)
+        return
+    parts = [prepare(i) for i in range(len(params))]
+    if any(adapt):
+        stacked = torch.stack([norms(i, g, w) for i, (g, w, _) in enumerate(parts)], dim=1)
+        w_norms, d_norms = yield from S.full_norms(stacked, sharding)
+    for i, (g, w, wd) in enumerate(parts):
+        apply(i, g, w, wd, _lars_ratio(w_norms[i], d_norms[i], wd, **kw) if adapt[i] else None)
+
+
 
 
 def _multi_tensor_lars(params, grads, momentum_buffers, master_params, state_steps, *, adapt,
                        decay, grad_scale, found_inf, lr, momentum, dampening, nesterov,
                        weight_decay, trust_coefficient, eps, clip, trust_bounds, mode,
-                       capturable, maximize=False, sharding=None):
+                       capturable, maximize=False, sharding=None,
+                       differentiable=False):
+    if differentiable:
+        C.check_differentiable(True, False)
     if not params or C.skip_step(found_inf):
         return
     device = params[0].device
@@ -414,12 +462,22 @@ def _multi_tensor_lars(params, grads, momentum_buffers, master_params, state_ste
 def _fused_lars(params, grads, momentum_buffers, master_params, state_steps, *, adapt, decay,
                 grad_scale, found_inf, lr, momentum, dampening, nesterov, weight_decay,
                 trust_coefficient, eps, clip, trust_bounds, mode, capturable,
-                maximize=False, sharding=None):
+                maximize=False, sharding=None,
+                differentiable=False):
+    if differentiable:
+        C.check_differentiable(False, True)
     if not params:
+        return
+    if C.fused_backend(params) == "cpu":
+        yield from _fused_cpu_lars(
+            params, grads, momentum_buffers, master_params, state_steps, adapt=adapt,
+            decay=decay, grad_scale=grad_scale, found_inf=found_inf, lr=lr, momentum=momentum,
+            dampening=dampening, nesterov=nesterov, weight_decay=weight_decay,
+            trust_coefficient=trust_coefficient, eps=eps, clip=clip, trust_bounds=trust_bounds,
+            mode=mode, maximize=maximize, sharding=sharding)
         return
     from gpuml.optim import _triton
 
-    C.check_fused_devices(params)
     prep = _triton.prepare("lars", params, grads, (momentum_buffers, None), master_params,
                            state_steps, adapt, decay,
                            sharded=sharding.flags if sharding is not None else None)
@@ -428,3 +486,53 @@ def _fused_lars(params, grads, momentum_buffers, master_params, state_steps, *, 
         dampening=dampening, nesterov=nesterov, weight_decay=weight_decay,
         trust_coefficient=trust_coefficient, eps=eps, clip=clip, trust_bounds=trust_bounds,
         mode=mode, maximize=maximize)
+
+
+def _fused_cpu_lars(params, grads, momentum_buffers, master_params, state_steps, *, adapt,
+                    decay, grad_scale, found_inf, lr, momentum, dampening, nesterov,
+                    weight_decay, trust_coefficient, eps, clip, trust_bounds, mode, maximize,
+                    sharding):
+    """``fused=True`` on CPU tensors: per tensor, pass 1 (the two sums of squares; Alg 15
+    steps the momentum there) then, once every ratio is known, pass 2 (momentum and
+    update), in numba kernels (:mod:`gpuml.optim._numba`)."""
+    from gpuml.optim import _numba as K
+
+    if C.skip_step(found_inf):
+        return
+    gs = [C.widen(g) for g in grads]
+    ws = [C.compute_view(p, mp) for p, mp in zip(params, master_params)]
+    K.check_layouts(ws, gs, momentum_buffers)
+    coef = C.scaled_step_coefficient(grad_scale, None)
+    c = 1.0 if coef is None else coef.item()
+    c = -c if maximize else c  # the gradient negated first, as torch.optim does
+    normalized = mode == "normalized"
+    wds = [weight_decay if d else 0.0 for d in decay]
+    K.use_torch_threads()
+    views = [tuple(map(K.flat, t)) for t in zip(gs, ws, momentum_buffers)]
+    sums = []
+    for (g, w, buf), step, wd in zip(views, state_steps, wds):
+        step += 1
+        sums.append(K.run("lars_normalized", w.size, g, w, buf, c, wd, momentum) if normalized
+                    else K.run("sumsq2", w.size, w, g, c))
+    norms = torch.tensor(sums, dtype=torch.float64).sqrt().T.float()
+    w_norms, d_norms = yield from S.full_norms(norms, sharding)
+    ratios = torch.where(torch.tensor(adapt), _lars_ratio(
+        w_norms, d_norms, torch.tensor(wds), trust_coefficient=trust_coefficient, eps=eps,
+        lr=lr, clip=clip, trust_bounds=trust_bounds, normalized=normalized), 1.0).tolist()
+    neg_lr = -float(lr)
+    nest_d, nest_b = (1.0, momentum) if nesterov else (0.0, 1.0)
+    for i, (g, w, buf) in enumerate(views):
+        if normalized:
+            K.run("axpy", w.size, w, buf, neg_lr * ratios[i])
+        elif momentum == 0:
+            K.run("lars_plain", w.size, g, w, c, wds[i], ratios[i], neg_lr)
+        else:
+            keep, take = (0.0, 1.0) if C.step_value(state_steps[i]) == 1 \
+                else (momentum, 1.0 - dampening)
+            K.run("lars_momentum", w.size, g, w, buf, c, wds[i], ratios[i], keep, take, nest_d,
+                  nest_b, neg_lr)
+        if ws[i] is not params[i]:
+            params[i].copy_(ws[i])
+
+
+_IMPLS = {"loop": _single_tensor_lars, "foreach": _multi_tensor_lars, "fused": _fused_lars}

@@ -398,3 +398,84 @@ def test_complex_on_the_fused_path_is_a_clear_error(cls):
     p.grad = torch.randn_like(p)
     with pytest.raises(TypeError, match="complex64.*foreach"):
         cls([p], fused=True).step()
+
+
+# ---- differentiable=True ---------------------------------------------------------------------
+
+def _one_step(p, grad, state, name, kwargs, *tensors):
+    """torch's own differentiable-optimizer test (test/optim/test_optim.py, ``_diff_fn``): one
+    step on copies, returning the new parameter and the state tensors that need gradients.
+    ``tensors`` repeats the inputs inside ``state`` and ``kwargs`` so that gradcheck sees them."""
+    p = p.clone()
+    p.grad = grad
+    state = {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in state.items()}
+    opt = OPTIMIZERS[name]([p], **kwargs)
+    opt.state[p].update(state)
+    opt.step()
+    return (p, *(v for v in opt.state[p].values() if isinstance(v, torch.Tensor)
+                 and v.requires_grad))
+
+
+def _diff_inputs(name, seed=0):
+    g = torch.Generator().manual_seed(seed)
+
+    def rand(*shape, scale=1.0):
+        return (torch.rand(*shape, generator=g, dtype=torch.float64) * scale).requires_grad_()
+
+    # 2-D so that LAMB/LARS adapt it (1-D tensors are excluded by default); a gradient of norm
+    # above 1 so that LAMB's global clipping acts
+    p, grad = rand(3, 4), rand(3, 4, scale=2.0)
+    step = torch.tensor(10.0, dtype=torch.float32 if name != "AdamW" else torch.float64)
+    state = ({"step": step, "momentum_buffer": rand(3, 4, scale=0.1)} if name == "LARS" else
+             {"step": step, "exp_avg": rand(3, 4, scale=0.1), "exp_avg_sq": rand(3, 4,
+                                                                             scale=0.1)})
+    return p, grad, state
+
+
+DIFF_KWARGS = {
+    "AdamW": [dict(lr=0.05, weight_decay=0.1)],
+    "LAMB": [dict(lr=0.05), dict(lr=0.05, variant="nnlamb", eps_inside_sqrt=False),
+             dict(lr=0.05, max_grad_norm=None, maximize=True)],
+    "LARS": [dict(lr=0.5, weight_decay=1e-2), dict(lr=0.5, nesterov=True, dampening=0.0),
+             dict(lr=0.5, mode="normalized", weight_decay=1e-2)],
+}
+
+
+@pytest.mark.parametrize("name, kwargs", [(n, k) for n, ks in DIFF_KWARGS.items() for k in ks])
+def test_differentiable_step_passes_gradcheck(name, kwargs):
+    """As torch tests AdamW: gradcheck (finite differences in float64) of one step with
+    respect to the parameter, its gradient, the state and a tensor learning rate."""
+    p, grad, state = _diff_inputs(name)
+    lr = torch.tensor(kwargs["lr"], dtype=torch.float64, requires_grad=True)
+    kwargs = dict(kwargs, lr=lr, differentiable=True)
+    assert torch.autograd.gradcheck(
+        _one_step, (p, grad, state, name, kwargs, lr, *state.values()))
+
+
+@pytest.mark.parametrize("name", ["LAMB", "LARS"])
+def test_differentiable_step_equals_the_plain_step(name):
+    p, grad, state = _diff_inputs(name)
+    with torch.no_grad():
+        plain = _one_step(p.detach(), grad.detach(), {k: v.detach() for k, v in state.items()},
+                          name, dict(lr=0.05))
+    recorded = _one_step(p, grad, state, name, dict(lr=0.05, differentiable=True))
+    assert recorded[0].requires_grad
+    torch.testing.assert_close(recorded[0].detach(), plain[0], rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("name", ["LAMB", "LARS"])
+@pytest.mark.parametrize("impl", ["foreach", "fused"])
+def test_differentiable_refuses_foreach_and_fused(name, impl):
+    with pytest.raises(RuntimeError, match=f"`{impl}` does not support `differentiable`"):
+        OPTIMIZERS[name](_params(), differentiable=True, **{impl: True})
+
+
+@pytest.mark.parametrize("name", ["LAMB", "LARS"])
+def test_differentiable_is_a_group_option_filled_for_old_state_dicts(name):
+    ps = _params()
+    opt = OPTIMIZERS[name](ps)
+    assert opt.param_groups[0]["differentiable"] is False
+    saved = opt.state_dict()
+    del saved["param_groups"][0]["differentiable"]
+    opt.load_state_dict(saved)
+    assert opt.param_groups[0]["differentiable"] is False

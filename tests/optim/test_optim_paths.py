@@ -94,11 +94,12 @@ def test_lars_paths_agree(impl, kw):
     assert_same(got, ref)
 
 
-def test_default_is_foreach_on_cpu_and_fused_classes_pin_fused():
+def test_default_is_the_loop_on_cpu_and_fused_classes_pin_fused():
     from gpuml.optim._common import resolve_impl
 
     cpu = [torch.zeros(2)]
-    assert resolve_impl(cpu, None, None) == "foreach"
+    assert resolve_impl(cpu, None, None) == "loop"
+    assert resolve_impl(cpu, True, None) == "foreach"
     assert resolve_impl(cpu, False, None) == "loop"
     assert FusedLAMB(params()).param_groups[0]["fused"] is True
     assert FusedLARS(params()).param_groups[0]["fused"] is True
@@ -314,13 +315,13 @@ def test_mixed_devices_in_one_group_are_rejected(cls):
         cls([a, b]).step()
 
 
-@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU error")
 @pytest.mark.parametrize("cls", [FusedLAMB, FusedLARS])
-def test_fused_on_cpu_without_interpreter_is_a_clear_error(cls, monkeypatch):
-    monkeypatch.setenv("TRITON_INTERPRET", "0")
-    ps = [torch.nn.Parameter(torch.ones(2, 2, device="cpu"))]
-    ps[0].grad = torch.ones(2, 2)
-    with pytest.raises(RuntimeError, match="CUDA tensors"):
+def test_fused_on_a_device_without_kernels_is_a_clear_error(cls):
+    """CUDA tensors take the Triton kernels, CPU tensors the numba ones
+    (tests/optim/test_optim_fused_cpu.py); other devices are refused by name."""
+    ps = [torch.nn.Parameter(torch.ones(2, 2, device="meta"))]
+    ps[0].grad = torch.ones(2, 2, device="meta")
+    with pytest.raises(RuntimeError, match="CUDA or CPU tensors.*meta"):
         cls(ps).step()
 
 
