@@ -298,7 +298,7 @@ def test_default_partitions_value():
     from gpuml.estimators.casvm import DEFAULT_N_PARTITIONS
 
     assert CASVMClassifier().n_partitions == DEFAULT_N_PARTITIONS
-    assert CASVMClassifier().partition == "random"
+    assert CASVMClassifier().partition == "auto" and CASVMClassifier().method == "casvm"
 
 
 def _expected_failures(estimator):
@@ -308,7 +308,7 @@ def _expected_failures(estimator):
     why = "sample_weight is not equivalent to removing/repeating samples (as SVC)."
     failures = {"check_sample_weight_equivalence_on_dense_data": why,
                 "check_sample_weight_equivalence_on_sparse_data": why}
-    if estimator.n_partitions > 1 and estimator.partition != "random":
+    if estimator.n_partitions > 1 and estimator.partition not in ("random", "auto"):
         # Local parts (FCFS, k-means) of iris hold only some of its classes, so
         # a pair absent from a part is not trained there and reports n_iter_ 0
         # (documented); a random split holds every class in every part.
