@@ -299,6 +299,8 @@ def test_default_partitions_value():
 
     assert CASVMClassifier().n_partitions == DEFAULT_N_PARTITIONS
     assert CASVMClassifier().partition == "auto" and CASVMClassifier().method == "casvm"
+    X, y = make_blobs(400, centers=3, random_state=0)
+    assert CASVMClassifier(n_partitions=2, device="cpu").fit(X, y).partition_ == "fcfs"
 
 
 def _expected_failures(estimator):
@@ -308,7 +310,7 @@ def _expected_failures(estimator):
     why = "sample_weight is not equivalent to removing/repeating samples (as SVC)."
     failures = {"check_sample_weight_equivalence_on_dense_data": why,
                 "check_sample_weight_equivalence_on_sparse_data": why}
-    if estimator.n_partitions > 1 and estimator.partition not in ("random", "auto"):
+    if estimator.n_partitions > 1 and estimator.partition != "random":
         # Local parts (FCFS, k-means) of iris hold only some of its classes, so
         # a pair absent from a part is not trained there and reports n_iter_ 0
         # (documented); a random split holds every class in every part.

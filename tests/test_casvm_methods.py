@@ -203,7 +203,7 @@ def test_auto_partition_and_bad_method(cancer):
     Xtr, _, ytr, _ = cancer
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        assert cpu(n_partitions=2, random_state=0).fit(Xtr, ytr).partition_ == "random"
+        assert cpu(n_partitions=2, random_state=0).fit(Xtr, ytr).partition_ == "fcfs"
         assert cpu(n_partitions=2, partition="fcfs", method="dcfilter",
                    random_state=0).fit(Xtr, ytr).partition_ == "fcfs"
     with pytest.raises(ValueError, match="method"):

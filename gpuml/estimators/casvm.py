@@ -49,9 +49,11 @@ DEFAULT_CACHE_SIZE = 1024.0
 #: The training schemes of You 2020, sections 2.2-2.4, as settings (``method=``):
 #: how the models of the parts become the classifier.
 METHODS = ("casvm", "cascade", "dcsvm", "dcfilter")
-#: The split each method makes with ``partition="auto"``: the paper's (Cascade
-#: splits evenly, DC-SVM and DC-Filter cluster with k-means).
-METHOD_PARTITION = {"casvm": "random", "cascade": "random", "dcsvm": "kmeans",
+#: The split each method makes with ``partition="auto"``. CA-SVM: FCFS (Alg 3), the
+#: best measured balanced split (bench/results/cpu-2core/casvm_tradeoff.md; docs/casvm.md,
+#: "Defaults"); the baselines: the paper's (Cascade splits evenly, DC-SVM and
+#: DC-Filter cluster with k-means).
+METHOD_PARTITION = {"casvm": "fcfs", "cascade": "random", "dcsvm": "kmeans",
                     "dcfilter": "kmeans"}
 
 
@@ -107,7 +109,7 @@ class CASVMClassifier(KernelSVMMixin, ClassifierMixin, BaseEstimator):
     chosen partitioner, keeps one centre per part, and trains one kernel SVM
     per part with SMO; the parts never communicate. ``predict`` sends every
     sample to the part whose centre is nearest and evaluates that part's
-    model (Alg 5). ``partition="random"`` (the default) is CA-SVM, ``"fcfs"``
+    model (Alg 5). ``partition="random"`` is CA-SVM, ``"fcfs"`` (the default)
     FCFS-SVM (Alg 3), ``"bkm"`` BKM-SVM (Alg 4), ``"kmeans"`` CP-SVM and
     ``"kbalance"`` the K-balance split of chapter 3. The paper's baselines
     are settings too (``method=``): Cascade SVM, DC-SVM and DC-Filter train a
@@ -149,13 +151,17 @@ class CASVMClassifier(KernelSVMMixin, ClassifierMixin, BaseEstimator):
         exact SVM.
     partition : {"auto", "random", "fcfs", "kmeans", "kbalance", "bkm"}, default="auto"
         How the training set is split (docs/casvm.md compares them).
-        ``"auto"``: the method's own split, ``"random"`` for CA-SVM (the
-        paper's Alg 5) and Cascade, ``"kmeans"`` for DC-SVM and DC-Filter
-        (``partition_`` says which was used). **Recommended: ``"fcfs"``** (Alg 3: random centres,
-        each sample to the nearest part with room): balanced parts that are
-        also local, so nearest-centre routing means something; over three
-        seeds it lost no more accuracy than the random split on adult and far
-        less on letter (6.5 vs 17.4 points at P=16), at the same speed.
+        ``"auto"``: the method's own split (``partition_`` says which was
+        used): ``"fcfs"`` for CA-SVM, ``"random"`` for Cascade,
+        ``"kmeans"`` for DC-SVM and DC-Filter. FCFS (Alg 3: random centres,
+        each sample to the nearest part with room) gives balanced parts that
+        are also local, so nearest-centre routing means something: at P=16,
+        over three seeds, it lost 1.29 points against SVC on adult (random
+        split: 1.65), 1.36 on MAGIC (2.42) and 5.4 on 26-class letter (16.9),
+        at the random split's speed (docs/casvm.md, "Defaults"). ``"kmeans"``
+        loses least (0.64, 1.16, 2.3) but its parts are unequal, so it is
+        2-4 times slower at the same P and its speed depends on the seed;
+        ``"random"`` is the paper's CA-SVM (Alg 5).
     method : {"casvm", "cascade", "dcsvm", "dcfilter"}, default="casvm"
         How the parts' models become the classifier (You 2020, sections
         2.2-2.4; docs/casvm.md, "Cascade, DC-SVM, DC-Filter"). ``"casvm"``:
@@ -453,8 +459,8 @@ class CASVMClassifier(KernelSVMMixin, ClassifierMixin, BaseEstimator):
         if tree is None:
             self._assemble(parts, fits, y_idx)
         else:
-            root, fit, n_iter = tree
-            self._assemble(root, [fit], y_idx)
+            final, final_fits, n_iter = tree
+            self._assemble(final, final_fits, y_idx)
             # The model is the last layer's; the work and the split are the whole tree's.
             self.n_iter_ = n_iter.astype(np.int32)
             self.partition_sizes_ = parts.sizes
@@ -603,7 +609,7 @@ class CASVMClassifier(KernelSVMMixin, ClassifierMixin, BaseEstimator):
         root = nodes[0]
         one = split(X, 1, "random", None)
         self.layer_n_iter_ = np.array(self.layer_n_iter_, dtype=np.int64)
-        return Partitioning(one.labels, one.centers, [root.rows]), root.fit, n_iter
+        return Partitioning(one.labels, one.centers, [root.rows]), [root.fit], n_iter
 
     def _passed_up(self, node, y_idx, sample_C):
         """``(rows, members, alphas)`` that a trained node hands up (see :meth:`_fit_tree`)."""
