@@ -87,7 +87,7 @@ def _between_workers(client, since: float) -> int:
 def _model_bytes(est, traffic, n, d, K, W, kind):
     """Bytes the cost model of docs/scale-out.md predicts for this fit."""
     P = len(est.partition_sizes_) if kind == "svm" else est.n_partitions_
-    partition = est.partition
+    partition = getattr(est, "partition_", est.partition)
     total = 0.0
     if partition == "random":
         total += 8 * n

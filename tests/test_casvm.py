@@ -298,7 +298,9 @@ def test_default_partitions_value():
     from gpuml.estimators.casvm import DEFAULT_N_PARTITIONS
 
     assert CASVMClassifier().n_partitions == DEFAULT_N_PARTITIONS
-    assert CASVMClassifier().partition == "random"
+    assert CASVMClassifier().partition == "auto" and CASVMClassifier().method == "casvm"
+    X, y = make_blobs(400, centers=3, random_state=0)
+    assert CASVMClassifier(n_partitions=2, device="cpu").fit(X, y).partition_ == "fcfs"
 
 
 def _expected_failures(estimator):

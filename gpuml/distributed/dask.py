@@ -822,6 +822,9 @@ def fit_casvm(estimator, X, y, sample_weight=None):
     if estimator.devices is not None:
         raise ValueError("devices= is for several devices of one process; on Dask each worker "
                          "fits its parts on its own device: leave devices=None")
+    if estimator.method != "casvm":
+        raise ValueError(f"method={estimator.method!r} does not run on Dask input (its layers "
+                         "depend on each other): use method='casvm' or in-memory data")
     if y is None:
         raise ValueError("requires y to be passed, but the target y is None")
     client = _client()
@@ -865,7 +868,8 @@ def fit_casvm(estimator, X, y, sample_weight=None):
     for name in ("devices_", "part_device_", "_device_cache"):
         estimator.__dict__.pop(name, None)
     rows.chunks = rows.map("classes", _with_classes, classes, cw, float(estimator.C))
-    labels, centers = partition_chunks(rows, P, estimator.partition, estimator.random_state)
+    estimator.partition_ = estimator._split_method()
+    labels, centers = partition_chunks(rows, P, estimator.partition_, estimator.random_state)
     all_labels = _gather_labels(rows, labels)
     y_idx = np.searchsorted(classes, rows.y).astype(np.int64)
     sizes = np.bincount(all_labels, minlength=P).astype(np.int64)

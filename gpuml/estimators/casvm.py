@@ -21,6 +21,7 @@ from ..kernels import SMOProblem, smo_solve_batch
 from ._partitioned import (
     KERNEL_CONSTRAINTS,
     PARTITION_CONSTRAINTS,
+    Partitioning,
     device_group,
     fit_on_devices,
     on_device,
@@ -48,6 +49,15 @@ from ._svm import (
 DEFAULT_N_PARTITIONS = 8
 #: Default kernel cache per part in MB (see docs/casvm.md).
 DEFAULT_CACHE_SIZE = 1024.0
+#: The training schemes of You 2020, sections 2.2-2.4, as settings (``method=``):
+#: how the models of the parts become the classifier.
+METHODS = ("casvm", "cascade", "dcsvm", "dcfilter")
+#: The split each method makes with ``partition="auto"``. CA-SVM: FCFS (Alg 3), the
+#: best measured balanced split (bench/results/cpu-2core/casvm_tradeoff.md; docs/casvm.md,
+#: "Defaults"); the baselines: the paper's (Cascade splits evenly, DC-SVM and
+#: DC-Filter cluster with k-means).
+METHOD_PARTITION = {"casvm": "fcfs", "cascade": "random", "dcsvm": "kmeans",
+                    "dcfilter": "kmeans"}
 
 
 @dataclass
@@ -79,6 +89,21 @@ class SVMPartFit:
     n_problems: int
 
 
+@dataclass
+class _TreeNode:
+    """A node of a Cascade / DC-SVM / DC-Filter layer: its rows and what its children passed up.
+
+    ``members`` (bool) and ``warm`` (the children's alphas) have shape
+    ``(n_pairs, len(rows))``; ``members=None`` means every row of the pair's two
+    classes, ``warm=None`` a cold start. ``fit`` is set once the node is trained.
+    """
+
+    rows: np.ndarray
+    members: np.ndarray | None = None
+    warm: np.ndarray | None = None
+    fit: SVMPartFit | None = None
+
+
 
 def _part_line(rows, n_problems, n_iter, converged):
     """The ``verbose`` line of one fitted part."""
@@ -93,9 +118,11 @@ class CASVMClassifier(KernelSVMMixin, ClassifierMixin, BaseEstimator):
     chosen partitioner, keeps one centre per part, and trains one kernel SVM
     per part with SMO; the parts never communicate. ``predict`` sends every
     sample to the part whose centre is nearest and evaluates that part's
-    model (Alg 5). ``partition="random"`` (the default) is CA-SVM, ``"fcfs"``
+    model (Alg 5). ``partition="random"`` is CA-SVM, ``"fcfs"`` (the default)
     FCFS-SVM (Alg 3), ``"bkm"`` BKM-SVM (Alg 4), ``"kmeans"`` CP-SVM and
-    ``"kbalance"`` the K-balance split of chapter 3. With ``n_partitions=1``
+    ``"kbalance"`` the K-balance split of chapter 3. The paper's baselines
+    are settings too (``method=``): Cascade SVM, DC-SVM and DC-Filter train a
+    tree of layers and end with one SVM. With ``n_partitions=1``
     it is an exact kernel SVM solving the same dual as
     :class:`sklearn.svm.SVC` (LIBSVM's SMO with second-order working-set
     selection, shrinking and a kernel cache).
@@ -131,14 +158,33 @@ class CASVMClassifier(KernelSVMMixin, ClassifierMixin, BaseEstimator):
         (letter, 26 classes: 6.0 points at P=4 with the random split, 3.8
         with ``partition="fcfs"``), so use a small P there. ``1`` gives the
         exact SVM.
-    partition : {"random", "fcfs", "kmeans", "kbalance", "bkm"}, default="random"
+    partition : {"auto", "random", "fcfs", "kmeans", "kbalance", "bkm"}, default="auto"
         How the training set is split (docs/casvm.md compares them).
-        ``"random"`` is the paper's CA-SVM (Alg 5) and the
-        default. **Recommended: ``"fcfs"``** (Alg 3: random centres,
-        each sample to the nearest part with room): balanced parts that are
-        also local, so nearest-centre routing means something; over three
-        seeds it lost no more accuracy than the random split on adult and far
-        less on letter (6.5 vs 17.4 points at P=16), at the same speed.
+        ``"auto"``: the method's own split (``partition_`` says which was
+        used): ``"fcfs"`` for CA-SVM, ``"random"`` for Cascade,
+        ``"kmeans"`` for DC-SVM and DC-Filter. FCFS (Alg 3: random centres,
+        each sample to the nearest part with room) gives balanced parts that
+        are also local, so nearest-centre routing means something: at P=16,
+        over three seeds, it lost 1.29 points against SVC on adult (random
+        split: 1.65), 1.36 on MAGIC (2.42) and 5.4 on 26-class letter (16.9),
+        at the random split's speed (docs/casvm.md, "Defaults"). ``"kmeans"``
+        loses least (0.64, 1.16, 2.3) but its parts are unequal, so it is
+        2-4 times slower at the same P and its speed depends on the seed;
+        ``"random"`` is the paper's CA-SVM (Alg 5).
+    method : {"casvm", "cascade", "dcsvm", "dcfilter"}, default="casvm"
+        How the parts' models become the classifier (You 2020, sections
+        2.2-2.4; docs/casvm.md, "Cascade, DC-SVM, DC-Filter"). ``"casvm"``:
+        the parts' SVMs are the model, each sample judged by its nearest
+        part's. The others train a binary tree of layers: every layer merges
+        its nodes two by two and trains each merged node warm-started with
+        its children's alphas, until one SVM (the model, no routing) is
+        left. ``"cascade"`` (Graf et al.) and ``"dcfilter"`` pass only the
+        support vectors of each one-vs-one problem up the tree; ``"dcsvm"``
+        (Hsieh et al.) passes every row, so its last layer is the whole
+        problem, warm-started, and its model is the exact SVM's. They differ
+        by ``partition="auto"`` as well: Cascade splits at random, DC-SVM
+        and DC-Filter with k-means. One device only (no ``devices``, no Dask
+        input).
     tol : float, default=1e-3
         Stopping tolerance on the KKT gap (LIBSVM's ``eps``).
     max_iter : int, default=-1
@@ -220,8 +266,17 @@ class CASVMClassifier(KernelSVMMixin, ClassifierMixin, BaseEstimator):
         Shape of the training ``X`` (of the kernel matrix for a callable
         kernel), as SVC.
     centers_ : ndarray of shape (n_partitions, n_features)
-        Routing centres (the part means for balanced splits).
+        Routing centres (the part means for balanced splits); one row, the
+        mean, for the tree methods (their model is one SVM).
+    partition_ : str
+        The partitioner used (``partition`` with ``"auto"`` resolved).
     partition_sizes_ : ndarray of shape (n_partitions,)
+        Rows per part of the split (the first layer for the tree methods).
+    layer_sizes_ : list of int ndarrays
+        Tree methods only: the rows of each node trained in each layer, first
+        layer first (a node carried up unmerged is not repeated).
+    layer_n_iter_ : ndarray of shape (n_layers,)
+        Tree methods only: SMO steps per layer, over all its nodes and pairs.
     support_ : ndarray of shape (n_SV,)
         Training indices of the support vectors, grouped by class and
         ascending within a class (SVC's order).
@@ -245,7 +300,8 @@ class CASVMClassifier(KernelSVMMixin, ClassifierMixin, BaseEstimator):
         trained in a part has intercept -1, +1 or 0 there (a constant vote
         for the class that is present, or none; see ``pair_status_``).
     n_iter_ : ndarray of shape (n_pairs,), int32
-        SMO steps per pair, summed over the parts.
+        SMO steps per pair, summed over the parts (and over every layer of
+        the tree methods).
     fit_status_ : int
         0 if every problem converged, 1 if ``max_iter`` stopped one (as SVC).
     support_part_ : ndarray of shape (n_SV,)
@@ -276,7 +332,12 @@ class CASVMClassifier(KernelSVMMixin, ClassifierMixin, BaseEstimator):
     ----------
     Yang You, "Fast and Accurate Machine Learning on Distributed Systems and
     Supercomputers", PhD thesis, UC Berkeley, 2020: chapter 2, Alg 1 (SMO), Alg 3
-    (FCFS), Alg 4 (BKM), Alg 5 (CA-SVM); Tables 2.8-2.18.
+    (FCFS), Alg 4 (BKM), Alg 5 (CA-SVM), sections 2.2-2.3 (Cascade, DC-SVM,
+    DC-Filter); Tables 2.8-2.18.
+    H. P. Graf, E. Cosatto, L. Bottou, I. Durdanovic, V. Vapnik, "Parallel
+    support vector machines: the Cascade SVM", NIPS 2004.
+    C.-J. Hsieh, S. Si, I. S. Dhillon, "A divide-and-conquer solver for kernel
+    support vector machines", ICML 2014.
     R.-E. Fan, P.-H. Chen, C.-J. Lin, "Working set selection using second
     order information for training SVM", JMLR 6 (2005).
 
@@ -300,6 +361,8 @@ class CASVMClassifier(KernelSVMMixin, ClassifierMixin, BaseEstimator):
         **KERNEL_CONSTRAINTS,
         "kernel": [*KERNEL_CONSTRAINTS["kernel"], callable],
         **PARTITION_CONSTRAINTS,
+        "partition": [StrOptions(set(PARTITION_CONSTRAINTS["partition"][0].options) | {"auto"})],
+        "method": [StrOptions(set(METHODS))],
         "tol": [Interval(Real, 0.0, None, closed="neither")],
         "max_iter": [Interval(Integral, -1, None, closed="left")],
         "cache_size": [Interval(Real, 0.0, None, closed="neither")],
@@ -312,7 +375,7 @@ class CASVMClassifier(KernelSVMMixin, ClassifierMixin, BaseEstimator):
     }
 
     def __init__(self, C=1.0, kernel="rbf", gamma="scale", degree=3, coef0=0.0,
-                 n_partitions=DEFAULT_N_PARTITIONS, partition="random", tol=1e-3,
+                 n_partitions=DEFAULT_N_PARTITIONS, partition="auto", method="casvm", tol=1e-3,
                  max_iter=-1, cache_size=DEFAULT_CACHE_SIZE, shrinking=False, class_weight=None,
                  decision_function_shape="ovr", break_ties=False, probability="deprecated",
                  device="auto", devices=None, n_jobs=None, random_state=None, verbose=0):
@@ -323,6 +386,7 @@ class CASVMClassifier(KernelSVMMixin, ClassifierMixin, BaseEstimator):
         self.coef0 = coef0
         self.n_partitions = n_partitions
         self.partition = partition
+        self.method = method
         self.tol = tol
         self.max_iter = max_iter
         self.cache_size = cache_size
@@ -373,23 +437,34 @@ class CASVMClassifier(KernelSVMMixin, ClassifierMixin, BaseEstimator):
                              "nearest-centre routing need the samples' features")
         if precomputed and group is not None:
             raise ValueError(f"kernel={self.kernel!r} fits on one device: use devices=None")
+        if self.method != "casvm" and group is not None:
+            raise ValueError(f"method={self.method!r} fits on one device (its layers depend on "
+                             "each other): use devices=None")
         X, y_idx, sample_C = self._validate_targets(X, y, sample_weight)
         self._sparse = sp.issparse(X) or hasattr(X, "tocsr")
         self.shape_fit_ = tuple(X.shape)
         self._gamma = self._kernel.gamma
         # A refit invalidates the device copies of the previous model's arrays.
-        for name in ("devices_", "part_device_", "part_worker_", "_device_cache"):
+        for name in ("devices_", "part_device_", "part_worker_", "_device_cache", "layer_sizes_",
+                     "layer_n_iter_"):
             self.__dict__.pop(name, None)
+        self.partition_ = self._split_method()
 
         progress = Progress("CASVM", self.n_partitions, self.verbose)
+        tree = None
         if group is None:
             with backend.use():
                 X = backend.asarray(X)
-                parts = split(X, self.n_partitions, self.partition, self.random_state)
-                fits = self._fit_parts(X, parts.parts, y_idx, sample_C, progress)
+                parts = split(X, self.n_partitions, self.partition_, self.random_state)
+                if self.method == "casvm":
+                    fits = self._fit_parts(X, parts.parts, y_idx, sample_C, progress)
+                else:
+                    # The tree's layers report as a whole (its parts are not the model's).
+                    progress = None
+                    tree = self._fit_tree(X, parts, y_idx, sample_C)
         else:
             X = to_numpy(X)
-            parts = split_on_devices(group, X, self.n_partitions, self.partition,
+            parts = split_on_devices(group, X, self.n_partitions, self.partition_,
                                      self.random_state)
             fits, self.part_device_ = fit_on_devices(
                 group, parts, balance(smo_cost(parts.sizes), group.size),
@@ -400,15 +475,27 @@ class CASVMClassifier(KernelSVMMixin, ClassifierMixin, BaseEstimator):
             for p, (rows, f) in enumerate(zip(parts.parts, fits)):
                 progress.update(p, _part_line(len(rows), f.n_problems, int(f.n_iter.sum()),
                                               f.converged))
-        self._assemble(parts, fits, y_idx, progress)
+        if tree is None:
+            self._assemble(parts, fits, y_idx, progress)
+        else:
+            final, final_fits, n_iter = tree
+            self._assemble(final, final_fits, y_idx, progress)
+            # The model is the last layer's; the work and the split are the whole tree's.
+            self.n_iter_ = n_iter.astype(np.int32)
+            self.partition_sizes_ = parts.sizes
         self._fit_probability(X, y, y_idx, sample_C, sample_weight)
         return self
 
-    def _fit_parts(self, X, part_rows, y_idx, sample_C, progress=None) -> list[SVMPartFit]:
+    def _fit_parts(self, X, part_rows, y_idx, sample_C, progress=None, members=None,
+                   warm=None) -> list[SVMPartFit]:
         """Step 2 for the given parts: their one-vs-one SMO problems, solved as one batch.
 
         ``X`` is on the current device; ``part_rows[k]`` are the rows of X of the
         k-th part, ``y_idx`` and ``sample_C`` (host) are aligned with X's rows.
+        The layers of the tree methods pass, per part, ``members[k]`` (bool,
+        ``(n_pairs, len(part_rows[k]))``: the rows that take part in each pair's
+        problem; None: every row of the pair's two classes) and ``warm[k]``
+        (the same shape: each pair's starting alphas; None: zeros).
         Returns one :class:`SVMPartFit` per part, in order. ``progress`` (a
         :class:`gpuml._progress.Progress`, only when called from the fitting
         thread) gets one line per part as the part's last problem is solved.
@@ -417,6 +504,8 @@ class CASVMClassifier(KernelSVMMixin, ClassifierMixin, BaseEstimator):
         pairs = class_pairs(n_classes)
         n_pairs = len(pairs)
         first, second = np.array(pairs, dtype=np.int64).reshape(-1, 2).T
+        runs = np.stack([first, second], axis=1).ravel()
+        sign = np.tile([1.0, -1.0], n_pairs)
         problems, layout, Xs = [], [], []
         for k, rows in enumerate(part_rows):
             rows = np.asarray(rows, dtype=np.int64)
@@ -429,23 +518,34 @@ class CASVMClassifier(KernelSVMMixin, ClassifierMixin, BaseEstimator):
                       else X[sel][:, sel])
             # Class c holds the part's rows bounds[c]:bounds[c + 1].
             bounds = np.searchsorted(y_idx[rows[pos]], np.arange(n_classes + 1))
-            present = np.diff(bounds) > 0
-            # Every pair with both classes present is one problem: its rows are the
-            # two class runs, laid end to end for all pairs of the part at once.
-            q = np.flatnonzero(present[first] & present[second])
-            runs = np.stack([first[q], second[q]], axis=1).ravel()
+            # Every pair's candidate rows are its two class runs, laid end to end
+            # for all pairs of the part at once (entry e: pair pair_of[e]).
             lengths = np.diff(bounds)[runs]
-            idx = np.concatenate([np.arange(bounds[c], bounds[c + 1]) for c in runs.tolist()]
-                                 + [np.zeros(0, np.int64)])
-            labels = np.repeat(np.tile([1.0, -1.0], len(q)), lengths)
+            starts = np.repeat(bounds[runs] - np.concatenate([[0], np.cumsum(lengths)[:-1]]),
+                               lengths)
+            idx = starts + np.arange(starts.size)
+            labels = np.repeat(sign, lengths)
+            pair_of = np.repeat(np.arange(n_pairs), lengths[0::2] + lengths[1::2])
+            if members is not None and members[k] is not None:
+                keep = members[k][pair_of, pos[idx]]
+                idx, labels, pair_of = idx[keep], labels[keep], pair_of[keep]
+            has_first = np.bincount(pair_of[labels > 0], minlength=n_pairs) > 0
+            has_second = np.bincount(pair_of[labels < 0], minlength=n_pairs) > 0
+            # A pair with both classes present is one problem; the others are left out.
+            q = np.flatnonzero(has_first & has_second)
+            trained = (has_first & has_second)[pair_of]
+            idx, labels, pair_of = idx[trained], labels[trained], pair_of[trained]
             C_part = sample_C[rows[pos][idx]]
-            ends = np.cumsum(lengths[0::2] + lengths[1::2]).tolist()
-            problems += [SMOProblem(k, idx[lo:hi], labels[lo:hi], C_part[lo:hi])
+            start = (warm[k][pair_of, pos[idx]] if warm is not None and warm[k] is not None
+                     else None)
+            ends = np.cumsum(np.bincount(pair_of, minlength=n_pairs)[q]).tolist()
+            problems += [SMOProblem(k, idx[lo:hi], labels[lo:hi], C_part[lo:hi],
+                                    None if start is None else start[lo:hi])
                          for lo, hi in zip([0] + ends[:-1], ends)]
-            layout.append((present, q, pos[idx], labels))
+            layout.append((has_first, has_second, q, pos[idx], labels))
         report = None
         if progress:
-            for k, (_, q, _, _) in enumerate(layout):
+            for k, (_, _, q, _, _) in enumerate(layout):
                 if not len(q):  # one class (or none) in the part: nothing to solve
                     progress.update(k, _part_line(len(part_rows[k]), 0, 0, True))
 
@@ -462,12 +562,12 @@ class CASVMClassifier(KernelSVMMixin, ClassifierMixin, BaseEstimator):
                  else np.zeros(0))
         fits, supports = [], []
         first_problem = first_alpha = 0
-        for rows, (present, q, owner, labels) in zip(part_rows, layout):
+        for rows, (has_first, has_second, q, owner, labels) in zip(part_rows, layout):
             mine = results[first_problem: first_problem + len(q)]
             first_problem += len(q)
             # 2: trained; 1: one class of the pair in the part (constant vote); 0: none.
-            status = (present[first].astype(np.int8) + present[second]).astype(np.int8)
-            intercept = np.where(status == 1, present[first] * 1.0 - present[second], 0.0)
+            status = (has_first.astype(np.int8) + has_second).astype(np.int8)
+            intercept = np.where(status == 1, has_first * 1.0 - has_second, 0.0)
             intercept[q] = [res.intercept for res in mine]
             n_iter = np.zeros(n_pairs, dtype=np.int64)
             n_iter[q] = [res.n_iter for res in mine]
@@ -496,6 +596,81 @@ class CASVMClassifier(KernelSVMMixin, ClassifierMixin, BaseEstimator):
         for fit, block in zip(fits, vectors):
             fit.support_vectors = block
         return fits
+
+    def _split_method(self) -> str:
+        """The partitioner: ``partition``, or the method's own for ``"auto"``."""
+        return METHOD_PARTITION[self.method] if self.partition == "auto" else self.partition
+
+    def _fit_tree(self, X, parts, y_idx, sample_C):
+        """Cascade SVM, DC-SVM and DC-Filter (You 2020, sections 2.2-2.3): a tree of SMO layers.
+
+        Layer 1 trains one SVM per part, as CA-SVM does. Every later layer merges
+        the nodes of the one before two by two, in order (an odd last node
+        waits for the next layer), and trains each merged node warm-started with
+        its children's alphas, until one node is left: its SVM is the model.
+        What a node passes up is what tells the methods apart: Cascade and
+        DC-Filter pass each one-vs-one problem's support vectors only (the
+        filter of Graf et al.; a pair a node could not train passes all its
+        rows), DC-SVM passes every row, so its last layer solves the whole
+        problem from the parts' solution (Hsieh et al.). Cascade splits evenly,
+        DC-SVM and DC-Filter with k-means (``partition="auto"``).
+
+        Returns the root's rows as a one-part :class:`Partitioning`, its fitted
+        model, and the SMO steps per pair summed over all layers;
+        sets ``layer_sizes_`` and ``layer_n_iter_``.
+        """
+        nodes = [_TreeNode(np.asarray(rows, dtype=np.int64)) for rows in parts.parts]
+        n_iter = 0
+        self.layer_sizes_, self.layer_n_iter_ = [], []
+        while True:
+            todo = [node for node in nodes if node.fit is None]
+            fits = self._fit_parts(X, [n.rows for n in todo], y_idx, sample_C,
+                                   members=[n.members for n in todo],
+                                   warm=[n.warm for n in todo])
+            for node, fit in zip(todo, fits):
+                node.fit = fit
+            steps = np.sum([fit.n_iter for fit in fits], axis=0)
+            n_iter = n_iter + steps
+            self.layer_sizes_.append(np.array([len(n.rows) for n in todo], dtype=np.int64))
+            self.layer_n_iter_.append(int(steps.sum()))
+            if len(nodes) == 1:
+                break
+            odd = nodes[len(nodes) - len(nodes) % 2:]
+            nodes = [self._merge(nodes[i], nodes[i + 1], y_idx, sample_C)
+                     for i in range(0, len(nodes) - 1, 2)] + odd
+        root = nodes[0]
+        one = split(X, 1, "random", None)
+        self.layer_n_iter_ = np.array(self.layer_n_iter_, dtype=np.int64)
+        return Partitioning(one.labels, one.centers, [root.rows]), [root.fit], n_iter
+
+    def _passed_up(self, node, y_idx, sample_C):
+        """``(rows, members, alphas)`` that a trained node hands up (see :meth:`_fit_tree`)."""
+        fit = node.fit
+        alpha = np.zeros((fit.dual_coef.shape[0], len(node.rows)))
+        alpha[:, fit.support] = np.abs(fit.dual_coef)
+        if self.method == "dcsvm":
+            return node.rows, node.members, alpha
+        members = node.members
+        if members is None:
+            first, second = np.array(class_pairs(len(self.classes_)),
+                                     dtype=np.int64).reshape(-1, 2).T
+            cls = y_idx[node.rows]
+            members = (((cls[None, :] == first[:, None]) | (cls[None, :] == second[:, None]))
+                       & (sample_C[node.rows] > 0)[None, :])
+        keep = members & ((alpha > 0) | (fit.pair_status < 2)[:, None])
+        used = keep.any(axis=0)
+        return node.rows[used], keep[:, used], alpha[:, used]
+
+    def _merge(self, left, right, y_idx, sample_C) -> _TreeNode:
+        """The parent of two trained nodes: their rows (ascending), members and warm start."""
+        (rows_a, mem_a, warm_a), (rows_b, mem_b, warm_b) = (
+            self._passed_up(left, y_idx, sample_C), self._passed_up(right, y_idx, sample_C))
+        rows = np.concatenate([rows_a, rows_b])
+        order = np.argsort(rows, kind="stable")
+        members = (None if mem_a is None and mem_b is None
+                   else np.concatenate([mem_a, mem_b], axis=1)[:, order])
+        warm = np.concatenate([warm_a, warm_b], axis=1)[:, order]
+        return _TreeNode(rows[order], members, warm)
 
     def _solver_rows(self, Xp):
         """A part's rows as the solver gets them: sparse ones dense when that costs little.
@@ -555,7 +730,7 @@ class CASVMClassifier(KernelSVMMixin, ClassifierMixin, BaseEstimator):
         self.fit_status_ = 0 if converged else 1
         self.centers_ = to_numpy(parts.centers)
         self.partition_sizes_ = parts.sizes
-        warn_poor_parts(parts.parts, y_idx, len(self.classes_), self.partition)
+        warn_poor_parts(parts.parts, y_idx, len(self.classes_), self.partition_)
         if not converged:
             # One warning per fit, naming the parts (SVC's sentence first, as its tests match).
             cap = ("" if self.max_iter >= 0 else
