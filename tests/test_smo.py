@@ -8,7 +8,7 @@ from sklearn.preprocessing import StandardScaler
 from sklearn.svm import SVC
 
 from gpuml.kernels import Kernel, SMOProblem, make_kernel, smo_solve, smo_solve_batch
-from gpuml.kernels._cpu.smo import qfloat_matrix
+from gpuml.kernels._cpu.smo import sgemm_applies, sgemm_matrix
 
 
 @pytest.fixture(scope="module")
@@ -243,7 +243,7 @@ def test_max_iter_stops_dense_and_row_cached_paths(cancer, cache_mb):
     assert full.converged and full.n_iter < 10**7
 
 
-# -- kernel matrices in float32, as LIBSVM's Qfloat (qfloat_matrix) ---------------------------
+# -- rbf kernel matrices of large parts in float32 (sgemm_matrix) ---------------------------
 
 def _far_from_origin(n=2200, d=12, seed=0):
     """Rows far from the origin (mean 1e3, spread 1): float32 ||x||^2 cancels badly there."""
@@ -253,23 +253,20 @@ def _far_from_origin(n=2200, d=12, seed=0):
     return X, y
 
 
-def test_qfloat_matrix_is_float64_rounded_for_small_or_other_kernels(cancer):
+def test_sgemm_only_for_large_rbf_parts_with_a_small_rounding_bound(cancer):
     X, _ = cancer
-    for kernel in (make_kernel("rbf", "scale", X=X), Kernel("linear"),
-                   Kernel("poly", gamma=0.1, degree=2, coef0=1.0)):
-        K = qfloat_matrix(kernel, X, max_bytes=1 << 30)
-        assert K.dtype == np.float32
-        np.testing.assert_array_equal(K, _symmetric(kernel.matrix(X)).astype(np.float32))
+    assert not sgemm_applies(make_kernel("rbf", "scale", X=X), X)  # 569 rows: float64
+    Xf, _ = _far_from_origin()
+    assert sgemm_applies(make_kernel("rbf", "scale", X=Xf), Xf)
+    assert sgemm_applies(make_kernel("rbf", "scale", X=Xf), sp.csr_matrix(Xf))
+    assert not sgemm_applies(Kernel("linear"), Xf)
+    assert not sgemm_applies(make_kernel("rbf", 50.0, X=Xf), Xf)  # bound far above 1e-4
 
 
-def _symmetric(K):
-    return np.triu(K) + np.triu(K, 1).T
-
-
-def test_qfloat_matrix_sgemm_on_centred_rows():
+def test_sgemm_matrix_on_centred_rows():
     X, _ = _far_from_origin()
     kernel = make_kernel("rbf", "scale", X=X)
-    K = qfloat_matrix(kernel, X, max_bytes=1 << 30)
+    K = sgemm_matrix(kernel, X, max_bytes=1 << 30)
     exact = kernel.matrix(X)
     assert K.dtype == np.float32 and K.shape == exact.shape
     np.testing.assert_array_equal(K, K.T)
@@ -280,14 +277,7 @@ def test_qfloat_matrix_sgemm_on_centred_rows():
     uncentred = kernel.matrix(X.astype(np.float32))
     assert np.abs(uncentred - exact).max() > 1e-2
     # The format never changes the values.
-    np.testing.assert_array_equal(qfloat_matrix(kernel, sp.csr_matrix(X), max_bytes=1 << 30), K)
-
-
-def test_qfloat_matrix_falls_back_to_float64_for_a_large_gamma():
-    X, _ = _far_from_origin()
-    kernel = make_kernel("rbf", 50.0, X=X)  # error bound 2 gamma R^2 eps far above 1e-4
-    K = qfloat_matrix(kernel, X, max_bytes=1 << 30)
-    np.testing.assert_array_equal(K, _symmetric(kernel.matrix(X)).astype(np.float32))
+    np.testing.assert_array_equal(sgemm_matrix(kernel, sp.csr_matrix(X), max_bytes=1 << 30), K)
 
 
 def test_solution_on_float32_kernel_matches_svc():

@@ -19,7 +19,7 @@ except ImportError as e:
 SHAPES = [(16, 8, 3, 3), (16,), (40, 30), (30,), (5, 7)]
 #: timm Lamb (trust_clip=False) = LAMB with these options (LAMB's Notes)
 LAMB_AS_TIMM = dict(eps_inside_sqrt=False, exclude_from_adaptation=False,
-                    exclude_from_weight_decay=False)
+                    exclude_from_weight_decay=False, max_grad_norm=1.0)
 #: timm Lars(trust_clip, always_adapt) = LARS(mode="classic", clip=trust_clip, ...) (Notes)
 LARS_AS_TIMM = dict(mode="classic", exclude_from_adaptation=False,
                     exclude_from_weight_decay=False)
@@ -57,7 +57,7 @@ LAMB_CASES = [
 @pytest.mark.parametrize("timm_kw, ours_kw", LAMB_CASES)
 def test_lamb_equals_timm_lamb(timm_kw, ours_kw, impl):
     ref = _run(lambda ps: TimmLamb(ps, **timm_kw))
-    got = _run(lambda ps: LAMB(ps, lr=timm_kw["lr"], **LAMB_AS_TIMM, **ours_kw, **impl))
+    got = _run(lambda ps: LAMB(ps, lr=timm_kw["lr"], **{**LAMB_AS_TIMM, **ours_kw}, **impl))
     for a, b in zip(got, ref):
         torch.testing.assert_close(a.detach(), b.detach(), rtol=1e-6, atol=1e-6)
 

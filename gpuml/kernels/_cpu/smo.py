@@ -865,56 +865,64 @@ def _group_matrices(kernel, Xs, used, cache_bytes, n_jobs):
     def matrix(g):
         X = Xs[g]
         if kernel.name == "precomputed":
-            return np.ascontiguousarray(_dense(X), dtype=np.float32)
-        if X.shape[0] ** 2 * 4 > cache_bytes:
+            return np.ascontiguousarray(_dense(X))
+        if sgemm_applies(kernel, X) and X.shape[0] ** 2 * 4 <= cache_bytes:
+            return sgemm_matrix(kernel, X, max_bytes=max(cache_bytes, 1))
+        if X.shape[0] ** 2 * np.dtype(X.dtype).itemsize > cache_bytes:
             return None
-        return qfloat_matrix(kernel, X, max_bytes=max(cache_bytes, 1))
+        return np.ascontiguousarray(kernel.matrix(X, max_bytes=max(cache_bytes, 1)))
 
     return dict(zip(used, _in_threads(matrix, used, n_jobs)))
 
 
 #: Largest bound on the float32 rounding error of an rbf exponent that
-#: :func:`qfloat_matrix` accepts from a float32 GEMM: 10x below SMO's default
-#: tolerance for the worst pair; on standardised adult the bound is 1e-5 to
-#: 8e-5 per part and the largest error measured off the diagonal 2e-6.
-QFLOAT_EXPONENT_ERROR = 1e-4
+#: :func:`sgemm_matrix` accepts: 10x below SMO's default tolerance for the
+#: worst pair; on standardised adult the bound is 1e-5 to 8e-5 per part and the
+#: largest error measured off the diagonal 2e-6.
+SGEMM_EXPONENT_ERROR = 1e-4
 
-#: Matrices with fewer rows are computed in float64 and rounded, as LIBSVM's:
-#: their GEMM takes milliseconds, and small problems then solve bit for bit
-#: as with a precomputed float64 kernel matrix.
-QFLOAT_SGEMM_MIN_ROWS = 2048
+#: Smaller matrices are computed in the data's dtype: their GEMM takes
+#: milliseconds, and small problems then solve exactly as before, as the GPU
+#: solver does and as with a precomputed kernel matrix.
+SGEMM_MIN_ROWS = 2048
 
 
-def qfloat_matrix(kernel, X, *, max_bytes):
-    """``K(X, X)`` in float32, as LIBSVM caches its kernel values (``Qfloat``).
+def _centred(X):
+    dense = X.toarray() if hasattr(X, "toarray") else np.asarray(X)
+    return dense - dense.mean(axis=0)
 
-    Half the memory of float64 and, for the rbf kernel, computed in float32
-    too (one SGEMM, about twice as fast as DGEMM, and a float32 ``exp``): the
-    rows are centred first, which leaves distances unchanged and removes the
-    cancellation of ``||x||^2 + ||y||^2 - 2 x.y`` for data far from the origin,
-    and the diagonal is set to its exact value 1. The remaining error of an
-    exponent ``gamma * d(x, y)`` is at most about ``2 gamma max ||x - mean||^2``
-    float32 ulps; where that exceeds
-    :data:`QFLOAT_EXPONENT_ERROR` (a large gamma), and for the other kernels,
-    the values are computed in float64 and rounded, exactly as LIBSVM does.
-    Matrices of fewer than :data:`QFLOAT_SGEMM_MIN_ROWS` rows are always
-    computed in float64 and rounded (fast anyway). The choice depends on the
-    shape and the values only, never on the format: a sparse and a dense X
-    give the same matrix (a sparse part is densified when the dense copy is no
-    larger than the matrix itself).
+
+def sgemm_applies(kernel, X) -> bool:
+    """Whether the rbf matrix of ``X`` is computed by :func:`sgemm_matrix`.
+
+    rbf, at least :data:`SGEMM_MIN_ROWS` rows, no more features than rows
+    (a sparse part is densified: the dense copy is then no larger than the
+    matrix) and a rounding bound ``2 gamma max ||x - mean||^2 eps32`` at most
+    :data:`SGEMM_EXPONENT_ERROR` (a large gamma falls back to float64). It
+    depends on the shape and the values only, never on the format.
     """
     n, d = X.shape
-    if kernel.name == "rbf" and d <= n and n >= QFLOAT_SGEMM_MIN_ROWS:
-        dense = X.toarray() if hasattr(X, "toarray") else np.asarray(X)
-        centred = dense - dense.mean(axis=0)
-        radius = float(np.einsum("ij,ij->i", centred, centred).max()) if n else 0.0
-        if 2.0 * kernel.gamma * radius * np.finfo(np.float32).eps <= QFLOAT_EXPONENT_ERROR:
-            K = np.ascontiguousarray(kernel.matrix(centred.astype(np.float32),
-                                                   max_bytes=max_bytes))
-            np.fill_diagonal(K, 1.0)
-            return _mirror_upper(K)
-    K = kernel.matrix(X, max_bytes=2 * max_bytes)
-    return _mirror_upper(np.ascontiguousarray(K, dtype=np.float32))
+    if kernel.name != "rbf" or n < SGEMM_MIN_ROWS or d > n:
+        return False
+    centred = _centred(X)
+    radius = float(np.einsum("ij,ij->i", centred, centred).max())
+    return 2.0 * kernel.gamma * radius * np.finfo(np.float32).eps <= SGEMM_EXPONENT_ERROR
+
+
+def sgemm_matrix(kernel, X, *, max_bytes):
+    """``K(X, X)`` for rbf in float32 by one SGEMM, as LIBSVM caches its values (``Qfloat``).
+
+    Half the memory of float64, about twice as fast (SGEMM and a float32
+    ``exp``; building the matrix is most of a CA-SVM part's fit). The rows are
+    centred first, which leaves distances unchanged and removes the
+    cancellation of ``||x||^2 + ||y||^2 - 2 x.y`` for data far from the
+    origin; the diagonal is set to its exact value 1 and the matrix mirrored to
+    exact symmetry. The gradient and the dual variables stay in float64. Use
+    where :func:`sgemm_applies`.
+    """
+    K = np.ascontiguousarray(kernel.matrix(_centred(X).astype(np.float32), max_bytes=max_bytes))
+    np.fill_diagonal(K, 1.0)
+    return _mirror_upper(K)
 
 
 @njit(nogil=True, cache=True)
