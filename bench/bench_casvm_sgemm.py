@@ -28,9 +28,9 @@ def main(quick: bool = False, gpu: bool = False) -> None:
 
     X, y = load_adult()
     Xtr, Xte, ytr, yte = train_test_split_std(X, y)
-    sgemm = smo.sgemm_applies
-    settings = {"float64": lambda kernel, X: False, "float32 SGEMM": sgemm}
-    cases = ((16, None), (1, 6000)) if not quick else ((16, 12000),)
+    sgemm = smo.sgemm_rows
+    settings = {"float64": lambda kernel, X: None, "float32 SGEMM": sgemm}
+    cases = ((16, None), (1, 6000)) if not quick else ((4, 12000),)  # parts of 3,000 rows
     rows = []
     try:
         with threadpool_limits(1):
@@ -40,7 +40,7 @@ def main(quick: bool = False, gpu: bool = False) -> None:
                 models = {}
                 for _ in range(1 if quick else 3):
                     for name, rule in settings.items():
-                        smo.sgemm_applies = rule
+                        smo.sgemm_rows = rule
                         t0 = time.perf_counter()
                         models[name] = CASVMClassifier(n_partitions=P, random_state=0,
                                                        n_jobs=1).fit(Xa, ya)
@@ -55,7 +55,7 @@ def main(quick: bool = False, gpu: bool = False) -> None:
                              "accuracy_sgemm": new.score(Xte, yte),
                              "max_decision_diff": float(diff)})
     finally:
-        smo.sgemm_applies = sgemm
+        smo.sgemm_rows = sgemm
     record("casvm_sgemm", rows, title="CA-SVM: float32 SGEMM kernel matrices vs float64",
            notes="Median of 3 interleaved fits each, BLAS on one thread, n_jobs=1, idle "
                  "2-core machine (run at raised priority).")

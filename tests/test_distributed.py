@@ -4,12 +4,12 @@ The oracle of a sharded partition is :func:`gpuml.partition.partition` on all th
 rows in one process: the same labels, centres equal to rounding.
 """
 
-import threading
 import time
 
 import numpy as np
 import pytest
 import scipy.sparse as sp
+from _threads import bounded as _bounded
 
 from gpuml._backend import CPU
 from gpuml.distributed import (
@@ -29,23 +29,8 @@ METHODS = ["random", "fcfs", "kmeans", "kbalance", "bkm"]
 
 
 def bounded(fn, seconds=30.0):
-    """Run ``fn`` in a daemon thread; fail (instead of hanging the suite) past ``seconds``."""
-    box = {}
-
-    def target():
-        try:
-            box["value"] = fn()
-        except BaseException as err:  # handed to the test thread
-            box["error"] = err
-
-    thread = threading.Thread(target=target, daemon=True)
-    thread.start()
-    thread.join(seconds)
-    if thread.is_alive():
-        pytest.fail(f"did not finish within {seconds} s (a collective deadlocked?)")
-    if "error" in box:
-        raise box["error"]
-    return box.get("value")
+    """:func:`_threads.bounded` with this file's default and hint."""
+    return _bounded(fn, seconds, " (a collective deadlocked?)")
 
 
 def spmd(size, fn, timeout=20.0):

@@ -866,8 +866,9 @@ def _group_matrices(kernel, Xs, used, cache_bytes, n_jobs):
         X = Xs[g]
         if kernel.name == "precomputed":
             return np.ascontiguousarray(_dense(X))
-        if sgemm_applies(kernel, X) and X.shape[0] ** 2 * 4 <= cache_bytes:
-            return sgemm_matrix(kernel, X, max_bytes=max(cache_bytes, 1))
+        centred = sgemm_rows(kernel, X) if X.shape[0] ** 2 * 4 <= cache_bytes else None
+        if centred is not None:
+            return sgemm_matrix(kernel, X, max_bytes=max(cache_bytes, 1), centred=centred)
         if X.shape[0] ** 2 * np.dtype(X.dtype).itemsize > cache_bytes:
             return None
         return np.ascontiguousarray(kernel.matrix(X, max_bytes=max(cache_bytes, 1)))
@@ -892,8 +893,8 @@ def _centred(X):
     return dense - dense.mean(axis=0)
 
 
-def sgemm_applies(kernel, X) -> bool:
-    """Whether the rbf matrix of ``X`` is computed by :func:`sgemm_matrix`.
+def sgemm_rows(kernel, X):
+    """The centred rows of ``X`` when its rbf matrix is built by :func:`sgemm_matrix`, else None.
 
     rbf, at least :data:`SGEMM_MIN_ROWS` rows, no more features than rows
     (a sparse part is densified: the dense copy is then no larger than the
@@ -903,24 +904,33 @@ def sgemm_applies(kernel, X) -> bool:
     """
     n, d = X.shape
     if kernel.name != "rbf" or n < SGEMM_MIN_ROWS or d > n:
-        return False
+        return None
     centred = _centred(X)
     radius = float(np.einsum("ij,ij->i", centred, centred).max())
-    return 2.0 * kernel.gamma * radius * np.finfo(np.float32).eps <= SGEMM_EXPONENT_ERROR
+    if 2.0 * kernel.gamma * radius * np.finfo(np.float32).eps > SGEMM_EXPONENT_ERROR:
+        return None
+    return centred
 
 
-def sgemm_matrix(kernel, X, *, max_bytes):
+def sgemm_applies(kernel, X) -> bool:
+    """Whether the rbf matrix of ``X`` is built by :func:`sgemm_matrix` (see :func:`sgemm_rows`)."""
+    return sgemm_rows(kernel, X) is not None
+
+
+def sgemm_matrix(kernel, X, *, max_bytes, centred=None):
     """``K(X, X)`` for rbf in float32 by one SGEMM, as LIBSVM caches its values (``Qfloat``).
 
     Half the memory of float64, about twice as fast (SGEMM and a float32
     ``exp``; building the matrix is most of a CA-SVM part's fit). The rows are
-    centred first, which leaves distances unchanged and removes the
-    cancellation of ``||x||^2 + ||y||^2 - 2 x.y`` for data far from the
-    origin; the diagonal is set to its exact value 1 and the matrix mirrored to
-    exact symmetry. The gradient and the dual variables stay in float64. Use
-    where :func:`sgemm_applies`.
+    centred first (``centred``: :func:`sgemm_rows`' result, when the caller has
+    it), which leaves distances unchanged and removes the cancellation of
+    ``||x||^2 + ||y||^2 - 2 x.y`` for data far from the origin; the diagonal is
+    set to its exact value 1 and the matrix mirrored to exact symmetry. The
+    gradient and the dual variables stay in float64. Use where
+    :func:`sgemm_applies`.
     """
-    K = np.ascontiguousarray(kernel.matrix(_centred(X).astype(np.float32), max_bytes=max_bytes))
+    centred = _centred(X) if centred is None else centred
+    K = np.ascontiguousarray(kernel.matrix(centred.astype(np.float32), max_bytes=max_bytes))
     np.fill_diagonal(K, 1.0)
     return _mirror_upper(K)
 
