@@ -45,6 +45,7 @@ from ..kernels import (
     gpu_solve_bytes,
     krr_lstsq_part,
     krr_solve_parts,
+    resolve_gamma,
     sq_distances,
     tridiagonal_batch,
 )
@@ -137,17 +138,13 @@ def scale_gamma(X, sample_weight=None) -> float:
     same as a repeated row, as everywhere else in the fit).
     """
     if sample_weight is None:
-        if hasattr(X, "multiply"):  # sparse: E[x^2] - E[x]^2 without densifying
-            var = float(X.multiply(X).mean()) - float(X.mean()) ** 2
-        else:
-            var = float(X.var())
-    else:
-        p = sample_weight / sample_weight.sum()
-        squares = X.multiply(X).mean(axis=1) if hasattr(X, "multiply") else (X * X).mean(axis=1)
-        means = X.mean(axis=1)
-        flat = (lambda a: a.ravel()) if not hasattr(X, "multiply") else (
-            lambda a: a.A.ravel() if hasattr(a, "A") else a.ravel())
-        var = float(p @ flat(squares)) - float(p @ flat(means)) ** 2
+        return resolve_gamma("scale", X)
+    p = sample_weight / sample_weight.sum()
+    squares = X.multiply(X).mean(axis=1) if hasattr(X, "multiply") else (X * X).mean(axis=1)
+    means = X.mean(axis=1)
+    flat = (lambda a: a.ravel()) if not hasattr(X, "multiply") else (
+        lambda a: a.A.ravel() if hasattr(a, "A") else a.ravel())
+    var = float(p @ flat(squares)) - float(p @ flat(means)) ** 2
     return 1.0 / (X.shape[1] * var) if var > 0 else 1.0
 
 
