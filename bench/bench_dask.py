@@ -21,8 +21,12 @@ features, K chunks, W workers, P parts, I Lloyd steps (counted by the driver):
 * partitioning: per Lloyd step the P x d centres to each chunk and P x (d + 1)
   sums and counts back, ``8 K (2Pd + P)``; k-means++ (P picks, each a centre
   to every chunk and a row back) ``8 P (K d + d + K)``; the fill: the centres
-  to each chunk, ``8 K P d``; the random split: the labels, ``8 n``;
-* labels to the client: ``8 n`` (CA-SVM: and y in the summary pass, ``8 n``);
+  to each chunk, ``8 K P d``, and when it runs on the client (P <= d) the
+  n x P distances back, ``8 n P`` (FCFS: and its P seed rows, ``8 P d``);
+* labels: made on the workers (k-means; the fill's chain when P > d), to the
+  client, ``8 n``; drawn or filled on the client (random; the fill when P <= d),
+  to the part-means task and to the take task of each of the G worker groups,
+  ``8 n (1 + G)``; CA-SVM: and y in the summary pass, ``8 n``;
 * rows shipped once to their part's worker: ``8 n (d + 2) (W - 1) / W`` for CA-SVM
   (a row, its class and its C), ``8 n (d + 1) (W - 1) / W`` for BKRR (parts are
   placed by cost, not where their rows are);
@@ -40,6 +44,7 @@ import time
 
 from bench._harness import record
 from bench.datasets import load_adult, load_california, train_test_split_std
+from gpuml.distributed.dask import fills_on_client
 
 #: Pinned in every worker before it starts (distributed's pre-spawn environment).
 THREAD_ENV = {"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
@@ -89,15 +94,21 @@ def _model_bytes(est, traffic, n, d, K, W, kind):
     P = len(est.partition_sizes_) if kind == "svm" else est.n_partitions_
     partition = getattr(est, "partition_", est.partition)
     total = 0.0
-    if partition == "random":
-        total += 8 * n
-    else:
+    groups = len(set(est.part_worker_))
+    if partition in ("kmeans", "kbalance"):
         I = traffic.steps + 1  # the Lloyd steps, and the first assignment
         total += 8 * K * (2 * P * d + P) * I
         total += 8 * P * (K * d + d + K)
-        total += 8 * K * P * d
+    on_client = partition == "random" or (partition in ("fcfs", "kbalance")
+                                          and fills_on_client(P, d))
+    if partition in ("fcfs", "kbalance"):
+        # the fill: the centres out, and the distances back when it runs on the client
+        total += 8 * K * P * d + (8 * n * P if on_client else 0)
+    if partition == "fcfs":
+        total += 8 * P * d  # the seed rows
     total += 8 * K * P * (d + 1)  # the part means
-    total += 8 * n * (2 if kind == "svm" else 1)
+    total += 8 * n * (1 + groups if on_client else 1)  # the labels
+    total += 8 * n if kind == "svm" else 0  # y in the summary pass
     total += 8 * n * (d + (2 if kind == "svm" else 1)) * (W - 1) / W
     if kind == "svm":
         n_sv, n_pairs = est.ovo_dual_coef_.shape[1], est.ovo_dual_coef_.shape[0]

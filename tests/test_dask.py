@@ -132,6 +132,25 @@ def test_sample_weight_and_fcfs(client, classification):
     np.testing.assert_allclose(on_dask.dual_coef_, local.dual_coef_, rtol=1e-9, atol=1e-12)
 
 
+@pytest.mark.parametrize("schedule", ["client", "client-batches", "chain"])
+def test_fcfs_fill_schedules_equal_in_process(client, classification, monkeypatch, schedule):
+    """The greedy fill on the client (all distance blocks in one gather, or one chunk a
+    batch) and the chain of one task per chunk give the in-process FCFS labels."""
+    import gpuml.distributed.dask as gdask
+
+    monkeypatch.setattr(gdask, "fills_on_client", lambda P, d: schedule != "chain")
+    if schedule == "client-batches":
+        monkeypatch.setattr(gdask, "FILL_BATCH_BYTES", 1)
+    X, y = classification
+    Xd, yd = _dask(X, y, rows=300)
+    on_dask = CASVMClassifier(n_partitions=16, partition="fcfs", random_state=3).fit(Xd, yd)
+    labels, centers = partition(X, 16, "fcfs", random_state=3)
+    np.testing.assert_array_equal(on_dask.partition_sizes_, np.bincount(labels, minlength=16))
+    np.testing.assert_allclose(on_dask.centers_, centers, rtol=1e-12, atol=1e-12)
+    # Every support vector was fitted in the part the in-process fill gave its row.
+    np.testing.assert_array_equal(labels[on_dask.support_], on_dask.support_part_)
+
+
 def test_bad_input_is_refused_before_work(client, classification, regression):
     X, y = classification
     Xd, yd = _dask(X, y)
