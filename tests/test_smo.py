@@ -365,19 +365,3 @@ def test_small_batch_takes_the_twin_while_numba_compiles(monkeypatch):
     run.settings = run.settings[:2] + (True,)
     run(K, which)  # shrinking: compiled
     assert calls == [len(which)]
-
-
-def test_ready_queues_a_background_compile():
-    from numba import njit
-
-    from gpuml.kernels._cpu import _jit
-
-    @njit
-    def twice(x):
-        return 2 * x
-
-    assert not _jit.ready(twice, 1.5)
-    _jit.wait()
-    assert _jit.ready(twice, 1.5) and twice(1.5) == 3.0
-    with _jit.synchronous():
-        assert _jit.ready(twice, np.int64(1))  # compiled by the caller's own call

@@ -16,7 +16,7 @@ from sklearn.utils.validation import check_is_fitted
 from .._backend import resolve, to_numpy, to_output
 from .._progress import Progress
 from .._validation import validate_X
-from ..kernels import GCDProblem, gcd_plan, gcd_solve_batch
+from ..kernels import GCDProblem, compile_after_fit, gcd_plan, gcd_solve_batch
 from ..partition import assign_nearest, kmeans, partition
 from ._partitioned import KERNEL_CONSTRAINTS
 from ._svm import (
@@ -285,6 +285,7 @@ class AsyGCDSVC(KernelSVMMixin, ClassifierMixin, BaseEstimator):
         return tags
 
     @_fit_context(prefer_skip_nested_validation=True)
+    @compile_after_fit
     def fit(self, X, y, sample_weight=None):
         """Solve one bias-free SVM dual per pair of classes with Asy-GCD (Alg 14).
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from .._backend import is_cupy_array, namespace_of, to_numpy
+from ._cpu._jit import deferring as compile_after_fit
 from ._cpu.gcd import GCDProblem, GCDResult
 from ._cpu.smo import SMOProblem, SMOResult
 from .krr import (
@@ -68,6 +69,7 @@ __all__ = [
     "krr_solve_parts",
     "tridiagonal_batch",
     "Kernel",
+    "compile_after_fit",
     "fill_nearest_open",
     "nearest_centres",
     "part_sums",

@@ -23,6 +23,7 @@ environment variable ``GPUML_JIT_BACKGROUND=0`` does the same for a whole proces
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import queue
 import threading
@@ -33,6 +34,7 @@ _failed: set = set()
 _jobs: queue.Queue = queue.Queue()
 _worker: threading.Thread | None = None
 _sync_depth = 0
+_defer_depth = 0
 
 
 def _background_enabled() -> bool:
@@ -54,40 +56,79 @@ def ready(dispatcher, *args) -> bool:
     """
     sig = signature(dispatcher, args)
     if (sig in dispatcher.overloads or not _background_enabled()
-            or (id(dispatcher), sig) in _failed):
+            or (dispatcher, sig) in _failed):
         return True
     _submit(dispatcher, sig)
     return False
 
 
 def _submit(dispatcher, sig):
-    global _worker
-    key = (id(dispatcher), sig)
+    key = (dispatcher, sig)
     with _lock:
         if key in _queued:
             return
         _queued.add(key)
         _jobs.put((dispatcher, sig))
-        if _worker is None or not _worker.is_alive():
-            _worker = threading.Thread(target=_compile_forever, name="gpuml-numba-compile",
-                                       daemon=True)
-            _worker.start()
+        if _defer_depth == 0:
+            _start_worker()
 
 
-def _compile_forever():
+def _start_worker():
+    """Start the compiling thread if there is work and none runs (caller holds _lock)."""
+    global _worker
+    if not _jobs.empty() and (_worker is None or not _worker.is_alive()):
+        _worker = threading.Thread(target=_compile_queued, name="gpuml-numba-compile",
+                                   daemon=True)
+        _worker.start()
+
+
+def deferring(fit):
+    """Decorate a ``fit``: compiles queued during it start when it returns.
+
+    The compile holds the GIL most of the time, so running it beside the fit's
+    NumPy twins would slow them about twofold; it also holds numba's compiler lock,
+    which a compiled function without a twin would then wait for. After the fit,
+    it runs beside whatever the caller does next.
+    """
+    @functools.wraps(fit)
+    def wrapper(*args, **kwargs):
+        global _defer_depth
+        with _lock:
+            _defer_depth += 1
+        try:
+            return fit(*args, **kwargs)
+        finally:
+            with _lock:
+                _defer_depth -= 1
+                if _defer_depth == 0:
+                    _start_worker()
+
+    return wrapper
+
+
+def _compile_queued(always=False):
+    """Compile queued specialisations until none is left or a fit starts (then its
+    end starts this again); ``always``: until none is left, in the calling thread."""
+    global _worker
     while True:
-        dispatcher, sig = _jobs.get()
+        with _lock:
+            if _jobs.empty() or (_defer_depth > 0 and not always):
+                if not always:
+                    _worker = None
+                return
+            dispatcher, sig = _jobs.get_nowait()
         try:
             dispatcher.compile(sig)
         except Exception:  # noqa: BLE001
             # The caller's next call compiles in its own thread and raises there.
-            _failed.add((id(dispatcher), sig))
+            _failed.add((dispatcher, sig))
         finally:
             _jobs.task_done()
 
 
 def wait() -> None:
-    """Block until every queued compile has finished (tests, precompile)."""
+    """Compile everything queued, here, and wait for the background thread's compile."""
+    _compile_queued(always=True)
     _jobs.join()
 
 
