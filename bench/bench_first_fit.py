@@ -103,7 +103,12 @@ def main(quick: bool = False, gpu: bool = False) -> None:
                  f"Medians of {repeats} runs per row, the versions interleaved; "
                  f"{os.cpu_count()} CPU cores, shared with other jobs (run at raised "
                  "priority: own scheduler group, nice -15), so wall times stretch with the "
-                 "load; *_cpu_s: CPU seconds of the process, much less sensitive to it.",
+                 "load; *_cpu_s: CPU seconds of the process, much less sensitive to it. "
+                 "Since the NumPy twins (gpuml.kernels._cpu._jit), a small first fit runs "
+                 "them while numba compiles in a background thread started after the fit: "
+                 "the second fit shares the interpreter with that compile, and a child that "
+                 "exits before it ends writes no cache for the solvers, so its warm child "
+                 "runs the twins again.",
            command="python -m bench.run first_fit")
 
 
