@@ -99,3 +99,30 @@ def test_asygcd_first_fit_by_the_one_worker_twin_matches_within_tol(not_compiled
     # another order (the twin's follows the two blocks): decision values agree to about tol.
     assert np.max(np.abs(dec_twin - dec_one)) < 1e-2
     assert np.mean(twin.predict(X) == compiled.predict(X)) >= 0.995
+
+
+def _compile_in_child(_):
+    from numba import njit
+
+    @njit
+    def third(x):
+        return x / 3
+
+    assert not _jit.ready(third, 3.0)
+    _jit.wait()
+    return _jit.ready(third, 3.0)
+
+
+@pytest.mark.skipif(not hasattr(__import__("os"), "fork"), reason="needs fork")
+def test_background_compile_works_in_a_forked_child(background):
+    import multiprocessing
+
+    @_jit.deferring
+    def fit_forking():
+        with _jit._lock:  # held at the fork: the child gets a fresh one
+            ctx = multiprocessing.get_context("fork")
+            pool = ctx.Pool(1)
+        with pool:
+            return pool.apply_async(_compile_in_child, (0,)).get(timeout=120)
+
+    assert fit_forking()

@@ -74,7 +74,10 @@ class AsyGCDSVC(KernelSVMMixin, ClassifierMixin, BaseEstimator):
     ``random_state``). With several workers the order of updates depends on
     thread timing, so the solution is reproducible only to the tolerance of
     the objective; every run stops at a point whose largest projected
-    gradient is below ``tol``.
+    gradient is below ``tol``. A small problem asked for several workers
+    while numba is still compiling the workers (the first fit in a fresh
+    install) is solved by Alg 13, the one-worker case, in NumPy (see
+    ``docs/backend.md``), to the same tolerance.
 
     The model has no bias term (the dual of You 2020, eq. 4.9, has no
     equality constraint), so ``intercept_`` is zero; apart from that the

@@ -10,11 +10,13 @@ thread (which loads it from numba's disk cache when it is there, else compiles i
 and writes the cache) and the caller solves this problem with a NumPy version of the
 same algorithm. Later calls find the compiled function and use it.
 
-The compile runs in Python and holds the GIL most of the time, so code running
-beside it (the NumPy twin, the user's next statements) shares the interpreter with
-it for those seconds; it is a daemon thread, so a process may exit before it is done
-(the next process then compiles again). Large problems never take the twin: they
-compile in the calling thread as before, the compile being small against the solve.
+The compile runs in Python and holds the GIL most of the time (and numba's compiler
+lock throughout), so the estimators' ``fit`` methods are wrapped in :func:`deferring`:
+what a fit queues starts compiling when it returns, beside whatever the caller does
+next, which shares the interpreter with it for those seconds. The thread is a daemon,
+so a process may exit before it is done (the next process then compiles again).
+Large problems never take the twin: they compile in the calling thread as before, the
+compile being small against the solve.
 ``python -m gpuml.precompile`` (and any caller of :func:`synchronous`) compiles in
 the calling thread instead, so that the cache is complete when it returns; the
 environment variable ``GPUML_JIT_BACKGROUND=0`` does the same for a whole process.
@@ -35,6 +37,19 @@ _jobs: queue.Queue = queue.Queue()
 _worker: threading.Thread | None = None
 _sync_depth = 0
 _defer_depth = 0
+
+
+def _reset_in_child():
+    """A forked child has no compiling thread, and a lock held at the fork stays held."""
+    global _lock, _jobs, _worker, _queued
+    _lock = threading.Lock()
+    _jobs = queue.Queue()
+    _worker = None
+    _queued = set()  # the parent's queued compiles did not come along: queue them again
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_reset_in_child)
 
 
 def _background_enabled() -> bool:
