@@ -10,6 +10,13 @@ gpuml.precompile``). ``first_fit_s`` includes compiling or loading the CPU kerne
 in CPU seconds of the process: on a machine shared with other jobs the wall time of a
 compile (single-threaded Python) stretches with the load, its CPU time much less.
 
+Small fits no longer wait for the compile: while numba compiles in a background
+thread, the first fit runs NumPy twins of the solvers (the dense SMO, bit for bit the
+same steps; Asy-GCD's one-worker case; ``gpuml.kernels._cpu._jit``), and the compile
+starts when the fit returns. ``second_fit_s`` is then usually a twin fit too, sharing
+the interpreter with that compile; and a child that exits before the compile is done
+leaves the cache without it, so a ``warm`` row can take the twins as well.
+
 Each (estimator, cache) pair runs ``REPEATS`` times, in turns, and the table gives the
 medians. With ``GPUML_FIRST_FIT_BASELINE=<dir>`` (a directory holding another version's
 ``gpuml`` package, e.g. ``git archive <commit> gpuml | tar -x -C <dir>``), the same
@@ -96,7 +103,12 @@ def main(quick: bool = False, gpu: bool = False) -> None:
                  f"Medians of {repeats} runs per row, the versions interleaved; "
                  f"{os.cpu_count()} CPU cores, shared with other jobs (run at raised "
                  "priority: own scheduler group, nice -15), so wall times stretch with the "
-                 "load; *_cpu_s: CPU seconds of the process, much less sensitive to it.",
+                 "load; *_cpu_s: CPU seconds of the process, much less sensitive to it. "
+                 "Since the NumPy twins (gpuml.kernels._cpu._jit), a small first fit runs "
+                 "them while numba compiles in a background thread started after the fit: "
+                 "the second fit shares the interpreter with that compile, and a child that "
+                 "exits before it ends writes no cache for the solvers, so its warm child "
+                 "runs the twins again.",
            command="python -m bench.run first_fit")
 
 

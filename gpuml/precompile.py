@@ -2,14 +2,17 @@
 
 The CPU solvers (SMO for CA-SVM, Asy-GCD, the partitioners' greedy fills and the
 fused nearest-centre sweep) and LAMB/LARS's fused CPU kernels are numba functions
-compiled with ``cache=True``: the first process that needs one compiles it (a first fit
-of CA-SVM: 5.6 s, of Asy-GCD: 8.1 s on the shared 2-core machine; the 14 optimizer
-kernels: 11 s) and writes the machine code next to the sources (in ``__pycache__``, or
-under ``NUMBA_CACHE_DIR`` when that is set); every later process loads it in a fraction
-of a second. Run this module once after installing (in a
+compiled with ``cache=True``: the first process that needs one compiles it (CA-SVM's
+SMO about 5 s, Asy-GCD's workers about 6 s on the shared 2-core machine; the 14
+optimizer kernels: 11 s) and writes the machine code next to the sources (in
+``__pycache__``, or under ``NUMBA_CACHE_DIR`` when that is set); every later process
+loads it in a fraction of a second. Run this module once after installing (in a
 Docker image build, a CI setup step, ``make install``) so that no user-facing fit
-pays the compile. It fits each estimator on a small synthetic problem, which
+meets the compile. It fits each estimator on a small synthetic problem, which
 compiles exactly the specialisations a fit uses, with both dtypes a user may pass.
+Without it, a small first fit no longer waits for the compile: it runs NumPy twins of
+the solvers while numba compiles in a background thread (``gpuml.kernels._cpu._jit``);
+here everything compiles in the calling thread, so the cache is complete on return.
 """
 
 from __future__ import annotations
@@ -50,6 +53,13 @@ def precompile(verbose: bool = True) -> dict:
         "BKRRRegressor": lambda X: BKRRRegressor(n_partitions=2, device="cpu",
                                                  random_state=0).fit(X, yr),
     }
+    from gpuml.kernels._cpu import _jit
+
+    with _jit.synchronous():  # compile in this thread, into the cache, before returning
+        return _precompile(fits, X, Xr, verbose)
+
+
+def _precompile(fits, X, Xr, verbose):
     seconds = {}
     try:
         import torch  # noqa: F401  (gpuml.optim needs it; without it there is nothing to do)

@@ -26,6 +26,12 @@ import pytest
 
 from gpuml._backend import cuda_available
 
+# Compile numba code in the calling thread, as plain numba: which path a small fit takes
+# (compiled, or the NumPy twin while numba compiles in the background) would otherwise
+# depend on what earlier tests compiled. tests/test_first_fit.py turns the background
+# compile back on where it tests the twins.
+os.environ.setdefault("GPUML_JIT_BACKGROUND", "0")
+
 
 def pytest_sessionstart(session):
     if os.environ.get("GPUML_REQUIRE_GPU", "") not in ("", "0"):

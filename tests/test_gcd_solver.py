@@ -501,3 +501,52 @@ def test_unequal_blocks_reach_the_exact_objective_whatever_the_greedy_share(shar
     Q = _q_matrix(kernel, X_DIG, Y_DIG)
     assert _objective(Q, res.alpha) == pytest.approx(-217.7601, abs=3e-3)
     np.testing.assert_allclose(res.gradient, Q @ res.alpha - 1.0, rtol=0, atol=1e-10)
+
+
+@pytest.mark.parametrize("kernel", ["rbf", "linear", "precomputed"])
+def test_numpy_twin_is_the_one_worker_run(kernel):
+    """The NumPy twin (small problems while numba compiles) takes the compiled one-worker
+    run's steps: same updates, the objective to rounding (kernel values from one GEMM)."""
+    X, y = load_breast_cancer(return_X_y=True)
+    X = _standardise(X)[:400]
+    y = np.where(y[:400] == 1, 1.0, -1.0)
+    C = np.random.default_rng(0).uniform(0.5, 2.0, len(y))
+    k = make_kernel("rbf" if kernel == "precomputed" else kernel, "scale", X=X)
+    data = k.matrix(X) if kernel == "precomputed" else X
+    k = make_kernel(kernel, "scale", X=X) if kernel != "precomputed" else Kernel("precomputed")
+    for cap in (None, 50):
+        ref = gcd_solve(data, y, C, k, np.zeros(len(y), dtype=np.int64), max_updates=cap)
+        alpha, g = np.zeros(len(y)), -np.ones(len(y))
+        qdiag = np.maximum(np.diagonal(data) if kernel == "precomputed"
+                           else np.asarray(k.diag(X), dtype=np.float64), cpu_gcd.TAU)
+        n_updates, converged = cpu_gcd._one_worker_numpy(
+            data, k, y, C, qdiag, 1e-3, 10**7 if cap is None else cap, alpha, g)
+        assert (n_updates, converged) == (ref.n_updates, ref.converged)
+        assert cpu_gcd.objective_from_gradient(alpha, g) == pytest.approx(ref.objective,
+                                                                          rel=1e-10)
+        np.testing.assert_allclose(alpha, ref.alpha, atol=1e-9)
+        if cap is None:
+            assert cpu_gcd.max_violation(alpha, g, C) < 1e-3
+
+
+def test_numpy_twin_serves_small_multi_worker_runs_only(monkeypatch):
+    """Not compiled: a small run asked for 2 workers goes to the twin (one worker); one
+    worker, random selection and watched runs keep the compiled workers."""
+    from gpuml.kernels._cpu import _jit
+
+    X, y = load_breast_cancer(return_X_y=True)
+    X = _standardise(X)
+    y = np.where(y == 1, 1.0, -1.0)
+    C = np.ones(len(y))
+    k = make_kernel("rbf", "scale", X=X)
+    compiled = gcd_solve(X, y, C, k, _split(len(y), 2))
+    monkeypatch.setattr(_jit, "ready", lambda dispatcher, *args: False)
+    twin = gcd_solve(X, y, C, k, _split(len(y), 2))
+    assert (twin.n_workers, compiled.n_workers) == (1, 2) and twin.converged
+    assert twin.max_violation < 1e-3
+    assert twin.objective == pytest.approx(compiled.objective, rel=1e-4)
+    assert gcd_solve(X, y, C, k, np.zeros(len(y), dtype=np.int64)).n_workers == 1
+    for options in ({"selection": "random"}, {"trace_interval": 10.0}):
+        assert gcd_solve(X, y, C, k, _split(len(y), 2), **options).n_workers == 2
+    monkeypatch.setattr(cpu_gcd, "NUMPY_TWIN_MAX_BYTES", 8 * len(y) ** 2 - 1)
+    assert gcd_solve(X, y, C, k, _split(len(y), 2)).n_workers == 2

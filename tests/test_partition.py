@@ -98,6 +98,29 @@ def test_fill_reproduces_the_papers_worked_example():
     assert counts.tolist() == [2, 2, 2, 2]
 
 
+def test_fill_numpy_twin_takes_the_compiled_loops_decisions():
+    """The twin that fills while numba compiles: same labels and counts, ties included."""
+    from gpuml.kernels._cpu import _jit
+    from gpuml.kernels._cpu.partition import _fill_nearest_open_numpy
+    from gpuml.kernels._cpu.partition import fill_nearest_open as compiled
+
+    rng = np.random.default_rng(3)
+    D = rng.integers(0, 4, size=(500, 7)).astype(float)  # many ties
+    D[5, :] = np.inf
+    D[9, 2] = np.nan
+    caps = np.array([90, 60, 80, 70, 100, 60, 40], dtype=np.int64)
+    labels = {}
+    for name, fill in (("twin", _fill_nearest_open_numpy), ("compiled", compiled)):
+        counts = np.zeros(7, dtype=np.int64)
+        out = np.empty(500, dtype=np.int64)
+        with _jit.synchronous():
+            fill(D, counts, caps, out)
+        labels[name] = (out, counts)
+    np.testing.assert_array_equal(labels["twin"][0], labels["compiled"][0])
+    np.testing.assert_array_equal(labels["twin"][1], labels["compiled"][1])
+    assert labels["twin"][1].tolist() == caps.tolist()
+
+
 @pytest.mark.parametrize("P", [3, 5, 10])
 def test_fcfs_matches_algorithm_3(P):
     labels, centers = partition(SMALL, P, "fcfs", random_state=7)

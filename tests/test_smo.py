@@ -291,3 +291,77 @@ def test_solution_on_float32_kernel_matches_svc():
     K = make_kernel("rbf", "scale", X=X).matrix(X)
     ref = dual_objective(K, y, ours)
     assert abs(dual_objective(K, y, res.alpha) - ref) <= 1e-6 * abs(ref)
+
+
+def _dense_batch(dtype, max_iter=-1, C=None, warm=False):
+    """One-vs-one problems on digits (whole and gathered), laid out as solve_batch does."""
+    from gpuml.kernels._cpu.smo import _check_flat, _DenseRun
+
+    X, y = load_digits(return_X_y=True)
+    X = StandardScaler().fit_transform(X)[:400].astype(dtype)
+    y = y[:400]
+    K = np.ascontiguousarray(make_kernel("rbf", "scale", X=X).matrix(X))
+    rng = np.random.default_rng(0)
+    idxs, ys, Cs = [], [], []
+    for a, b in [(0, 1), (3, 8), (4, 9), (1, 7), (2, 5)]:
+        idx = np.flatnonzero((y == a) | (y == b))
+        idxs.append(idx)
+        ys.append(np.where(y[idx] == a, 1.0, -1.0))
+        Cs.append(rng.uniform(0.2, 5.0, idx.size) if C is None else C)
+    idxs.append(np.arange(len(y)))  # a whole-matrix problem
+    ys.append(np.where(y < 5, 1.0, -1.0))
+    Cs.append(1.0 if C is None else C)
+    alpha0s = [None] * len(ys)
+    if warm:  # a feasible, non-zero start: equal mass on one row of each class
+        for w, yw in enumerate(ys):
+            start = np.zeros(yw.size)
+            start[np.flatnonzero(yw > 0)[0]] = start[np.flatnonzero(yw < 0)[0]] = 0.1
+            alpha0s[w] = start
+    checked = _check_flat(ys, Cs, alpha0s)
+    whole = np.array([i.size == len(y) for i in idxs])
+    return K, _DenseRun(whole, np.concatenate(idxs), checked, 1e-3, max_iter, False)
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+@pytest.mark.parametrize("case", [{}, {"max_iter": 37}, {"C": np.inf}, {"warm": True}])
+def test_numpy_twin_equals_compiled_dense_solver_bit_for_bit(dtype, case):
+    """The NumPy twin that serves small fits while numba compiles is the same solver:
+    identical dual variables, gradient, steps, intercepts and objectives."""
+    from gpuml.kernels._cpu import _jit
+    from gpuml.kernels._cpu.smo import _solve_dense_problems_numpy
+
+    K, compiled = _dense_batch(dtype, **case)
+    _, twin = _dense_batch(dtype, **case)
+    which = np.arange(len(compiled.sizes), dtype=np.int64)
+    with _jit.synchronous():  # the compiled function, whatever the cache holds
+        compiled(K, which)
+    _solve_dense_problems_numpy(K, *twin.args, twin.G, which, twin.settings[0], twin.limits,
+                                twin.n_iter, twin.status, twin.rho, twin.objective)
+    assert compiled.n_iter.min() > 0
+    for name in ("n_iter", "status", "rho", "objective", "G"):
+        np.testing.assert_array_equal(getattr(twin, name), getattr(compiled, name), name)
+    np.testing.assert_array_equal(twin.checked.alpha, compiled.checked.alpha)
+
+
+def test_small_batch_takes_the_twin_while_numba_compiles(monkeypatch):
+    """Not compiled yet: the batch goes to the twin; large problems and shrinking never do."""
+    from gpuml.kernels._cpu import _jit, smo
+
+    K, run = _dense_batch(np.float64)
+    K_ref, ref = _dense_batch(np.float64)
+    which = np.arange(len(run.sizes), dtype=np.int64)
+    with _jit.synchronous():
+        ref(K_ref, which)
+    twin = smo._solve_dense_problems_numpy
+    calls = []
+    monkeypatch.setattr(_jit, "ready", lambda dispatcher, *args: False)
+    monkeypatch.setattr(smo, "_solve_dense_problems_numpy",
+                        lambda *args: calls.append(len(args[8])) or twin(*args))
+    run(K, which)
+    assert calls == [len(which)]
+    np.testing.assert_array_equal(run.checked.alpha, ref.checked.alpha)
+    monkeypatch.setattr(smo, "NUMPY_TWIN_MAX_ROWS", int(run.sizes.max()) - 1)
+    run(K, which)  # too large now: compiled (in this thread)
+    run.settings = run.settings[:2] + (True,)
+    run(K, which)  # shrinking: compiled
+    assert calls == [len(which)]

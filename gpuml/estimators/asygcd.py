@@ -16,7 +16,7 @@ from sklearn.utils.validation import check_is_fitted
 from .._backend import resolve, to_numpy, to_output
 from .._progress import Progress
 from .._validation import validate_X
-from ..kernels import GCDProblem, gcd_plan, gcd_solve_batch
+from ..kernels import GCDProblem, compile_after_fit, gcd_plan, gcd_solve_batch
 from ..partition import assign_nearest, kmeans, partition
 from ._partitioned import KERNEL_CONSTRAINTS
 from ._svm import (
@@ -74,7 +74,10 @@ class AsyGCDSVC(KernelSVMMixin, ClassifierMixin, BaseEstimator):
     ``random_state``). With several workers the order of updates depends on
     thread timing, so the solution is reproducible only to the tolerance of
     the objective; every run stops at a point whose largest projected
-    gradient is below ``tol``.
+    gradient is below ``tol``. A small problem asked for several workers
+    while numba is still compiling the workers (the first fit in a fresh
+    install) is solved by Alg 13, the one-worker case, in NumPy (see
+    ``docs/backend.md``), to the same tolerance.
 
     The model has no bias term (the dual of You 2020, eq. 4.9, has no
     equality constraint), so ``intercept_`` is zero; apart from that the
@@ -285,6 +288,7 @@ class AsyGCDSVC(KernelSVMMixin, ClassifierMixin, BaseEstimator):
         return tags
 
     @_fit_context(prefer_skip_nested_validation=True)
+    @compile_after_fit
     def fit(self, X, y, sample_weight=None):
         """Solve one bias-free SVM dual per pair of classes with Asy-GCD (Alg 14).
 

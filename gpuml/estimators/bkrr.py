@@ -42,6 +42,7 @@ from ..kernels import (
     PairwiseKernel,
     available_bytes,
     cholesky_solve_batch,
+    compile_after_fit,
     gpu_solve_bytes,
     krr_lstsq_part,
     krr_solve_parts,
@@ -819,6 +820,7 @@ class BKRRRegressor(_BKRRBase):
     def _host_only(self) -> bool:
         return callable(self.kernel) or self.kernel in HOST_KERNELS
 
+    @compile_after_fit
     def fit(self, X, y, sample_weight=None):
         """Partition, then solve one kernel ridge system per part.
 

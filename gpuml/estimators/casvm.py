@@ -17,7 +17,7 @@ from .._backend import dask_module, is_dask_collection, namespace_of, resolve, t
 from .._progress import Progress
 from .._validation import validate_X
 from ..distributed import balance, smo_cost
-from ..kernels import SMOProblem, smo_solve_batch
+from ..kernels import SMOProblem, compile_after_fit, smo_solve_batch
 from ._partitioned import (
     KERNEL_CONSTRAINTS,
     PARTITION_CONSTRAINTS,
@@ -410,6 +410,7 @@ class CASVMClassifier(KernelSVMMixin, ClassifierMixin, BaseEstimator):
         return tags
 
     @_fit_context(prefer_skip_nested_validation=True)
+    @compile_after_fit
     def fit(self, X, y, sample_weight=None):
         """Partition the data and train one kernel SVM per part (Alg 5, training).
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from .._backend import is_cupy_array, namespace_of, to_numpy
+from ._cpu._jit import deferring as compile_after_fit
 from ._cpu.gcd import GCDProblem, GCDResult
 from ._cpu.smo import SMOProblem, SMOResult
 from .krr import (
@@ -68,6 +69,7 @@ __all__ = [
     "krr_solve_parts",
     "tridiagonal_batch",
     "Kernel",
+    "compile_after_fit",
     "fill_nearest_open",
     "nearest_centres",
     "part_sums",
@@ -91,7 +93,7 @@ def fill_nearest_open(D, counts, caps):
     copied over once. ``counts`` (host int64) is updated in place. Returns the
     labels in ``D``'s namespace.
     """
-    from ._cpu.partition import fill_nearest_open as _fill
+    from ._cpu.partition import fill_nearest_open_any as _fill
 
     host = np.ascontiguousarray(to_numpy(D))
     labels = np.empty(host.shape[0], dtype=np.int64)

@@ -156,7 +156,9 @@ def nearest_centres(X, centers, *, with_sums: bool = False):
     ([0, 1, 0], [2, 1])
     """
     n_parts = centers.shape[0]
-    if _fused_applies(X, centers):
+    fused = _fused_applies(X, centers)
+    if fused:
+        from ._cpu import _jit
         from ._cpu.partition import nearest_centre_sums
 
         X = np.ascontiguousarray(X)
@@ -166,7 +168,13 @@ def nearest_centres(X, centers, *, with_sums: bool = False):
         bounds = _thread_chunks(X.shape[0])
         sums = np.zeros((len(bounds) - 1, n_parts, X.shape[1]), dtype=X.dtype)
         counts = np.zeros((len(bounds) - 1, n_parts), dtype=np.int64)
-
+        # While numba compiles the sweep in the background (a first fit or predict in a
+        # fresh install, see gpuml.kernels._cpu._jit), the blocked GEMM pass below does
+        # the work: the same nearest centres but for rows equally near two of them
+        # within rounding, which the two passes may break differently.
+        fused = _jit.ready(nearest_centre_sums, X[:1], centers, half_norms, labels[:1],
+                           sums[0], counts[0])
+    if fused:
         def sweep(c):
             a, b = bounds[c], bounds[c + 1]
             nearest_centre_sums(X[a:b], centers, half_norms, labels[a:b], sums[c], counts[c])

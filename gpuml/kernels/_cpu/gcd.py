@@ -105,6 +105,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from numba import njit
 
+from . import _jit
 from ._atomics import atomic_add_seq, atomic_load, atomic_store
 from ._vexp import exp_nonpositive
 
@@ -667,6 +668,17 @@ def solve(X, y, C, kernel, blocks, *, selection="greedy", tol=1e-3, max_updates=
                         np.array([1.0, 0.0]), np.array([-1, -1, 0, 0], dtype=np.int64),
                         np.empty(size), np.empty(size, dtype=np.int64)))
 
+    if (selection == "greedy" and n_workers > 1 and not monitor_requested(trace_interval,
+                                                                          time_limit)
+            and 8 * n * n <= NUMPY_TWIN_MAX_BYTES
+            and not _jit.ready(_work, 0, *args, *workers[0])):
+        cpu0 = time.thread_time()
+        n_updates, converged = _one_worker_numpy(Xw, kernel, yw, Cw, qdiag, float(tol), limit,
+                                                 alpha, g)
+        return GCDResult(_unpermute(alpha, order), objective_from_gradient(alpha, g),
+                         max_violation(alpha, g, Cw), n_updates, converged, 1, [],
+                         _unpermute(g, order), [time.thread_time() - cpu0])
+
     worker_cpu = [0.0] * n_workers
 
     def run(w):
@@ -680,7 +692,7 @@ def solve(X, y, C, kernel, blocks, *, selection="greedy", tol=1e-3, max_updates=
 
     trace = []
     t0 = time.perf_counter()
-    monitor = trace_interval is not None or time_limit is not None
+    monitor = monitor_requested(trace_interval, time_limit)
     futures = [_pool().submit(run, w) for w in range(0 if monitor else 1, n_workers)]
     if not monitor and n_workers > 0:
         run(0)
@@ -712,6 +724,81 @@ def solve(X, y, C, kernel, blocks, *, selection="greedy", tol=1e-3, max_updates=
                      int(counters[C_STOP]) != CAPPED, n_workers,
                      [(s, u, _unpermute(a, order)) for s, u, a in trace], _unpermute(g, order),
                      worker_cpu)
+
+
+#: Largest Q (bytes) the NumPy twin of the workers precomputes (see :func:`_one_worker_numpy`).
+NUMPY_TWIN_MAX_BYTES = 64 << 20
+
+
+def monitor_requested(trace_interval, time_limit) -> bool:
+    """Whether a run is watched from Python (snapshots or a time limit): compiled workers only."""
+    return trace_interval is not None or time_limit is not None
+
+
+def _one_worker_numpy(Xw, kernel, y, C, qdiag, tol, limit, alpha, g):
+    """Greedy coordinate descent with one worker (You 2020, Alg 13), in NumPy, on a precomputed Q.
+
+    This is Asy-GCD's one-worker case, step for step as :func:`_work` takes it
+    with one block: the variable with the largest projected gradient (eq. 4.11)
+    among those whose exact step moves them (the first on ties), the damped step
+    (``eta`` stays 1 with one worker, see the module notes), the update of the
+    whole gradient, and the stop when no variable is above ``tol`` (certified) or
+    after ``limit`` updates (capped). The kernel values come from one GEMM
+    instead of the workers' column fills, so they differ in rounding: the
+    solution agrees with the compiled one-worker run to the tolerance, not bit for
+    bit. It serves small problems that would run on several workers while
+    numba compiles :func:`_work` in the background (a first fit in a fresh
+    install, see :mod:`._jit`); several workers make a run's order of updates
+    depend on thread timing anyway, so such a fit was reproducible only to the
+    tolerance. Updates ``alpha`` and ``g`` in place; returns the number of updates
+    and whether the run certified.
+    """
+    K = Xw if kernel.name == "precomputed" else kernel.matrix(Xw)
+    Q = np.asarray(K, dtype=np.float64) * y[:, None] * y[None, :]
+    eta = 1.0
+    g_before = 0.0
+    last = -1
+    updates = 0
+    while True:
+        violation = np.abs(alpha - np.clip(alpha - g, 0.0, C))
+        i = int(np.argmax(violation))
+        if not _moves_numpy(g[i], alpha[i], C[i], qdiag[i]):
+            # The largest violator cannot move in this precision: the first largest of those
+            # that can (as _scan's strict > keeps the first), if any.
+            moves = np.clip(alpha - g / qdiag, 0.0, C) != alpha
+            violation = np.where(moves, violation, 0.0)
+            i = int(np.argmax(violation))
+        best_v = float(violation[i])
+        if best_v < tol or best_v <= 0.0:
+            return updates, True
+        if last >= 0:
+            eta = _damped_step_factor_numpy(eta, float(g[last]), g_before)
+            last = -1
+        a_i = float(alpha[i])
+        g_i = float(g[i])
+        new = min(max(a_i - eta * g_i / qdiag[i], 0.0), C[i])
+        if new == a_i:
+            new = min(max(a_i - g_i / qdiag[i], 0.0), C[i])
+        delta = new - a_i
+        if updates >= limit:
+            return updates, False
+        alpha[i] = new
+        g += delta * Q[i]
+        last = i
+        updates += 1
+        g_before = g_i
+
+
+def _moves_numpy(g_j, a_j, c_j, q_j):
+    """:func:`_moves` for one variable."""
+    return min(max(a_j - g_j / q_j, 0.0), c_j) != a_j
+
+
+def _damped_step_factor_numpy(eta, g_now, g_before):
+    """:func:`damped_step_factor` in Python floats (the same rule)."""
+    if g_now * g_before < OVERSHOOT * g_before * g_before:
+        return max(0.5 * eta, ETA_MIN)
+    return min(1.0, ETA_GROWTH * eta)
 
 
 def _unpermute(v, order):

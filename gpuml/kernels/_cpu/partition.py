@@ -3,6 +3,39 @@
 import numpy as np
 from numba import njit
 
+from . import _jit
+
+#: Largest distance block (rows x parts) the NumPy twin of :func:`fill_nearest_open`
+#: takes while numba compiles it (a Python step per row: ~5 us each).
+NUMPY_TWIN_MAX_ENTRIES = 1 << 20
+
+
+def fill_nearest_open_any(D, counts, caps, labels):
+    """:func:`fill_nearest_open`, by its NumPy twin while numba compiles it (small blocks).
+
+    The twin (see :mod:`._jit`) takes the same decisions row by row, so the labels
+    and counts are identical.
+    """
+    if D.size <= NUMPY_TWIN_MAX_ENTRIES and not _jit.ready(fill_nearest_open, D, counts, caps,
+                                                           labels):
+        _fill_nearest_open_numpy(D, counts, caps, labels)
+    else:
+        fill_nearest_open(D, counts, caps, labels)
+
+
+def _fill_nearest_open_numpy(D, counts, caps, labels):
+    """:func:`fill_nearest_open` in NumPy: each row's nearest open part, the lowest on ties."""
+    open_ = counts < caps
+    for i in range(D.shape[0]):
+        row = D[i]
+        d = np.where(open_ & (row == row), row, np.inf)  # the loop's < passes over NaN
+        best = int(np.argmin(d))  # the first of equal minima, as the loop's strict <
+        if not d[best] < np.inf:  # the loop finds no part (every open one at inf or NaN)
+            best = -1
+        counts[best] += 1
+        labels[i] = best
+        open_[best] = counts[best] < caps[best]
+
 
 @njit(nogil=True, cache=True)
 def fill_nearest_open(D, counts, caps, labels):

@@ -48,6 +48,7 @@ from numba import njit
 from threadpoolctl import threadpool_limits
 
 from ..pairwise import squared_norms
+from . import _jit
 
 #: Smallest curvature used for a non-positive-definite pair (LIBSVM's TAU).
 TAU = 1e-12
@@ -440,6 +441,156 @@ def _solve_dense_problems(K, whole, offsets, idx, y, C, alpha, G, which, tol, li
         objective[w] = f / 2.0
 
 
+#: Largest problem (variables) the NumPy twin of the dense solver takes while
+#: :func:`_solve_dense_problems` compiles in the background (see :mod:`._jit`): an SMO
+#: step costs it about 20 NumPy calls over the problem, so past a few thousand
+#: variables the compile (seconds) is the smaller cost.
+NUMPY_TWIN_MAX_ROWS = 1024
+#: ... and the largest batch, in sum of squared problem sizes (the steps scale about so).
+NUMPY_TWIN_MAX_WORK = 2048 ** 2
+
+
+def _last_argmax(v):
+    """Index of the last largest entry (the compiled loops' ``>=`` sweep keeps the last)."""
+    return v.shape[0] - 1 - int(np.argmax(v[::-1]))
+
+
+def _sequential_sum(v):
+    """``v[0] + v[1] + ...`` left to right, as the compiled loops add (np.sum pairs)."""
+    return float(np.cumsum(v)[-1]) if v.shape[0] else 0.0
+
+
+def _solve_dense_numpy(K, y, C, alpha, G, limit, tol):
+    """:func:`_solve_dense` without shrinking, in NumPy: the same steps, bit for bit.
+
+    Every selection, step and gradient update is the compiled loop's arithmetic in
+    the same order (elementwise NumPy, the sums left to right, ties to the last
+    index as the loops' ``>=``/``<=`` sweeps), so the solution, the iteration count
+    and the intercept are identical (``tests/test_smo.py`` checks it). Returns the
+    status and the number of steps.
+    """
+    K = np.asarray(K, dtype=np.float64)  # float32 parts: the loops promote each value too
+    QD = np.diagonal(K).copy()
+    nz = np.flatnonzero(alpha > 0)
+    if nz.size:
+        g = np.cumsum(K[:, nz] * (alpha[nz] * y[nz]), axis=1)[:, -1]
+        G[:] = y * g - 1.0
+    else:
+        G[:] = -1.0
+    pos = y > 0
+    it = 0
+    while True:
+        if it >= limit:
+            return _MAX_ITER, it
+        up = np.flatnonzero(np.where(pos, alpha < C, alpha > 0))
+        if up.size == 0:
+            return _CONVERGED, it
+        minus_yG = -y * G
+        i = int(up[_last_argmax(minus_yG[up])])
+        g_max = float(minus_yG[i])
+        Ki = K[i]
+        low = np.flatnonzero(np.where(pos, alpha > 0, alpha < C))
+        yG = y[low] * G[low]
+        g_max2 = float(yG.max()) if low.size else -np.inf
+        diff = g_max + yG
+        ok = diff > 0
+        j = -1
+        if ok.any():
+            cand = low[ok]
+            d = diff[ok]
+            quad = QD[i] + QD[cand] - 2.0 * Ki[cand]
+            dec = -d * d / np.where(quad > 0, quad, TAU)
+            j = int(cand[_last_argmax(-dec)])
+        if g_max + g_max2 < tol or j < 0:
+            return _CONVERGED, it
+        Kj = K[j]
+        Ci = float(C[i])
+        Cj = float(C[j])
+        old_i = float(alpha[i])
+        old_j = float(alpha[j])
+        ai = old_i
+        aj = old_j
+        quad = float(QD[i]) + float(QD[j]) - 2.0 * float(Ki[j])
+        if y[i] != y[j]:
+            delta = (-float(G[i]) - float(G[j])) / (quad if quad > 0 else TAU)
+            diff_ij = ai - aj
+            ai += delta
+            aj += delta
+            if diff_ij > 0:
+                if aj < 0:
+                    aj = 0.0
+                    ai = diff_ij
+            elif ai < 0:
+                ai = 0.0
+                aj = -diff_ij
+            if diff_ij > Ci - Cj:
+                if ai > Ci:
+                    ai = Ci
+                    aj = Ci - diff_ij
+            elif aj > Cj:
+                aj = Cj
+                ai = Cj + diff_ij
+        else:
+            delta = (float(G[i]) - float(G[j])) / (quad if quad > 0 else TAU)
+            total = ai + aj
+            ai -= delta
+            aj += delta
+            if total > Ci:
+                if ai > Ci:
+                    ai = Ci
+                    aj = total - Ci
+            elif aj < 0:
+                aj = 0.0
+                ai = total
+            if total > Cj:
+                if aj > Cj:
+                    aj = Cj
+                    ai = total - Cj
+            elif ai < 0:
+                ai = 0.0
+                aj = total
+        alpha[i] = ai
+        alpha[j] = aj
+        di = (ai - old_i) * float(y[i])
+        dj = (aj - old_j) * float(y[j])
+        G += y * (Ki * di + Kj * dj)
+        it += 1
+
+
+def _rho_numpy(y, C, alpha, G):
+    """:func:`_rho` in NumPy (the free variables' sum left to right, as the loop)."""
+    yg = y * G
+    upper = alpha >= C
+    lower = ~upper & (alpha <= 0)
+    free = ~upper & ~lower
+    if free.any():
+        return _sequential_sum(yg[free]) / int(free.sum())
+    pos = y > 0
+    to_ub = (upper & ~pos) | (lower & pos)
+    to_lb = (upper & pos) | (lower & ~pos)
+    ub = float(yg[to_ub].min()) if to_ub.any() else np.inf
+    lb = float(yg[to_lb].max()) if to_lb.any() else -np.inf
+    return 0.5 * (ub + lb)
+
+
+def _solve_dense_problems_numpy(K, whole, offsets, idx, y, C, alpha, G, which, tol, limits,
+                                n_iter, status, rho, objective):
+    """:func:`_solve_dense_problems` without shrinking, in NumPy, with identical results.
+
+    The twin that small batches use while the compiled function is being compiled
+    in the background (:mod:`._jit`): the same algorithm, not a second one, written
+    out in NumPy so that a first fit does not wait seconds for numba's compiler.
+    """
+    for w in which:
+        a = offsets[w]
+        b = offsets[w + 1]
+        Kw = K if whole[w] else K[np.ix_(idx[a:b], idx[a:b])]
+        ya, Ca, al, Ga = y[a:b], C[a:b], alpha[a:b], G[a:b]
+        status[w], n_iter[w] = _solve_dense_numpy(Kw, ya, Ca, al, Ga, int(limits[w]), tol)
+        rho[w] = _rho_numpy(ya, Ca, al, Ga)
+        objective[w] = _sequential_sum(al * (Ga - 1.0)) / 2.0
+
+
 class _RowSource:
     """Kernel rows of one problem too large to hold whole, computed on demand.
 
@@ -609,11 +760,23 @@ class _DenseRun:
         # Workspaces for the call (one per thread): allocating them in compiled code
         # would compile NumPy's allocators into the first fit.
         sub = np.empty((side, side), dtype=K.dtype)
-        _solve_dense_problems(K, *self.args, self.G, np.asarray(which, dtype=np.int64),
-                              *self.settings, self.n_iter, self.status, self.rho,
-                              self.objective, sub, np.empty(m), np.empty(m, dtype=np.int64),
-                              np.empty(m, dtype=np.int64), np.empty(m),
-                              np.zeros(8, dtype=np.int64))
+        which = np.asarray(which, dtype=np.int64)
+        args = (K, *self.args, self.G, which, *self.settings, self.n_iter, self.status,
+                self.rho, self.objective, sub, np.empty(m), np.empty(m, dtype=np.int64),
+                np.empty(m, dtype=np.int64), np.empty(m), np.zeros(8, dtype=np.int64))
+        if self._small(which) and not _jit.ready(_solve_dense_problems, *args):
+            _solve_dense_problems_numpy(K, *self.args, self.G, which, self.settings[0],
+                                        self.limits, self.n_iter, self.status, self.rho,
+                                        self.objective)
+            return
+        _solve_dense_problems(*args)
+
+    def _small(self, which):
+        """Whether the NumPy twin may take these problems while numba compiles."""
+        sizes = self.sizes[which]
+        return (self.settings[2] is None and sizes.size > 0
+                and int(sizes.max()) <= NUMPY_TWIN_MAX_ROWS
+                and int((sizes * sizes).sum()) <= NUMPY_TWIN_MAX_WORK)
 
     def results(self) -> list[SMOResult]:
         return [self.result(w) for w in range(len(self.checked.offsets) - 1)]

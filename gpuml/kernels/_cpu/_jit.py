@@ -1,0 +1,161 @@
+"""Compile numba functions in a background thread while a NumPy twin serves small problems.
+
+The first fit in a fresh install would otherwise spend seconds in numba's compiler
+(type inference and lowering, in Python) before solving a problem that takes
+milliseconds: a CA-SVM fit of 2,000 rows compiles its SMO for about 5 s and solves
+its sixteen parts in 0.02 s. So a caller with a small problem asks :func:`ready`
+first: when the numba function already holds the specialisation for its arguments
+(in memory), it runs it; otherwise the specialisation is queued for one background
+thread (which loads it from numba's disk cache when it is there, else compiles it,
+and writes the cache) and the caller solves this problem with a NumPy version of the
+same algorithm. Later calls find the compiled function and use it.
+
+The compile runs in Python and holds the GIL most of the time (and numba's compiler
+lock throughout), so the estimators' ``fit`` methods are wrapped in :func:`deferring`:
+what a fit queues starts compiling when it returns, beside whatever the caller does
+next, which shares the interpreter with it for those seconds. The thread is a daemon,
+so a process may exit before it is done (the next process then compiles again).
+Large problems never take the twin: they compile in the calling thread as before, the
+compile being small against the solve.
+``python -m gpuml.precompile`` (and any caller of :func:`synchronous`) compiles in
+the calling thread instead, so that the cache is complete when it returns; the
+environment variable ``GPUML_JIT_BACKGROUND=0`` does the same for a whole process.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import os
+import queue
+import threading
+
+_lock = threading.Lock()
+_queued: set = set()
+_failed: set = set()
+_jobs: queue.Queue = queue.Queue()
+_worker: threading.Thread | None = None
+_sync_depth = 0
+_defer_depth = 0
+
+
+def _reset_in_child():
+    """A forked child has no compiling thread, and a lock held at the fork stays held."""
+    global _lock, _jobs, _worker, _queued
+    _lock = threading.Lock()
+    _jobs = queue.Queue()
+    _worker = None
+    _queued = set()  # the parent's queued compiles did not come along: queue them again
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_reset_in_child)
+
+
+def _background_enabled() -> bool:
+    return _sync_depth == 0 and os.environ.get("GPUML_JIT_BACKGROUND", "1") != "0"
+
+
+def signature(dispatcher, args) -> tuple:
+    """numba's argument types for ``args``, as the dispatcher would type a call."""
+    return tuple(dispatcher.typeof_pyval(a) for a in args)
+
+
+def ready(dispatcher, *args) -> bool:
+    """Whether ``dispatcher(*args)`` runs compiled code now (else its compile is queued).
+
+    True when the specialisation for the arguments' types is in memory, or when
+    background compiling is off (the call then compiles in the caller, as plain
+    numba). False otherwise, after queueing that specialisation for the background
+    thread: the caller should take its NumPy path this time.
+    """
+    sig = signature(dispatcher, args)
+    if (sig in dispatcher.overloads or not _background_enabled()
+            or (dispatcher, sig) in _failed):
+        return True
+    _submit(dispatcher, sig)
+    return False
+
+
+def _submit(dispatcher, sig):
+    key = (dispatcher, sig)
+    with _lock:
+        if key in _queued:
+            return
+        _queued.add(key)
+        _jobs.put((dispatcher, sig))
+        if _defer_depth == 0:
+            _start_worker()
+
+
+def _start_worker():
+    """Start the compiling thread if there is work and none runs (caller holds _lock)."""
+    global _worker
+    if not _jobs.empty() and (_worker is None or not _worker.is_alive()):
+        _worker = threading.Thread(target=_compile_queued, name="gpuml-numba-compile",
+                                   daemon=True)
+        _worker.start()
+
+
+def deferring(fit):
+    """Decorate a ``fit``: compiles queued during it start when it returns.
+
+    The compile holds the GIL most of the time, so running it beside the fit's
+    NumPy twins would slow them about twofold; it also holds numba's compiler lock,
+    which a compiled function without a twin would then wait for. After the fit,
+    it runs beside whatever the caller does next.
+    """
+    @functools.wraps(fit)
+    def wrapper(*args, **kwargs):
+        global _defer_depth
+        with _lock:
+            _defer_depth += 1
+        try:
+            return fit(*args, **kwargs)
+        finally:
+            with _lock:
+                _defer_depth -= 1
+                if _defer_depth == 0:
+                    _start_worker()
+
+    return wrapper
+
+
+def _compile_queued(always=False):
+    """Compile queued specialisations until none is left or a fit starts (then its
+    end starts this again); ``always``: until none is left, in the calling thread."""
+    global _worker
+    while True:
+        with _lock:
+            if _jobs.empty() or (_defer_depth > 0 and not always):
+                if not always:
+                    _worker = None
+                return
+            dispatcher, sig = _jobs.get_nowait()
+        try:
+            dispatcher.compile(sig)
+        except Exception:  # noqa: BLE001
+            # The caller's next call compiles in its own thread and raises there.
+            _failed.add((dispatcher, sig))
+        finally:
+            _jobs.task_done()
+
+
+def wait() -> None:
+    """Compile everything queued, here, and wait for the background thread's compile."""
+    _compile_queued(always=True)
+    _jobs.join()
+
+
+@contextlib.contextmanager
+def synchronous():
+    """Compile in the calling thread inside this block (numba's plain behaviour)."""
+    global _sync_depth
+    wait()
+    with _lock:
+        _sync_depth += 1
+    try:
+        yield
+    finally:
+        with _lock:
+            _sync_depth -= 1

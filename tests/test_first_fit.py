@@ -1,0 +1,128 @@
+"""A first fit in a fresh install: the NumPy twins that run while numba compiles.
+
+The conftest makes numba compile in the calling thread for the rest of the suite;
+here the background compile is on again (``GPUML_JIT_BACKGROUND=1``) and the twins are
+checked against the compiled solvers at the estimator level (the solver-level checks
+are in test_smo.py, test_partition.py and test_gcd_solver.py).
+"""
+
+import time
+import warnings
+
+import numpy as np
+import pytest
+from numba import njit
+from sklearn.datasets import make_classification
+
+from gpuml import AsyGCDSVC, CASVMClassifier
+from gpuml.kernels._cpu import _jit
+
+
+@pytest.fixture
+def background(monkeypatch):
+    monkeypatch.setenv("GPUML_JIT_BACKGROUND", "1")
+
+
+@pytest.fixture
+def not_compiled(monkeypatch, background):
+    """Every gated numba function looks uncompiled: the fit takes the twins."""
+    asked = []
+    monkeypatch.setattr(_jit, "ready", lambda dispatcher, *args: asked.append(
+        dispatcher.py_func.__name__) or False)
+    return asked
+
+
+def test_ready_queues_a_background_compile(background):
+    @njit
+    def twice(x):
+        return 2 * x
+
+    assert not _jit.ready(twice, 1.5)
+    _jit.wait()
+    assert _jit.ready(twice, 1.5) and twice(1.5) == 3.0
+    with _jit.synchronous():
+        assert _jit.ready(twice, np.int64(1))  # compiled by the caller's own call
+
+
+def test_compiles_queued_during_a_fit_start_after_it(background):
+    @njit
+    def half(x):
+        return x / 2
+
+    @_jit.deferring
+    def fit():
+        assert not _jit.ready(half, 1.0)
+        time.sleep(0.05)
+        assert not _jit._jobs.empty()  # queued, not started while the fit runs
+        return "fitted"
+
+    assert fit() == "fitted"
+    _jit.wait()
+    assert _jit.ready(half, 1.0)
+
+
+def _data():
+    X, y = make_classification(1200, 10, random_state=0)
+    return X, y
+
+
+def test_casvm_first_fit_by_the_twins_equals_the_compiled_fit(monkeypatch, background):
+    X, y = _data()
+    make = lambda: CASVMClassifier(n_partitions=8, device="cpu", random_state=0)  # noqa: E731
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with _jit.synchronous():
+            compiled = make().fit(X, y)
+        monkeypatch.setattr(_jit, "ready", lambda dispatcher, *args: False)
+        twin = make().fit(X, y)
+    # The dense SMO twin takes the compiled solver's steps bit for bit; FCFS's fill too.
+    np.testing.assert_array_equal(twin.dual_coef_, compiled.dual_coef_)
+    np.testing.assert_array_equal(twin.intercept_, compiled.intercept_)
+    np.testing.assert_array_equal(twin.support_, compiled.support_)
+    np.testing.assert_array_equal(twin.decision_function(X), compiled.decision_function(X))
+
+
+def test_asygcd_first_fit_by_the_one_worker_twin_matches_within_tol(not_compiled):
+    X, y = _data()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        twin = AsyGCDSVC(n_workers=2, device="cpu", random_state=0).fit(X, y)
+        assert "_work" in not_compiled
+        with _jit.synchronous():
+            one = AsyGCDSVC(n_workers=1, device="cpu", random_state=0)
+            # n_workers=1 keeps its compiled, deterministic path even when not compiled
+            compiled = one.fit(X, y)
+    assert not_compiled.count("_work") == 1
+    assert twin.n_workers_ == 2  # what was asked; the twin ran it as one worker
+    dec_twin, dec_one = twin.decision_function(X), compiled.decision_function(X)
+    # Both stop with every projected gradient below tol=1e-3, visiting the variables in
+    # another order (the twin's follows the two blocks): decision values agree to about tol.
+    assert np.max(np.abs(dec_twin - dec_one)) < 1e-2
+    assert np.mean(twin.predict(X) == compiled.predict(X)) >= 0.995
+
+
+def _compile_in_child(_):
+    from numba import njit
+
+    @njit
+    def third(x):
+        return x / 3
+
+    assert not _jit.ready(third, 3.0)
+    _jit.wait()
+    return _jit.ready(third, 3.0)
+
+
+@pytest.mark.skipif(not hasattr(__import__("os"), "fork"), reason="needs fork")
+def test_background_compile_works_in_a_forked_child(background):
+    import multiprocessing
+
+    @_jit.deferring
+    def fit_forking():
+        with _jit._lock:  # held at the fork: the child gets a fresh one
+            ctx = multiprocessing.get_context("fork")
+            pool = ctx.Pool(1)
+        with pool:
+            return pool.apply_async(_compile_in_child, (0,)).get(timeout=120)
+
+    assert fit_forking()
