@@ -18,6 +18,12 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+# Benchmarks time warm, compiled code: numba compiles in the calling thread, as before
+# the background compiler (gpuml.kernels._cpu._jit), so that no NumPy twin serves a
+# timed fit and no compile thread runs beside one. bench_first_fit turns it back on in
+# its child processes, where the first fit a user gets is what it measures.
+os.environ.setdefault("GPUML_JIT_BACKGROUND", "0")
+
 RESULTS = Path(__file__).resolve().parent / "results"
 
 #: Environment variable naming the folder :func:`record` writes to instead of ``RESULTS``.
