@@ -459,7 +459,7 @@ def test_poor_parts_warn_and_good_parts_do_not():
     # Many classes, few rows per class and part (the letter failure mode).
     X, y = make_classification(3000, 10, n_informative=8, n_classes=10, random_state=0)
     with pytest.warns(PartitionWarning, match=r"hold 19 rows per class on average"):
-        CASVMClassifier(n_partitions=16, random_state=0).fit(X, y)
+        CASVMClassifier(n_partitions=16, random_state=0, combine="nearest").fit(X, y)
     # Parts smaller than MIN_PART_ROWS: P is large for n.
     X, y = make_classification(2000, 10, random_state=0)
     with pytest.warns(PartitionWarning, match=r"150 of 150 parts have fewer than 20 rows"):

@@ -119,13 +119,20 @@ def _part_line(rows, n_problems, n_iter, converged):
 
 
 class CASVMClassifier(KernelSVMMixin, ClassifierMixin, BaseEstimator):
-    """Communication-avoiding kernel SVM: P independent SMO solvers, nearest-centre routing.
+    """Communication-avoiding kernel SVM: P independent SMO solvers, samples judged by their parts.
 
     ``fit`` splits the training set into ``n_partitions`` parts with the
     chosen partitioner, keeps one centre per part, and trains one kernel SVM
-    per part with SMO; the parts never communicate. ``predict`` sends every
-    sample to the part whose centre is nearest and evaluates that part's
-    model (Alg 5). ``partition="random"`` is CA-SVM, ``"fcfs"`` (the default)
+    per part with SMO; the parts never communicate. The paper's ``predict``
+    (Alg 5, ``combine="nearest", part_C="none"``) sends every sample to the
+    part whose centre is nearest and evaluates that part's model. By default
+    each part's C is scaled to its size (``part_C="sqrt"``) and a sample's
+    decision values are those of the parts holding its nearest support
+    vectors, weighted by their share (``combine="neighbors"``): at P=16 this
+    lost 0.39 point against SVC on adult, 0.29 on MAGIC and none on 26-class
+    letter, where the paper's rule lost 1.29, 1.36 and 6.5 with the same
+    split and fit time (docs/casvm.md, "Defaults"). ``partition="random"`` is
+    CA-SVM, ``"fcfs"`` (the default)
     FCFS-SVM (Alg 3), ``"bkm"`` BKM-SVM (Alg 4), ``"kmeans"`` CP-SVM and
     ``"kbalance"`` the K-balance split of chapter 3. The paper's baselines
     are settings too (``method=``): Cascade SVM, DC-SVM and DC-Filter train a
@@ -171,23 +178,23 @@ class CASVMClassifier(KernelSVMMixin, ClassifierMixin, BaseEstimator):
         used): ``"fcfs"`` for CA-SVM, ``"random"`` for Cascade,
         ``"kmeans"`` for DC-SVM and DC-Filter. FCFS (Alg 3: random centres,
         each sample to the nearest part with room) gives balanced parts that
-        are also local, so nearest-centre routing means something: at P=16,
-        over three seeds, it lost 1.29 points against SVC on adult (random
-        split: 1.65), 1.36 on MAGIC (2.42) and 5.4 on 26-class letter (16.9),
-        at the random split's speed (docs/casvm.md, "Defaults"). ``"kmeans"``
-        loses least (0.64, 1.16, 2.3) but its parts are unequal, so it is
-        2-4 times slower at the same P and its speed depends on the seed;
+        are also local: at P=16, over three seeds, with the defaults it lost
+        0.39 point against SVC on adult, 0.29 on MAGIC and -0.06 on letter
+        (the random split: 0.24, 0.55, 3.1), at the random split's speed
+        (docs/casvm.md, "Defaults"). ``"kmeans"``'s parts are unequal, so it
+        is 2-4 times slower at the same P and its speed depends on the seed;
         ``"random"`` is the paper's CA-SVM (Alg 5).
     method : {"casvm", "cascade", "dcsvm", "dcfilter"}, default="casvm"
         How the parts' models become the classifier (You 2020, sections
         2.2-2.4; docs/casvm.md, "Cascade, DC-SVM, DC-Filter"). ``"casvm"``:
-        the parts' SVMs are the model, each sample judged by its nearest
-        part's. The others train a binary tree of layers: every layer merges
-        its nodes two by two and trains each merged node warm-started with
-        its children's alphas, until one SVM (the model, no routing) is
-        left. ``"cascade"`` (Graf et al.) and ``"dcfilter"`` pass only the
-        support vectors of each one-vs-one problem up the tree; ``"dcsvm"``
-        (Hsieh et al.) passes every row, so its last layer is the whole
+        the parts' SVMs are the model, each sample judged by its parts'
+        (``combine``). The others train a binary tree of layers: every layer
+        merges its nodes two by two and trains each merged node warm-started
+        with its children's alphas, until one SVM (the model, no routing) is
+        left (``part_C`` and ``combine`` do not apply). ``"cascade"`` (Graf et
+        al.) and ``"dcfilter"`` pass only the support vectors of each
+        one-vs-one problem up the tree; ``"dcsvm"`` (Hsieh et al.) passes
+        every row, so its last layer is the whole
         problem, warm-started, and its model is the exact SVM's. They differ
         by ``partition="auto"`` as well: Cascade splits at random, DC-SVM
         and DC-Filter with k-means. One device only (no ``devices``, no Dask
@@ -779,7 +786,8 @@ class CASVMClassifier(KernelSVMMixin, ClassifierMixin, BaseEstimator):
         self.fit_status_ = 0 if converged else 1
         self.centers_ = to_numpy(parts.centers)
         self.partition_sizes_ = parts.sizes
-        warn_poor_parts(parts.parts, y_idx, len(self.classes_), self.partition_)
+        warn_poor_parts(parts.parts, y_idx, len(self.classes_), self.partition_,
+                        blended=self.method == "casvm" and self.combine == "neighbors")
         if not converged:
             # One warning per fit, naming the parts (SVC's sentence first, as its tests match).
             cap = ("" if self.max_iter >= 0 else
