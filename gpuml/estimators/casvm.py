@@ -123,9 +123,10 @@ class CASVMClassifier(KernelSVMMixin, ClassifierMixin, BaseEstimator):
 
     ``fit`` splits the training set into ``n_partitions`` parts with the
     chosen partitioner, keeps one centre per part, and trains one kernel SVM
-    per part with SMO; the parts never communicate. The paper's ``predict``
-    (Alg 5, ``combine="nearest", part_C="none"``) sends every sample to the
-    part whose centre is nearest and evaluates that part's model. By default
+    per part with SMO; the parts never communicate. The paper's CA-SVM
+    (Alg 5; here ``combine="nearest", part_C="none"``) trains every part with
+    the same C and sends every sample to the part whose centre is nearest,
+    whose model judges it. By default
     each part's C is scaled to its size (``part_C="sqrt"``) and a sample's
     decision values are those of the parts holding its nearest support
     vectors, weighted by their share (``combine="neighbors"``): at P=16 this
