@@ -10,7 +10,8 @@ CA-SVM, chapter 2, Alg 5, is the ``nearest`` row with the whole problem's C):
   ``exp(-(d2 - d2_min) / median gap)`` (the gap between the two nearest centres);
 * ``rows-10``: the parts of the 10 nearest training rows, weighted by their share;
 * ``kernel-mass``: every part weighted by its rows' summed kernel values;
-* ``svs-20``: the parts of the 20 nearest support vectors (``combine="neighbors"``);
+* ``svs-k``: the parts of the k = 5, 10, 20 nearest support vectors
+  (``combine="neighbors"``, ``n_neighbors=k``);
 
 each for the parts' SVMs trained with C (``part_C="none"``) and with C scaled by
 sqrt(n/m) = 4 (``part_C="sqrt"``).
@@ -79,7 +80,9 @@ def rule_weights(model, labels, Xtr, Xte, nearest_rows):
         for p in range(P):
             mass[start:start + 1000, p] = K[:, labels == p].sum(axis=1)
     out["kernel-mass"] = mass / mass.sum(axis=1, keepdims=True)
-    out["svs-20"] = neighbor_weights(Xte, model.support_vectors_, model.support_part_, P, 20)
+    for k in (5, 10, 20):
+        out[f"svs-{k}"] = neighbor_weights(Xte, model.support_vectors_, model.support_part_, P,
+                                           k)
     return out
 
 
