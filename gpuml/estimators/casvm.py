@@ -167,13 +167,14 @@ class CASVMClassifier(KernelSVMMixin, ClassifierMixin, BaseEstimator):
     degree : int, default=3
     coef0 : float, default=0.0
     n_partitions : int, default=8
-        Number of parts P. The default is the benchmarked trade-off of
-        docs/casvm.md: on adult (random split, three seeds), P=8 fitted 26x
-        faster than SVC for 0.93 point of accuracy (P=16: 47x, 1.2 points;
-        P=64: 105x, 2.5 points). Problems with many classes lose more
-        (letter, 26 classes: 6.0 points at P=4 with the random split, 3.8
-        with ``partition="fcfs"``), so use a small P there. ``1`` gives the
-        exact SVM.
+        Number of parts P; ``1`` gives the exact SVM. With the other defaults
+        (bench/results/cpu-2core/casvm_tradeoff.md, one seed, adult 20,000
+        rows) P=8 fitted 55x faster than SVC for 0.15 point of accuracy (P=16:
+        68x, 0.27 point; P=64: 120x, 1.05 points); 26-class letter lost no
+        accuracy up to P=64. With the paper's prediction (``part_C="none",
+        combine="nearest"``) the loss is several times larger (adult, random
+        split: 1.4 points at P=8; letter: 10 points at P=8), and many classes
+        need a small P.
     partition : {"auto", "random", "fcfs", "kmeans", "kbalance", "bkm"}, default="auto"
         How the training set is split (docs/casvm.md compares them).
         ``"auto"``: the method's own split (``partition_`` says which was
