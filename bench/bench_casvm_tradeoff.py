@@ -2,9 +2,12 @@
 
 For each data set, ``sklearn.svm.SVC`` and every setting of
 :class:`~gpuml.CASVMClassifier` run in this one process on the same
-standardised split: CA-SVM with each partitioner, and the paper's baselines
-Cascade SVM, DC-Filter and DC-SVM (``method=``, each with its own split,
-``partition="auto"``), for P = 2, 4, 8, 16, 32, 64. A row gives the accuracy
+standardised split: CA-SVM with each partitioner and the paper's prediction
+(nearest centre, the whole problem's C in every part), CA-SVM with its defaults
+(C scaled per part, the parts of a row's nearest support vectors blended;
+``casvm-default``), and the paper's baselines Cascade SVM, DC-Filter and DC-SVM
+(``method=``, each with its own split, ``partition="auto"``), for P = 2, 4, 8,
+16, 32, 64. A row gives the accuracy
 loss in points (SVC's test accuracy minus ours) and the speed-up (SVC's fit
 time over ours). The plot (``docs/img/casvm_tradeoff.png``) draws one curve per
 setting through its P values, one panel per data set.
@@ -16,10 +19,11 @@ all (You 2020 gives no SVM hyperparameters for these sets in chapter 2).
 One partition seed per row (0); SVC is fitted once per set; fits under
 ``REPEAT_BELOW`` seconds are repeated and the fastest counts.
 
-A second table, ``casvm_defaults``, is the check of the default split: the
-balanced splits and k-means at P=16 over three seeds (``SEEDS``) each, the loss's
-mean and range and the speed-up's median, against the targets of
-docs/casvm.md ("Defaults").
+A second table, ``casvm_defaults``, is the check of the defaults: the paper's
+prediction with three splits, the defaults, and the defaults with one setting
+changed, at P=16 over three seeds (``SEEDS``) each: the loss's mean and range,
+the speed-up's median and the time to predict the test rows (SVC's beside it),
+against the targets of docs/casvm.md ("Defaults").
 
 ``python -m bench.run casvm_tradeoff`` (``:quick`` for a 4,000-row smoke run);
 ``python -m bench.bench_casvm_tradeoff --plot`` redraws the plot from the
@@ -47,13 +51,31 @@ from gpuml.estimators.casvm import CASVMClassifier
 SETS = {"adult": (load_adult, 20000, 10000), "magic": (load_magic, 14000, 5020),
         "letter": (load_letter, 15000, 5000)}
 PS = (2, 4, 8, 16, 32, 64)
-#: (label, method, partition): every CA-SVM partitioner, then the paper's baselines.
-SETTINGS = ([(f"casvm-{p}", "casvm", p) for p in ("random", "fcfs", "kbalance", "bkm", "kmeans")]
-            + [("cascade", "cascade", "auto"), ("dcfilter", "dcfilter", "auto"),
-               ("dcsvm", "dcsvm", "auto")])
-#: Partition seeds and splits of the defaults table (P=16).
+#: The paper's CA-SVM prediction: the nearest centre's model, the whole problem's C.
+PAPER = {"part_C": "none", "combine": "nearest"}
+#: (label, method, partition, other parameters): every CA-SVM partitioner with the
+#: paper's prediction, CA-SVM's defaults, then the paper's baselines.
+SETTINGS = ([(f"casvm-{p}", "casvm", p, PAPER)
+             for p in ("random", "fcfs", "kbalance", "bkm", "kmeans")]
+            + [("casvm-default", "casvm", "auto", {})]
+            + [("cascade", "cascade", "auto", {}), ("dcfilter", "dcfilter", "auto", {}),
+               ("dcsvm", "dcsvm", "auto", {})])
+#: Partition seeds and settings of the defaults table (P=16): (label, CASVMClassifier
+#: parameters). The first three are the paper's prediction (nearest centre, the whole
+#: problem's C in every part) with three splits; the rest scale C per part and weigh
+#: the parts holding a row's nearest support vectors (``"default"``: the estimator's defaults).
 SEEDS = (0, 1, 2)
-DEFAULT_CANDIDATES = ("random", "fcfs", "kbalance", "kmeans")
+DEFAULT_CANDIDATES = (
+    ("random, nearest centre (paper)", {"partition": "random", **PAPER}),
+    ("fcfs, nearest centre", {"partition": "fcfs", **PAPER}),
+    ("kmeans, nearest centre", {"partition": "kmeans", **PAPER}),
+    ("default (fcfs, sqrt C, 20 neighbours)", {}),
+    ("fcfs, sqrt C, nearest centre", {"partition": "fcfs", "combine": "nearest"}),
+    ("fcfs, linear C, 20 neighbours", {"partition": "fcfs", "part_C": "linear"}),
+    ("random, sqrt C, 20 neighbours", {"partition": "random"}),
+    ("kbalance, sqrt C, 20 neighbours", {"partition": "kbalance"}),
+    ("kmeans, sqrt C, 20 neighbours", {"partition": "kmeans"}),
+)
 #: Fits shorter than this (seconds) are repeated once; the faster counts.
 REPEAT_BELOW = 3.0
 NAME = "casvm_tradeoff"
@@ -72,7 +94,8 @@ def timed(est, X, y):
 
 
 def prepared(name, quick, device):
-    """The split of set ``name``, compiled code, and SVC's fit time and test accuracy."""
+    """The split of set ``name``, compiled code, SVC's fit time and test accuracy, and the
+    time SVC took to predict the test rows."""
     loader, n_train, n_test = SETS[name]
     if quick:
         n_train, n_test = 4000, 2000
@@ -89,40 +112,48 @@ def prepared(name, quick, device):
     t0 = time.perf_counter()
     svc.fit(Xtr, ytr)
     t_svc = time.perf_counter() - t0
-    return Xtr, Xte, ytr, yte, t_svc, svc.score(Xte, yte)
+    t0 = time.perf_counter()
+    acc = svc.score(Xte, yte)
+    return Xtr, Xte, ytr, yte, t_svc, acc, time.perf_counter() - t0
 
 
 def defaults_rows(name, quick, device):
     """The P=16 candidates for the default split over ``SEEDS``: loss mean/range, speed-up."""
-    Xtr, Xte, ytr, yte, t_svc, acc_svc = prepared(name, quick, device)
+    Xtr, Xte, ytr, yte, t_svc, acc_svc, svc_predict_s = prepared(name, quick, device)
     rows = []
-    for partition in DEFAULT_CANDIDATES:
-        losses, fits, largest = [], [], []
+    for label, params in DEFAULT_CANDIDATES:
+        losses, fits, predicts, largest = [], [], [], []
         for seed in SEEDS:
-            clf = CASVMClassifier(n_partitions=16, partition=partition, device=device,
-                                  n_jobs=-1, random_state=seed)
+            clf = CASVMClassifier(n_partitions=16, device=device, n_jobs=-1, random_state=seed,
+                                  **params)
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", PartitionWarning)
                 fits.append(timed(clf, Xtr, ytr))
-            losses.append(100 * (acc_svc - clf.score(Xte, yte)))
+            t0 = time.perf_counter()
+            acc = clf.score(Xte, yte)
+            predicts.append(time.perf_counter() - t0)
+            losses.append(100 * (acc_svc - acc))
             largest.append(int(clf.partition_sizes_.max()))
-        rows.append({"data": name, "n_train": len(ytr), "partition": partition, "P": 16,
+        rows.append({"data": name, "n_train": len(ytr), "setting": label,
+                     "partition": clf.partition_, "part_C": clf.part_C,
+                     "combine": clf.combine, "P": 16,
                      "loss_mean": float(np.mean(losses)), "loss_min": float(np.min(losses)),
                      "loss_max": float(np.max(losses)),
                      "speedup_median": float(t_svc / np.median(fits)),
                      "speedup_min": float(t_svc / np.max(fits)), "largest_part": max(largest),
-                     "svc_s": t_svc})
+                     "svc_s": t_svc, "predict_s": float(np.median(predicts)),
+                     "svc_predict_s": svc_predict_s})
         print(rows[-1], flush=True)
     return rows
 
 
 def run_set(name, quick, device):
-    Xtr, Xte, ytr, yte, t_svc, acc_svc = prepared(name, quick, device)
+    Xtr, Xte, ytr, yte, t_svc, acc_svc, _ = prepared(name, quick, device)
     rows = []
-    for label, method, partition in SETTINGS:
+    for label, method, partition, params in SETTINGS:
         for P in ((4, 16) if quick else PS):
             clf = CASVMClassifier(n_partitions=P, method=method, partition=partition,
-                                  device=device, n_jobs=-1, random_state=0)
+                                  device=device, n_jobs=-1, random_state=0, **params)
             with warnings.catch_warnings(record=True) as caught:
                 warnings.simplefilter("always", PartitionWarning)
                 fit_s = timed(clf, Xtr, ytr)
@@ -149,7 +180,7 @@ def plot(rows, path=PLOT):
     sets = list(dict.fromkeys(r["data"] for r in rows))
     fig, axes = plt.subplots(1, len(sets), figsize=(5.2 * len(sets), 4.4), squeeze=False)
     styles = {label: (f"C{i}", "o-" if label.startswith("casvm") else "s--")
-              for i, (label, _, _) in enumerate(SETTINGS)}
+              for i, (label, *_) in enumerate(SETTINGS)}
     for ax, name in zip(axes[0], sets):
         mine = [r for r in rows if r["data"] == name]
         for label, (color, style) in styles.items():
@@ -184,15 +215,18 @@ def record_defaults(quick, device, gpu):
     rows = []
     for name in SETS:
         rows += defaults_rows(name, quick, device)
-    notes = (f"P=16, C=1, gamma='scale', seeds {SEEDS}; loss = SVC accuracy - ours in points "
-             "(mean, min, max over the seeds); speed-up = SVC's fit time over ours (median "
-             "and slowest of the seeds' fits; ours n_jobs=-1, SVC single-threaded, fitted "
-             "once per set) on the shared 2-core machine (other jobs ran on the same cores: "
-             "load 6-9); largest_part over the seeds. "
+    notes = (f"P=16, C=1, gamma='scale', seeds {SEEDS}; setting: the parameters apart from "
+             "n_partitions=16 (part_C: the factor on C per part; combine: nearest centre, or "
+             "the parts holding a test row's 20 nearest support vectors, weighted by their "
+             "share); loss = SVC accuracy - ours in points (mean, min, max over the seeds); "
+             "speed-up = SVC's fit time over ours (median and slowest of the seeds' fits; "
+             "ours n_jobs=-1, SVC single-threaded, fitted once per set) on the shared 2-core "
+             "machine (other jobs ran on the same cores); predict_s: our median time to "
+             "predict the test rows, svc_predict_s SVC's, once; largest_part over the seeds. "
              "Targets (docs/casvm.md): adult loss <= 0.5 at >= 15x; other sets <= 1.0 at "
              ">= 10x and no worse than random; letter at least halved from random.")
     record("casvm_defaults" + ("_quick" if quick else ""), rows, gpu=gpu, notes=notes,
-           title="Default split check: CA-SVM at P=16 over three seeds",
+           title="Defaults check: CA-SVM at P=16 over three seeds",
            command="python -m bench.bench_casvm_tradeoff --defaults (and at the end of "
                    "python -m bench.run casvm_tradeoff)")
 

@@ -121,7 +121,8 @@ def test_every_partitioner_trains_and_routes(method, digits):
 def test_parts_train_independently(digits):
     """Part p's model is exactly an SVM fitted on part p's rows alone (Alg 5)."""
     Xtr, Xte, ytr, _ = digits
-    clf = cpu(n_partitions=3, partition="random", random_state=1).fit(Xtr, ytr)
+    clf = cpu(n_partitions=3, partition="random", random_state=1, part_C="none",
+              combine="nearest").fit(Xtr, ytr)
     from gpuml.estimators._partitioned import route, split
 
     parts = split(Xtr, 3, "random", 1)
@@ -134,6 +135,114 @@ def test_parts_train_independently(digits):
     assert clf._gamma == pytest.approx(SVC(gamma="scale").fit(Xtr, ytr)._gamma, rel=1e-12)
     assert abs(alone._gamma - cpu(n_partitions=1).fit(Xtr[parts.parts[p]],
                                                        ytr[parts.parts[p]])._gamma) > 0
+
+
+def _part_C_fits(clf, X, y, P, partition, seed, scale):
+    """Each part's SVM fitted alone on its rows with C times ``scale(n, m)``."""
+    from gpuml.estimators._partitioned import split
+
+    parts = split(X, P, partition, seed).parts
+    return [cpu(n_partitions=1, gamma=clf._gamma, C=clf.C * scale(len(X), len(rows)))
+            .fit(X[rows], y[rows]) for rows in parts]
+
+
+@pytest.mark.parametrize("part_C, scale", [("sqrt", lambda n, m: np.sqrt(n / m)),
+                                           ("linear", lambda n, m: n / m),
+                                           ("none", lambda n, m: 1.0)])
+def test_part_C_scales_each_parts_C(part_C, scale, cancer):
+    """A part of m of the n rows is the SVM of its rows alone with C * scale(n, m)."""
+    Xtr, Xte, ytr, _ = cancer
+    clf = cpu(n_partitions=3, partition="fcfs", random_state=0, part_C=part_C, C=0.5,
+              combine="nearest").fit(Xtr, ytr)
+    alone = _part_C_fits(clf, Xtr, ytr, 3, "fcfs", 0, scale)
+    for p, model in enumerate(alone):
+        np.testing.assert_allclose(clf.part_intercept_[p], model.part_intercept_[0],
+                                   rtol=1e-10, atol=1e-12)
+        mine = clf.support_part_ == p
+        np.testing.assert_allclose(np.sort(np.abs(clf.ovo_dual_coef_[0, mine])),
+                                   np.sort(np.abs(model.ovo_dual_coef_[0])), rtol=1e-10,
+                                   atol=1e-12)
+    # The tree methods keep C: their last SVM is the whole problem's.
+    assert cpu(method="cascade", n_partitions=2, part_C=part_C)._part_C_factor(10) == 1.0
+
+
+def test_neighbor_weights_match_a_written_out_count():
+    """Part p weighs (how many of the k nearest support vectors are p's) / k."""
+    from gpuml.estimators._partitioned import neighbor_weights
+
+    rng = np.random.default_rng(0)
+    X, V = rng.normal(size=(37, 5)), rng.normal(size=(50, 5))
+    part = rng.integers(0, 4, size=50)
+    for k in (1, 3, 20, 60):
+        D = ((X[:, None, :] - V[None, :, :]) ** 2).sum(-1)
+        nearest = np.argsort(D, axis=1)[:, :min(k, 50)]
+        expected = np.stack([np.bincount(part[row], minlength=4) for row in nearest])
+        np.testing.assert_allclose(neighbor_weights(X, V, part, 4, k),
+                                   expected / min(k, 50), rtol=0, atol=1e-15)
+        # Row blocks give the same weights as one block.
+        import gpuml.estimators._partitioned as partitioned
+
+        small = partitioned.NEIGHBOR_BLOCK_BYTES
+        partitioned.NEIGHBOR_BLOCK_BYTES = 8 * 50 * 4
+        try:
+            np.testing.assert_array_equal(neighbor_weights(X, V, part, 4, k),
+                                          expected / min(k, 50))
+        finally:
+            partitioned.NEIGHBOR_BLOCK_BYTES = small
+
+
+@pytest.mark.parametrize("k", [1, 7])
+@pytest.mark.parametrize("data", ["cancer", "digits"])
+def test_neighbors_blend_the_parts_decision_values(data, k, request):
+    """combine="neighbors": the pairwise values are sum_p w_p f_p(x), written out with
+    the parts' models fitted alone and the weights counted with NumPy (k=1: the values
+    of the part holding the nearest support vector)."""
+    Xtr, Xte, ytr, _ = request.getfixturevalue(data)
+    P = 4
+    clf = cpu(n_partitions=P, partition="fcfs", random_state=0, n_neighbors=k,
+              decision_function_shape="ovo").fit(Xtr, ytr)
+    alone = _part_C_fits(clf, Xtr, ytr, P, "fcfs", 0, lambda n, m: np.sqrt(n / m))
+    D = ((Xte[:, None, :] - clf.support_vectors_[None, :, :]) ** 2).sum(-1)
+    nearest = clf.support_part_[np.argsort(D, axis=1)[:, :k]]
+    weights = np.stack([np.bincount(row, minlength=P) for row in nearest]) / k
+    # Each alone model's ovo values in LIBSVM's sign (+ for the pair's first class).
+    values = np.stack([m._ovo_values(Xte)[0] for m in alone])
+    expected = np.einsum("np,pnq->nq", weights, values)
+    got = clf.decision_function(Xte)
+    if len(clf.classes_) == 2:
+        np.testing.assert_allclose(got, -expected[:, 0], rtol=1e-9, atol=1e-9)
+    else:
+        np.testing.assert_allclose(got, expected, rtol=1e-9, atol=1e-9)
+    from gpuml.estimators._svm import ovo_votes
+
+    voting = weights @ (clf.pair_status_ > 0) > 0
+    votes, _ = ovo_votes(expected, len(clf.classes_), voting)
+    np.testing.assert_array_equal(clf.predict(Xte), clf.classes_[np.argmax(votes, axis=1)])
+
+
+def test_neighbors_with_one_part_or_nearest_is_the_nearest_centre_model(digits):
+    """One part: the blend is that part's model (the exact SVM). The same fitted parts
+    with combine="nearest" (Alg 5) and "neighbors" agree on every row whose neighbours
+    all belong to its nearest centre's part."""
+    from gpuml._backend import resolve
+    from gpuml.estimators._partitioned import route
+
+    Xtr, Xte, ytr, _ = digits
+    np.testing.assert_array_equal(
+        cpu(n_partitions=1).fit(Xtr, ytr).decision_function(Xte),
+        cpu(n_partitions=1, combine="nearest").fit(Xtr, ytr).decision_function(Xte))
+    near = cpu(n_partitions=3, random_state=0, combine="nearest",
+               decision_function_shape="ovo").fit(Xtr, ytr)
+    blend = clone(near).set_params(combine="neighbors").fit(Xtr, ytr)
+    np.testing.assert_array_equal(blend.ovo_dual_coef_, near.ovo_dual_coef_)
+    weights = blend._part_weights(resolve("cpu"), Xte)
+    same = (weights.max(axis=1) == 1.0) & (np.argmax(weights, axis=1) == route(Xte,
+                                                                              near.centers_))
+    assert 0 < same.sum() < len(Xte)
+    np.testing.assert_array_equal(blend.decision_function(Xte[same]),
+                                  near.decision_function(Xte[same]))
+    assert not np.array_equal(blend.decision_function(Xte[~same]),
+                              near.decision_function(Xte[~same]))
 
 
 def test_single_class_part_predicts_that_class():
@@ -350,7 +459,7 @@ def test_poor_parts_warn_and_good_parts_do_not():
     # Many classes, few rows per class and part (the letter failure mode).
     X, y = make_classification(3000, 10, n_informative=8, n_classes=10, random_state=0)
     with pytest.warns(PartitionWarning, match=r"hold 19 rows per class on average"):
-        CASVMClassifier(n_partitions=16, random_state=0).fit(X, y)
+        CASVMClassifier(n_partitions=16, random_state=0, combine="nearest").fit(X, y)
     # Parts smaller than MIN_PART_ROWS: P is large for n.
     X, y = make_classification(2000, 10, random_state=0)
     with pytest.warns(PartitionWarning, match=r"150 of 150 parts have fewer than 20 rows"):

@@ -159,7 +159,12 @@ def test_partition_warning_rule_rows_per_class_and_part():
     X, y = make_classification(2400, 8, n_classes=4, n_informative=6, random_state=0)
     # 2400 / (4 parts * 4 classes) = 150 < 300: the letter-at-P=4 regime.
     with pytest.warns(PartitionWarning, match=rf"hold 150 rows per class on average, fewer "
-                      rf"than {MIN_ROWS_PER_CLASS}.*partition='kmeans'"):
+                      rf"than {MIN_ROWS_PER_CLASS}.*partition='kmeans'.*combine='neighbors'"):
+        CASVMClassifier(n_partitions=4, random_state=0, combine="nearest").fit(X, y)
+    # Blending the parts of a sample's nearest support vectors (the default) does not
+    # lose accuracy there (letter, 36 rows per class and part): no warning.
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
         CASVMClassifier(n_partitions=4, random_state=0).fit(X, y)
     # 2400 / (2 * 4) = 300: at the bound, silent.
     with warnings.catch_warnings():

@@ -93,6 +93,36 @@ def test_estimator_gpu_matches_cpu_and_pickles_to_cpu(P):
     np.testing.assert_array_equal(back.predict(X), gpu.predict(X))
 
 
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_neighbor_weights_on_gpu_match_cpu(dtype):
+    """combine="neighbors"' weights: the GEMM and partial sort on the GPU, NumPy's as oracle."""
+    import cupy as cp
+
+    from gpuml.estimators._partitioned import neighbor_weights
+
+    rng = np.random.default_rng(0)
+    X, V = rng.normal(size=(300, 12)).astype(dtype), rng.normal(size=(500, 12)).astype(dtype)
+    part = rng.integers(0, 6, size=500)
+    for k in (1, 20):
+        np.testing.assert_array_equal(neighbor_weights(cp.asarray(X), cp.asarray(V), part, 6, k),
+                                      neighbor_weights(X, V, part, 6, k))
+
+
+def test_neighbors_prediction_on_gpu_matches_cpu():
+    """The blended decision values of a model fitted on the CPU, predicted on the GPU."""
+    import cupy as cp
+
+    X, y = load_digits(return_X_y=True)
+    X = StandardScaler().fit_transform(X)
+    cpu = CASVMClassifier(n_partitions=4, random_state=0, device="cpu").fit(X, y)
+    gpu = pickle.loads(pickle.dumps(cpu)).set_params(device="cuda")
+    on_gpu = cp.asnumpy(gpu.decision_function(cp.asarray(X)))
+    # Rows whose k-th nearest support vector ties with another (duplicate rows) may
+    # count another part on each device; every other row's values agree.
+    same = np.all(np.isclose(on_gpu, cpu.decision_function(X), rtol=1e-9, atol=1e-9), axis=1)
+    assert same.mean() >= 0.99
+
+
 @pytest.mark.parametrize("name", ["rbf", "linear", "poly", "sigmoid"])
 def test_rows_on_the_fly_match_cpu(cancer, name, monkeypatch):
     """The path for kernel matrices that do not fit: rows computed in the kernel each step."""

@@ -921,6 +921,7 @@ def fit_casvm(estimator, X, y, sample_weight=None):
     estimator._kernel = Kernel(estimator.kernel, gamma, int(estimator.degree),
                                float(estimator.coef0))
     estimator._gamma = gamma
+    estimator._n_train = int(n)  # the parts' C scale (part_C) needs the whole set's size
     _set_features(estimator, X, names)
     for name in ("devices_", "part_device_", "_device_cache"):
         estimator.__dict__.pop(name, None)

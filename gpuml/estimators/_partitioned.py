@@ -37,6 +37,7 @@ from .._validation import check_n_partitions
 from ..distributed import DeviceGroup, partition_on_devices
 from ..distributed.placement import shard_bounds
 from ..kernels import KERNELS
+from ..kernels.pairwise import sq_distances, squared_norms
 from ..partition import PARTITIONERS, assign_nearest, partition
 
 #: ``_parameter_constraints`` entries for the kernel parameters (names as sklearn.svm.SVC).
@@ -76,18 +77,23 @@ MIN_PART_ROWS = 20
 #: / 3.8 (fcfs), at P=16 (36 rows) 17.4 / 6.5 (k-means 2.5); adult (2 classes, 36,631 rows)
 #: at P=64 (286 rows) lost 2.5 / 1.8, at P=16 (1,145 rows) 1.2 / 1.2. Every measured
 #: setting under 300 lost 1.8 points or more; the many-class case is simply the one where
-#: n / (P * n_classes) is small for a given n and P.
+#: n / (P * n_classes) is small for a given n and P. Only for nearest-centre prediction:
+#: CA-SVM's default (C scaled per part, the parts of a sample's nearest support vectors
+#: blended) lost -0.8 to 0.1 point on letter at P=16-128 (36 to 4.6 rows per class and
+#: part), where the nearest centre lost 6.5-12.
 MIN_ROWS_PER_CLASS = 300
 
 
-def warn_poor_parts(part_rows, y_idx, n_classes, partition):
+def warn_poor_parts(part_rows, y_idx, n_classes, partition, blended=False):
     """Warn about parts that make a partitioned classifier's accuracy unpredictable.
 
     ``part_rows`` are the rows of each part, ``y_idx`` every row's class index.
     One warning per fit naming each problem found: parts that hold a single class
     (every sample routed to them gets that class), parts smaller than
-    :data:`MIN_PART_ROWS`, and fewer than :data:`MIN_ROWS_PER_CLASS` rows per class
-    per part on average. A single part never warns (it is the exact model).
+    :data:`MIN_PART_ROWS`, and, unless the parts' predictions are ``blended``
+    (CA-SVM's ``combine="neighbors"``), fewer than :data:`MIN_ROWS_PER_CLASS`
+    rows per class per part on average. A single part never warns (it is the
+    exact model).
     """
     P = len(part_rows)
     if P < 2:
@@ -107,15 +113,16 @@ def warn_poor_parts(part_rows, y_idx, n_classes, partition):
                         f"(parts {_some(small)}; the smallest has {int(sizes.min())}): "
                         f"n_partitions={P} is large for {int(sizes.sum())} samples")
     per_class = sizes.sum() / (P * max(n_classes, 1))
-    if n_classes >= 2 and per_class < MIN_ROWS_PER_CLASS:
+    if n_classes >= 2 and per_class < MIN_ROWS_PER_CLASS and not blended:
         hint = ("" if partition == "kmeans" else
                 "; partition='kmeans' loses far less on many-class data")
         problems.append(
             f"the parts hold {per_class:.0f} rows per class on average, fewer than "
-            f"{MIN_ROWS_PER_CLASS}: expect a large accuracy loss against one part (measured: "
-            f"26-class letter at 144 rows per class and part lost 6.0 points with the random "
-            f"split, at 36 rows 17.4, 2.5 with k-means; binary adult at 286 rows 2.5)"
-            f"{hint}")
+            f"{MIN_ROWS_PER_CLASS}: expect a large accuracy loss against one part with "
+            f"nearest-centre prediction (measured: 26-class letter at 144 rows per class and "
+            f"part lost 6.0 points with the random split, at 36 rows 17.4, 2.5 with k-means; "
+            f"binary adult at 286 rows 2.5){hint}; CA-SVM's default combine='neighbors' "
+            f"with part_C='sqrt' lost 0.1 point or less on letter at 36 rows")
     if problems:
         warnings.warn("; ".join(problems) + ". Use a smaller n_partitions, or n_partitions=1 "
                       "for the exact model.", PartitionWarning, stacklevel=5)
@@ -265,6 +272,43 @@ def route(X, centers):
     if centers.shape[0] == 1:
         return np.zeros(X.shape[0], dtype=np.int64)
     return to_numpy(assign_nearest(X, centers))
+
+
+#: Bytes of one block of test-to-support-vector distances in :func:`neighbor_weights`.
+NEIGHBOR_BLOCK_BYTES = 64 << 20
+
+
+def neighbor_weights(X, vectors, vector_part, n_parts: int, n_neighbors: int) -> np.ndarray:
+    """Each row's share of its ``n_neighbors`` nearest ``vectors`` held by each part (host).
+
+    ``vectors`` (on X's device, dense or CSR) are the fitted support vectors and
+    ``vector_part`` (host) the part of each. Row ``i`` of the result (shape
+    ``(n, n_parts)``) sums to 1: part ``p`` weighs ``k_p / k`` where ``k_p`` of the
+    row's ``k = min(n_neighbors, len(vectors))`` nearest vectors (Euclidean) are
+    part ``p``'s. The distances are computed in row blocks of at most
+    :data:`NEIGHBOR_BLOCK_BYTES` (one GEMM and one partial sort each, on X's
+    device). Which of several equally distant vectors counts at the k-th place
+    is the partial sort's choice (deterministic for a given backend).
+    """
+    xp = namespace_of(X)
+    n, m = X.shape[0], vectors.shape[0]
+    k = min(int(n_neighbors), m)
+    owner = xp.asarray(np.asarray(vector_part, dtype=np.int64))
+    weights = xp.zeros((n, n_parts), dtype=np.float64)
+    y_norms = squared_norms(vectors)
+    rows = max(1, NEIGHBOR_BLOCK_BYTES // max(1, 8 * m))
+    for start in range(0, n, rows):
+        stop = min(start + rows, n)
+        D = sq_distances(X[start:stop], vectors, y_norms)
+        # A partial sort: O(m) per row, where a full sort of the row would cost more
+        # than the GEMM that made it.
+        nearest = owner[xp.argpartition(D, k - 1, axis=1)[:, :k]]
+        block = weights[start:stop]
+        line = xp.arange(stop - start)
+        for j in range(k):  # one neighbour per row at a time: no repeated index within a step
+            block[line, nearest[:, j]] += 1.0
+    weights /= k
+    return to_numpy(weights)
 
 
 def route_on_devices(group, X, centers) -> np.ndarray:

@@ -24,6 +24,7 @@ from ._partitioned import (
     Partitioning,
     device_group,
     fit_on_devices,
+    neighbor_weights,
     on_device,
     predict_on_devices,
     prediction_group,
@@ -58,6 +59,13 @@ METHODS = ("casvm", "cascade", "dcsvm", "dcfilter")
 #: DC-Filter cluster with k-means).
 METHOD_PARTITION = {"casvm": "fcfs", "cascade": "random", "dcsvm": "kmeans",
                     "dcfilter": "kmeans"}
+#: How C grows in a part of m of the n training rows (``part_C=``): the factor on C.
+PART_C_SCALES = {"sqrt": lambda n, m: np.sqrt(n / m), "linear": lambda n, m: n / m,
+                 "none": lambda n, m: 1.0}
+#: Default number of nearest support vectors that weigh the parts (``combine="neighbors"``):
+#: with 5, 10 and 20 the defaults lost 0.67, 0.46, 0.39 point on adult and 0.55, 0.36, 0.29
+#: on MAGIC (P=16, three seeds; bench/results/cpu-2core/casvm_prediction_explore.md).
+DEFAULT_N_NEIGHBORS = 20
 
 
 @dataclass
@@ -112,13 +120,21 @@ def _part_line(rows, n_problems, n_iter, converged):
 
 
 class CASVMClassifier(KernelSVMMixin, ClassifierMixin, BaseEstimator):
-    """Communication-avoiding kernel SVM: P independent SMO solvers, nearest-centre routing.
+    """Communication-avoiding kernel SVM: P independent SMO solvers, samples judged by their parts.
 
     ``fit`` splits the training set into ``n_partitions`` parts with the
     chosen partitioner, keeps one centre per part, and trains one kernel SVM
-    per part with SMO; the parts never communicate. ``predict`` sends every
-    sample to the part whose centre is nearest and evaluates that part's
-    model (Alg 5). ``partition="random"`` is CA-SVM, ``"fcfs"`` (the default)
+    per part with SMO; the parts never communicate. The paper's CA-SVM
+    (Alg 5; here ``combine="nearest", part_C="none"``) trains every part with
+    the same C and sends every sample to the part whose centre is nearest,
+    whose model judges it. By default
+    each part's C is scaled to its size (``part_C="sqrt"``) and a sample's
+    decision values are those of the parts holding its nearest support
+    vectors, weighted by their share (``combine="neighbors"``): at P=16 this
+    lost 0.39 point against SVC on adult, 0.29 on MAGIC and none on 26-class
+    letter, where the paper's rule lost 1.29, 1.36 and 6.5 with the same
+    split and fit time (docs/casvm.md, "Defaults"). ``partition="random"`` is
+    CA-SVM, ``"fcfs"`` (the default)
     FCFS-SVM (Alg 3), ``"bkm"`` BKM-SVM (Alg 4), ``"kmeans"`` CP-SVM and
     ``"kbalance"`` the K-balance split of chapter 3. The paper's baselines
     are settings too (``method=``): Cascade SVM, DC-SVM and DC-Filter train a
@@ -151,40 +167,69 @@ class CASVMClassifier(KernelSVMMixin, ClassifierMixin, BaseEstimator):
     degree : int, default=3
     coef0 : float, default=0.0
     n_partitions : int, default=8
-        Number of parts P. The default is the benchmarked trade-off of
-        docs/casvm.md: on adult (random split, three seeds), P=8 fitted 26x
-        faster than SVC for 0.93 point of accuracy (P=16: 47x, 1.2 points;
-        P=64: 105x, 2.5 points). Problems with many classes lose more
-        (letter, 26 classes: 6.0 points at P=4 with the random split, 3.8
-        with ``partition="fcfs"``), so use a small P there. ``1`` gives the
-        exact SVM.
+        Number of parts P; ``1`` gives the exact SVM. With the other defaults
+        (bench/results/cpu-2core/casvm_tradeoff.md, one seed, adult 20,000
+        rows) P=8 fitted 55x faster than SVC for 0.15 point of accuracy (P=16:
+        68x, 0.27 point; P=64: 120x, 1.05 points); 26-class letter lost no
+        accuracy up to P=64. With the paper's prediction (``part_C="none",
+        combine="nearest"``) the loss is several times larger (adult, random
+        split: 1.4 points at P=8; letter: 10 points at P=8), and many classes
+        need a small P.
     partition : {"auto", "random", "fcfs", "kmeans", "kbalance", "bkm"}, default="auto"
         How the training set is split (docs/casvm.md compares them).
         ``"auto"``: the method's own split (``partition_`` says which was
         used): ``"fcfs"`` for CA-SVM, ``"random"`` for Cascade,
         ``"kmeans"`` for DC-SVM and DC-Filter. FCFS (Alg 3: random centres,
         each sample to the nearest part with room) gives balanced parts that
-        are also local, so nearest-centre routing means something: at P=16,
-        over three seeds, it lost 1.29 points against SVC on adult (random
-        split: 1.65), 1.36 on MAGIC (2.42) and 5.4 on 26-class letter (16.9),
-        at the random split's speed (docs/casvm.md, "Defaults"). ``"kmeans"``
-        loses least (0.64, 1.16, 2.3) but its parts are unequal, so it is
-        2-4 times slower at the same P and its speed depends on the seed;
+        are also local: at P=16, over three seeds, with the defaults it lost
+        0.39 point against SVC on adult, 0.29 on MAGIC and -0.06 on letter
+        (the random split: 0.24, 0.55, 3.1), at the random split's speed
+        (docs/casvm.md, "Defaults"). ``"kmeans"``'s parts are unequal, so it
+        is 2-4 times slower at the same P and its speed depends on the seed;
         ``"random"`` is the paper's CA-SVM (Alg 5).
     method : {"casvm", "cascade", "dcsvm", "dcfilter"}, default="casvm"
         How the parts' models become the classifier (You 2020, sections
         2.2-2.4; docs/casvm.md, "Cascade, DC-SVM, DC-Filter"). ``"casvm"``:
-        the parts' SVMs are the model, each sample judged by its nearest
-        part's. The others train a binary tree of layers: every layer merges
-        its nodes two by two and trains each merged node warm-started with
-        its children's alphas, until one SVM (the model, no routing) is
-        left. ``"cascade"`` (Graf et al.) and ``"dcfilter"`` pass only the
-        support vectors of each one-vs-one problem up the tree; ``"dcsvm"``
-        (Hsieh et al.) passes every row, so its last layer is the whole
+        the parts' SVMs are the model, each sample judged by its parts'
+        (``combine``). The others train a binary tree of layers: every layer
+        merges its nodes two by two and trains each merged node warm-started
+        with its children's alphas, until one SVM (the model, no routing) is
+        left (``part_C`` and ``combine`` do not apply). ``"cascade"`` (Graf et
+        al.) and ``"dcfilter"`` pass only the support vectors of each
+        one-vs-one problem up the tree; ``"dcsvm"`` (Hsieh et al.) passes
+        every row, so its last layer is the whole
         problem, warm-started, and its model is the exact SVM's. They differ
         by ``partition="auto"`` as well: Cascade splits at random, DC-SVM
         and DC-Filter with k-means. One device only (no ``devices``, no Dask
         input).
+    part_C : {"sqrt", "linear", "none"}, default="sqrt"
+        How ``C`` is scaled in a part of ``m`` of the ``n`` training rows
+        (``method="casvm"``; the tree methods keep ``C``): ``"sqrt"`` multiplies
+        it by ``sqrt(n / m)`` (4 for 16 equal parts), ``"linear"`` by ``n / m``,
+        ``"none"`` keeps it. A part's SVM sums the hinge losses of m rows
+        against the same ``||w||^2``, so with the whole problem's C it is more
+        regularised than the whole problem; ``"linear"`` restores the ratio of
+        the two terms, ``"sqrt"`` goes half way, which fits less slowly (a larger
+        C takes more SMO steps). With ``n_partitions=1`` the factor is 1 (the
+        exact SVM). Its gain shows with ``combine="neighbors"``: averaged over
+        the parts around a sample, the less regularised part models make up
+        for each other's variance (docs/casvm.md, "Defaults").
+    combine : {"neighbors", "nearest"}, default="neighbors"
+        How the parts' models judge a sample (``method="casvm"``).
+        ``"nearest"``: the model of the part whose centre is nearest (Alg 5).
+        ``"neighbors"``: the pairwise decision values of the parts that hold
+        the sample's ``n_neighbors`` nearest support vectors, each weighted by
+        its share of them (a part holding 5 of 20 weighs 1/4), then voted on
+        as one model's; a sample deep inside one part's region gets that
+        part's values. Routing by the training data rather than by the
+        centres matters for balanced splits, whose parts reach beyond the
+        region their centre stands for. Prediction then evaluates a sample
+        under up to ``n_neighbors`` parts and finds its nearest support
+        vectors (a GEMM against all of them): it costs up to as much as a
+        single SVM's prediction with the same support vectors, more than
+        ``"nearest"``.
+    n_neighbors : int, default=20
+        Support vectors that weigh the parts with ``combine="neighbors"``.
     tol : float, default=1e-3
         Stopping tolerance on the KKT gap (LIBSVM's ``eps``).
     max_iter : int, default=-1
@@ -363,6 +408,9 @@ class CASVMClassifier(KernelSVMMixin, ClassifierMixin, BaseEstimator):
         **PARTITION_CONSTRAINTS,
         "partition": [StrOptions(set(PARTITION_CONSTRAINTS["partition"][0].options) | {"auto"})],
         "method": [StrOptions(set(METHODS))],
+        "part_C": [StrOptions(set(PART_C_SCALES))],
+        "combine": [StrOptions({"neighbors", "nearest"})],
+        "n_neighbors": [Interval(Integral, 1, None, closed="left")],
         "tol": [Interval(Real, 0.0, None, closed="neither")],
         "max_iter": [Interval(Integral, -1, None, closed="left")],
         "cache_size": [Interval(Real, 0.0, None, closed="neither")],
@@ -375,7 +423,8 @@ class CASVMClassifier(KernelSVMMixin, ClassifierMixin, BaseEstimator):
     }
 
     def __init__(self, C=1.0, kernel="rbf", gamma="scale", degree=3, coef0=0.0,
-                 n_partitions=DEFAULT_N_PARTITIONS, partition="auto", method="casvm", tol=1e-3,
+                 n_partitions=DEFAULT_N_PARTITIONS, partition="auto", method="casvm",
+                 part_C="sqrt", combine="neighbors", n_neighbors=DEFAULT_N_NEIGHBORS, tol=1e-3,
                  max_iter=-1, cache_size=DEFAULT_CACHE_SIZE, shrinking=False, class_weight=None,
                  decision_function_shape="ovr", break_ties=False, probability="deprecated",
                  device="auto", devices=None, n_jobs=None, random_state=None, verbose=0):
@@ -387,6 +436,9 @@ class CASVMClassifier(KernelSVMMixin, ClassifierMixin, BaseEstimator):
         self.n_partitions = n_partitions
         self.partition = partition
         self.method = method
+        self.part_C = part_C
+        self.combine = combine
+        self.n_neighbors = n_neighbors
         self.tol = tol
         self.max_iter = max_iter
         self.cache_size = cache_size
@@ -445,6 +497,7 @@ class CASVMClassifier(KernelSVMMixin, ClassifierMixin, BaseEstimator):
         self._sparse = sp.issparse(X) or hasattr(X, "tocsr")
         self.shape_fit_ = tuple(X.shape)
         self._gamma = self._kernel.gamma
+        self._n_train = X.shape[0]
         # A refit invalidates the device copies of the previous model's arrays.
         for name in ("devices_", "part_device_", "part_worker_", "_device_cache", "layer_sizes_",
                      "layer_n_iter_"):
@@ -536,7 +589,7 @@ class CASVMClassifier(KernelSVMMixin, ClassifierMixin, BaseEstimator):
             q = np.flatnonzero(has_first & has_second)
             trained = (has_first & has_second)[pair_of]
             idx, labels, pair_of = idx[trained], labels[trained], pair_of[trained]
-            C_part = sample_C[rows[pos][idx]]
+            C_part = sample_C[rows[pos][idx]] * self._part_C_factor(len(rows))
             start = (warm[k][pair_of, pos[idx]] if warm is not None and warm[k] is not None
                      else None)
             ends = np.cumsum(np.bincount(pair_of, minlength=n_pairs)[q]).tolist()
@@ -597,6 +650,12 @@ class CASVMClassifier(KernelSVMMixin, ClassifierMixin, BaseEstimator):
         for fit, block in zip(fits, vectors):
             fit.support_vectors = block
         return fits
+
+    def _part_C_factor(self, m) -> float:
+        """The factor on C in a part of ``m`` rows (``part_C``; 1 for the tree methods)."""
+        if self.method != "casvm" or m == 0:
+            return 1.0
+        return float(PART_C_SCALES[self.part_C](self._n_train, m))
 
     def _split_method(self) -> str:
         """The partitioner: ``partition``, or the method's own for ``"auto"``."""
@@ -731,7 +790,8 @@ class CASVMClassifier(KernelSVMMixin, ClassifierMixin, BaseEstimator):
         self.fit_status_ = 0 if converged else 1
         self.centers_ = to_numpy(parts.centers)
         self.partition_sizes_ = parts.sizes
-        warn_poor_parts(parts.parts, y_idx, len(self.classes_), self.partition_)
+        warn_poor_parts(parts.parts, y_idx, len(self.classes_), self.partition_,
+                        blended=self.method == "casvm" and self.combine == "neighbors")
         if not converged:
             # One warning per fit, naming the parts (SVC's sentence first, as its tests match).
             cap = ("" if self.max_iter >= 0 else
@@ -769,8 +829,38 @@ class CASVMClassifier(KernelSVMMixin, ClassifierMixin, BaseEstimator):
         return [np.flatnonzero(self.support_part_ == p)
                 for p in range(self.part_intercept_.shape[0])]
 
+    def _blends(self) -> bool:
+        """Whether prediction weighs several parts (``combine="neighbors"``, P > 1)."""
+        return (getattr(self, "combine", "nearest") == "neighbors"
+                and self.part_intercept_.shape[0] > 1 and len(self.support_) > 0)
+
+    def _part_weights(self, backend, Xd):
+        """``(n, P)`` host weights of the parts for the rows ``Xd`` (``combine="neighbors"``).
+
+        A part without support vectors (it held one class, or none of its pairs
+        needed one) is never among a row's neighbours, so the rows whose nearest
+        centre is such a part's go to it alone, as with ``combine="nearest"``.
+        """
+        n_parts = self.part_intercept_.shape[0]
+        vectors = on_device(self, backend, ("support_vectors",),
+                            lambda: backend.asarray(self.support_vectors_))
+        weights = neighbor_weights(Xd, vectors, self.support_part_, n_parts, self.n_neighbors)
+        empty = np.bincount(self.support_part_, minlength=n_parts) == 0
+        if empty.any():
+            owner = route(Xd, backend.asarray(self.centers_))
+            alone = empty[owner]
+            weights[alone] = 0.0
+            weights[np.flatnonzero(alone), owner[alone]] = 1.0
+        return weights
+
     def _ovo_values(self, X):
-        """Pairwise decision values of every row, each from the model of its part (Alg 5)."""
+        """Pairwise decision values of every row and which pairs vote in it.
+
+        ``combine="nearest"``: each row's values are those of the model of its
+        part (Alg 5); ``"neighbors"``: the weighted sum of the values of the parts
+        that hold its nearest support vectors. Returns the values (on X's
+        device) and a host bool array ``(n, n_pairs)``: the pairs that vote.
+        """
         X = self._check_predict_input(X)
         group = prediction_group(getattr(self, "devices_", None))
         if group is not None:
@@ -781,13 +871,21 @@ class CASVMClassifier(KernelSVMMixin, ClassifierMixin, BaseEstimator):
         with backend.use():
             Xd = backend.asarray(X)
             xp = backend.xp
+            out = xp.zeros((X.shape[0], self.ovo_dual_coef_.shape[0]), dtype=np.float64)
+            if self._blends():
+                weights = self._part_weights(backend, Xd)
+                for p in np.flatnonzero(weights.any(axis=0)).tolist():
+                    rows = np.flatnonzero(weights[:, p])
+                    sel = backend.asarray(rows)
+                    out[sel] += (backend.asarray(weights[rows, p])[:, None]
+                                 * self._part_values(backend, p, Xd[sel]))
+                return out, weights @ (self.pair_status_ > 0) > 0
             owner = route(Xd, backend.asarray(self.centers_)) if not precomputed \
                 else np.zeros(X.shape[0], dtype=np.int64)
-            out = xp.empty((X.shape[0], self.ovo_dual_coef_.shape[0]), dtype=np.float64)
             for p in np.unique(owner).tolist():
                 sel = backend.asarray(np.flatnonzero(owner == p))
                 out[sel] = self._part_values(backend, p, Xd[sel])
-        return out, owner
+        return out, self.pair_status_[owner] > 0
 
     def _part_model(self, backend, p, dtype=None):
         """Part ``p``'s support vectors (their rows for a precomputed kernel; in ``dtype``
@@ -822,8 +920,37 @@ class CASVMClassifier(KernelSVMMixin, ClassifierMixin, BaseEstimator):
         return values
 
     def _ovo_values_on_devices(self, group, X):
-        """Step 3 on the devices of the fit: each row to its part's device, one batch each."""
+        """Step 3 on the devices of the fit: each row to its part's device, one batch each.
+
+        With ``combine="neighbors"`` the weights are found on the first device,
+        every device weighs the values of its parts for the rows that need them,
+        and the host adds the parts' shares in part order, as the one-device
+        prediction does (the same sums, bit for bit).
+        """
         X = to_numpy(validate_X(self, X, reset=False))
+        if self._blends():
+            backend = group.backends[0]
+            with backend.use():
+                weights = self._part_weights(backend, backend.asarray(X))
+
+            def weighted_parts(rank, backend):
+                shares = {}
+                for p in np.flatnonzero(self.part_device_ == rank).tolist():
+                    rows = np.flatnonzero(weights[:, p])
+                    if rows.size:
+                        values = self._part_values(backend, p, backend.asarray(X[rows]))
+                        shares[p] = (rows, to_numpy(backend.asarray(weights[rows, p])[:, None]
+                                                    * values))
+                return shares
+
+            shares = {}
+            for device_shares in group.run(weighted_parts):
+                shares.update(device_shares)
+            total = np.zeros((X.shape[0], self.ovo_dual_coef_.shape[0]))
+            for p in sorted(shares):
+                rows, share = shares[p]
+                total[rows] += share
+            return total, weights @ (self.pair_status_ > 0) > 0
         owner = route_on_devices(group, X, self.centers_)
 
         def predict_local(backend, Xd, parts):
@@ -834,14 +961,14 @@ class CASVMClassifier(KernelSVMMixin, ClassifierMixin, BaseEstimator):
                 out[sel] = self._part_values(backend, p, Xd[sel])
             return out
 
-        return predict_on_devices(group, X, owner, self.part_device_, predict_local), owner
+        return (predict_on_devices(group, X, owner, self.part_device_, predict_local),
+                self.pair_status_[owner] > 0)
 
     def _votes(self, X, zero_votes_first=False):
         """One-vs-one votes per class and the summed pairwise values (SVC's ovr recipe)."""
-        values, owner = self._ovo_values(X)
+        values, voting = self._ovo_values(X)
         values = to_numpy(values)
-        votes, confidence = ovo_votes(values, len(self.classes_), self.pair_status_[owner] > 0,
-                                      zero_votes_first)
+        votes, confidence = ovo_votes(values, len(self.classes_), voting, zero_votes_first)
         return votes, confidence, values
 
     def decision_function(self, X):
