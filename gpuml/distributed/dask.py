@@ -389,8 +389,13 @@ class DaskRows:
         return total
 
 
-def load_rows(driver, X, y, w, *, dtype, classification: bool) -> DaskRows:
-    """Each chunk validated on its worker, then one small pass of summaries (step 1)."""
+def load_rows(driver, X, y, w, *, dtype, classification: bool, split=None) -> DaskRows:
+    """Each chunk validated on its worker, then one small pass of summaries (step 1).
+
+    ``split`` (a :class:`SplitStart`, optional): what the partitioner can ask for
+    before the summaries (FCFS: its seed rows) is gathered with them, one round
+    trip fewer.
+    """
     blocks = X.to_delayed().ravel().tolist()
     y_blocks = y.to_delayed().ravel().tolist()
     w_blocks = w.to_delayed().ravel().tolist() if w is not None else [None] * len(blocks)
@@ -401,7 +406,11 @@ def load_rows(driver, X, y, w, *, dtype, classification: bool) -> DaskRows:
     chunks = driver.map("chunk", _prepare_chunk, xs, ys, ws, args=(dtype, not classification))
     bounds = np.concatenate([[0], np.cumsum(X.chunks[0])]).astype(np.int64)
     rows = DaskRows(driver, chunks, bounds, X.shape[1], dtype)
-    first = driver.gather(rows.map("summary", _summary, classification))
+    early = split.submit(rows) if split is not None else []
+    first = driver.gather(rows.map("summary", _summary, classification) + early)
+    if early:
+        split.receive(first[len(chunks):])
+        first = first[:len(chunks)]
     rows.col_mean, rows.variance, rows.variance_all = _combine(first, rows.n_features)
     if classification:
         values = np.unique(np.concatenate([f["classes"][0] for f in first]))
@@ -524,6 +533,18 @@ class _ChunkPartitioner:
         self.max_iter, self.tol = max_iter, tol
         self.driver = rows.driver
 
+    #: FCFS's seed rows when they were gathered before :meth:`run` (see :class:`SplitStart`).
+    seed_blocks = None
+
+    def seed_rows(self) -> list:
+        """FCFS's first draw (You 2020, Alg 3: P distinct rows as the centres): one task per
+        chunk holding some, futures in chunk order."""
+        seeds = np.sort(self.rng.choice(self.rows.n, self.P, replace=False))
+        owners = [self._owner(int(s)) for s in seeds.tolist()]
+        return [self.driver.submit("rows", _rows, self.rows.chunks[k],
+                                   [loc for kk, loc in owners if kk == k])
+                for k in sorted({o[0] for o in owners})]
+
     def _owner(self, i: int):
         k = int(np.searchsorted(self.rows.bounds, i, side="right") - 1)
         return k, i - int(self.rows.bounds[k])
@@ -628,13 +649,9 @@ class _ChunkPartitioner:
             b = self.rows.bounds
             labels = [full[b[k]: b[k + 1]] for k in range(len(self.rows.chunks))]
         elif method == "fcfs":
-            seeds = np.sort(rng.choice(n, P, replace=False))
-            owners = [self._owner(int(s)) for s in seeds.tolist()]
-            picked = {}
-            for k in sorted({o[0] for o in owners}):
-                local = [loc for kk, loc in owners if kk == k]
-                picked[k] = self.driver.submit("rows", _rows, self.rows.chunks[k], local)
-            blocks = self.driver.gather([picked[k] for k in sorted(picked)])
+            blocks = self.seed_blocks
+            if blocks is None:
+                blocks = self.driver.gather(self.seed_rows())
             centers = np.concatenate(blocks).astype(self.rows.dtype, copy=False)
             labels = self.fill(centers, _capacities(n, P))
         elif method == "kmeans":
@@ -667,8 +684,32 @@ class PendingMeans:
         return _divide(*_unpack(total, self.dtype))
 
 
+class SplitStart:
+    """A split begun before the chunk summaries are gathered (see :func:`load_rows`).
+
+    FCFS draws its seed rows first and needs nothing from the summaries, so their
+    tasks are submitted with the summaries' and gathered in the same round trip; the
+    other splits start nothing early. :func:`partition_chunks` then goes on with the
+    same partitioner (the same random draws).
+    """
+
+    def __init__(self, n_partitions, method, random_state):
+        self.P, self.method, self.random_state = int(n_partitions), method, random_state
+        self.runner = None
+
+    def submit(self, rows) -> list:
+        if self.method != "fcfs" or self.P == 1:
+            return []
+        self.runner = _ChunkPartitioner(rows, self.P, check_random_state(self.random_state),
+                                        100, 1e-4)
+        return self.runner.seed_rows()
+
+    def receive(self, values):
+        self.runner.seed_blocks = list(values)
+
+
 def partition_chunks(rows: DaskRows, n_partitions, method, random_state, *, max_iter=100,
-                     tol=1e-4):
+                     tol=1e-4, start: SplitStart | None = None):
     """Step 2: ``(labels per chunk, centers)``, as :func:`gpuml.partition.partition`.
 
     The labels are arrays on the client where it drew or filled them (random; FCFS and
@@ -684,6 +725,8 @@ def partition_chunks(rows: DaskRows, n_partitions, method, random_state, *, max_
         labels = [np.zeros(int(b - a), dtype=np.int64)
                   for a, b in zip(rows.bounds[:-1], rows.bounds[1:])]
         return labels, rows.col_mean.astype(rows.dtype).reshape(1, -1)
+    if start is not None and start.runner is not None:
+        return start.runner.run(method)
     runner = _ChunkPartitioner(rows, n_partitions, check_random_state(random_state), max_iter,
                                tol)
     return runner.run(method)
@@ -893,7 +936,8 @@ def fit_casvm(estimator, X, y, sample_weight=None):
     check_budget(need, [-(-n // P)], n, budget, "CASVMClassifier")
     driver = _Driver(client)
     estimator._dask_traffic = driver.traffic
-    rows = load_rows(driver, X, y, w, dtype=np.float64, classification=True)
+    split = SplitStart(P, estimator._split_method(), estimator.random_state)
+    rows = load_rows(driver, X, y, w, dtype=np.float64, classification=True, split=split)
     classes = rows.classes
     if len(classes) < 2:
         raise ValueError(f"CASVMClassifier needs samples of at least two classes in y (the "
@@ -926,8 +970,9 @@ def fit_casvm(estimator, X, y, sample_weight=None):
     for name in ("devices_", "part_device_", "_device_cache"):
         estimator.__dict__.pop(name, None)
     rows.chunks = rows.map("classes", _with_classes, classes, cw, float(estimator.C))
-    estimator.partition_ = estimator._split_method()
-    labels, centers = partition_chunks(rows, P, estimator.partition_, estimator.random_state)
+    estimator.partition_ = split.method
+    labels, centers = partition_chunks(rows, P, split.method, estimator.random_state,
+                                       start=split)
     all_labels = _gather_labels(rows, labels)
     y_idx = np.searchsorted(classes, rows.y).astype(np.int64)
     sizes = np.bincount(all_labels, minlength=P).astype(np.int64)
