@@ -101,6 +101,10 @@ def fills_on_client(n_parts: int, n_features: int) -> bool:
     return n_parts <= n_features
 
 
+#: Lloyd's k-means over chunks: at most this many steps, stopping when the centres move
+#: less than this fraction of the data's variance (as :func:`gpuml.partition.partition`).
+LLOYD_MAX_ITER, LLOYD_TOL = 100, 1e-4
+
 #: The greedy fill gathers the distance blocks of consecutive chunks up to this many
 #: bytes at a time (the client's memory for them).
 FILL_BATCH_BYTES = 256 * 2**20
@@ -634,7 +638,7 @@ class _ChunkPartitioner:
         labels, batch, size = [], [], 0
         for k, future in enumerate(futures):
             batch.append(future)
-            size += sizes[k] * 8 * self.P
+            size += sizes[k] * self.P * np.dtype(self.rows.dtype).itemsize
             if size >= FILL_BATCH_BYTES or k == len(futures) - 1:
                 for D in self.driver.gather(batch):
                     labels.append(fill_nearest_open(D, counts, caps))
@@ -701,15 +705,15 @@ class SplitStart:
         if self.method != "fcfs" or self.P == 1:
             return []
         self.runner = _ChunkPartitioner(rows, self.P, check_random_state(self.random_state),
-                                        100, 1e-4)
+                                        LLOYD_MAX_ITER, LLOYD_TOL)
         return self.runner.seed_rows()
 
     def receive(self, values):
         self.runner.seed_blocks = list(values)
 
 
-def partition_chunks(rows: DaskRows, n_partitions, method, random_state, *, max_iter=100,
-                     tol=1e-4, start: SplitStart | None = None):
+def partition_chunks(rows: DaskRows, n_partitions, method, random_state, *,
+                     max_iter=LLOYD_MAX_ITER, tol=LLOYD_TOL, start: SplitStart | None = None):
     """Step 2: ``(labels per chunk, centers)``, as :func:`gpuml.partition.partition`.
 
     The labels are arrays on the client where it drew or filled them (random; FCFS and
@@ -965,7 +969,6 @@ def fit_casvm(estimator, X, y, sample_weight=None):
     estimator._kernel = Kernel(estimator.kernel, gamma, int(estimator.degree),
                                float(estimator.coef0))
     estimator._gamma = gamma
-    estimator._n_train = int(n)  # the parts' C scale (part_C) needs the whole set's size
     _set_features(estimator, X, names)
     for name in ("devices_", "part_device_", "_device_cache"):
         estimator.__dict__.pop(name, None)
@@ -1085,7 +1088,8 @@ def _shipped(estimator):
     clone = copy.copy(estimator)
     clone.__dict__.pop("_dask_traffic", None)
     for name in list(clone.__dict__):
-        if name.endswith("_") and name not in ("classes_", "n_features_in_"):
+        # shape_fit_: the parts' C scale (CA-SVM's part_C) needs the whole set's size.
+        if name.endswith("_") and name not in ("classes_", "n_features_in_", "shape_fit_"):
             del clone.__dict__[name]
     return clone
 

@@ -497,7 +497,6 @@ class CASVMClassifier(KernelSVMMixin, ClassifierMixin, BaseEstimator):
         self._sparse = sp.issparse(X) or hasattr(X, "tocsr")
         self.shape_fit_ = tuple(X.shape)
         self._gamma = self._kernel.gamma
-        self._n_train = X.shape[0]
         # A refit invalidates the device copies of the previous model's arrays.
         for name in ("devices_", "part_device_", "part_worker_", "_device_cache", "layer_sizes_",
                      "layer_n_iter_"):
@@ -655,7 +654,7 @@ class CASVMClassifier(KernelSVMMixin, ClassifierMixin, BaseEstimator):
         """The factor on C in a part of ``m`` rows (``part_C``; 1 for the tree methods)."""
         if self.method != "casvm" or m == 0:
             return 1.0
-        return float(PART_C_SCALES[self.part_C](self._n_train, m))
+        return float(PART_C_SCALES[self.part_C](self.shape_fit_[0], m))
 
     def _split_method(self) -> str:
         """The partitioner: ``partition``, or the method's own for ``"auto"``."""

@@ -121,6 +121,7 @@ class LAMB(C.LayerwiseOptimizer):
         gradients, state and tensor hyperparameters (``lr``) before the step (for
         meta-learning). For-loop path only: ``foreach=True`` and ``fused=True`` are
         refused with it (``RuntimeError``, as torch.optim refuses ``fused``).
+
     Notes
     -----
     ``LAMB(params, lr)`` with every other option at its default is Algorithm 16 of

@@ -99,6 +99,7 @@ class LARS(C.LayerwiseOptimizer):
         gradients, state and tensor hyperparameters (``lr``) before the step (for
         meta-learning). For-loop path only: ``foreach=True`` and ``fused=True`` are
         refused with it (``RuntimeError``, as torch.optim refuses ``fused``).
+
     Notes
     -----
     timm ``Lars(lr, momentum, dampening, weight_decay, nesterov, trust_coeff, eps,
