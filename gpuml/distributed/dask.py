@@ -15,7 +15,7 @@ The steps, each a set of Dask tasks run from the client (the "driver"):
    columns (re-chunked if not), and the size of a part against the smallest
    worker's memory budget. Each chunk is then validated on its worker (finite,
    numeric) and a first pass sums what ``gamma="scale"``, k-means' tolerance and
-   the class list need.
+   the class list need (and returns FCFS's seed rows, drawn before it).
 2. **Partition with a distributed Lloyd** over the chunks (k-means++ seeding,
    Lloyd steps, the greedy fill of FCFS and K-balance; You 2020, Alg. 3 and 9):
    the same algorithms and the same random draws as
@@ -35,13 +35,15 @@ The steps, each a set of Dask tasks run from the client (the "driver"):
 3. **Ship each part's rows** to the worker it is placed on: parts are placed
    by Graham's LPT rule on the estimator's cost model
    (:func:`gpuml.distributed.balance`), one group of parts per worker; each
-   chunk's task cuts out the rows of the group's parts and the group's fit
-   task gathers them (the only time rows move, once).
+   chunk's task cuts out the rows of the group's parts (a classifier's ``y`` as
+   class indices, its per-row C) and the group's fit task gathers them (the
+   only time rows move, once).
 4. **Fit** each group on its worker with the estimator's own ``_fit_parts``
    (one batch: one SMO launch or one batched Cholesky; on a GPU under
    dask-cuda, where each worker sees one GPU, ``device="auto"`` resolves to it).
 5. **Gather** the small per-part fits (picklable ``SVMPartFit`` /
-   ``KRRPartFit``) and the labels, and assemble the fitted attributes on the
+   ``KRRPartFit``), with each group's sums and counts of its parts' rows (the
+   centres: the parts' means), and assemble the fitted attributes on the
    client exactly as an in-process fit does.
 
 Prediction on Dask input is lazy (:func:`predict_blocks`): ``map_blocks`` with
@@ -314,8 +316,11 @@ def _prepare_chunk(X, y, w, dtype, y_numeric):
     return _Chunk(X, y, w)
 
 
-def _summary(chunk, classes: bool):
+def _summary(chunk, seeds, classes: bool):
     """One pass over a chunk: its column means and spreads, and its classes (or targets).
+
+    ``seeds`` (local row indices, or None): rows a split asked for before the
+    summaries (FCFS's seeds, see :class:`SplitStart`), returned as ``"seeds"``.
 
     Each chunk's sums of squared deviations are taken from its *own* means and
     combined on the client with the parallel formula of Chan, Golub and LeVeque
@@ -334,6 +339,8 @@ def _summary(chunk, classes: bool):
         values, counts = np.unique(chunk.y, return_counts=True)
         out["classes"] = (values, counts)
         out["y"] = chunk.y
+    if seeds:
+        out["seeds"] = _rows(chunk, seeds)
     return out
 
 
@@ -396,9 +403,9 @@ class DaskRows:
 def load_rows(driver, X, y, w, *, dtype, classification: bool, split=None) -> DaskRows:
     """Each chunk validated on its worker, then one small pass of summaries (step 1).
 
-    ``split`` (a :class:`SplitStart`, optional): what the partitioner can ask for
-    before the summaries (FCFS: its seed rows) is gathered with them, one round
-    trip fewer.
+    ``split`` (a :class:`SplitStart`, optional): the rows the partitioner can ask for
+    before the summaries (FCFS: its seed rows) come back in them, one round trip
+    and a task per chunk fewer.
     """
     blocks = X.to_delayed().ravel().tolist()
     y_blocks = y.to_delayed().ravel().tolist()
@@ -410,11 +417,11 @@ def load_rows(driver, X, y, w, *, dtype, classification: bool, split=None) -> Da
     chunks = driver.map("chunk", _prepare_chunk, xs, ys, ws, args=(dtype, not classification))
     bounds = np.concatenate([[0], np.cumsum(X.chunks[0])]).astype(np.int64)
     rows = DaskRows(driver, chunks, bounds, X.shape[1], dtype)
-    early = split.submit(rows) if split is not None else []
-    first = driver.gather(rows.map("summary", _summary, classification) + early)
-    if early:
-        split.receive(first[len(chunks):])
-        first = first[:len(chunks)]
+    seeds = split.seeds(rows) if split is not None else None
+    first = driver.gather(rows.map("summary", _summary, classification,
+                                   extra=[(s,) for s in seeds or [None] * len(chunks)]))
+    if seeds is not None:
+        split.receive([f["seeds"] for f in first if "seeds" in f])
     rows.col_mean, rows.variance, rows.variance_all = _combine(first, rows.n_features)
     if classification:
         values = np.unique(np.concatenate([f["classes"][0] for f in first]))
@@ -515,10 +522,6 @@ def _counts_of(result):
     return result[1]
 
 
-def _part_sums(chunk, labels, n_parts):
-    return _pack(*part_sums(chunk.X, labels, n_parts))
-
-
 def _unpack(pack, dtype):
     return pack[:, :-1].astype(dtype), pack[:, -1].astype(np.int64)
 
@@ -540,14 +543,18 @@ class _ChunkPartitioner:
     #: FCFS's seed rows when they were gathered before :meth:`run` (see :class:`SplitStart`).
     seed_blocks = None
 
-    def seed_rows(self) -> list:
-        """FCFS's first draw (You 2020, Alg 3: P distinct rows as the centres): one task per
-        chunk holding some, futures in chunk order."""
+    def seed_locals(self) -> list:
+        """FCFS's first draw (You 2020, Alg 3: P distinct rows as the centres): each
+        chunk's local indices of them, ascending (an empty list for a chunk with none)."""
         seeds = np.sort(self.rng.choice(self.rows.n, self.P, replace=False))
         owners = [self._owner(int(s)) for s in seeds.tolist()]
-        return [self.driver.submit("rows", _rows, self.rows.chunks[k],
-                                   [loc for kk, loc in owners if kk == k])
-                for k in sorted({o[0] for o in owners})]
+        return [[loc for kk, loc in owners if kk == k] for k in range(len(self.rows.chunks))]
+
+    def seed_rows(self) -> list:
+        """The seed rows, in chunk order (one task per chunk holding some, one round trip)."""
+        locals_ = self.seed_locals()
+        return self.driver.gather([self.driver.submit("rows", _rows, chunk, loc)
+                                   for chunk, loc in zip(self.rows.chunks, locals_) if loc])
 
     def _owner(self, i: int):
         k = int(np.searchsorted(self.rows.bounds, i, side="right") - 1)
@@ -561,12 +568,6 @@ class _ChunkPartitioner:
         """The per-centre sums and counts of all rows (one task per chunk, one round trip)."""
         return _unpack(self.rows.reduce(self.rows.map("assign", _assign_sums, centers)),
                        self.rows.dtype)
-
-    def means(self, labels, *, wait=True):
-        """The parts' means; with ``wait=False`` a :class:`PendingMeans` (no round trip yet)."""
-        packs = self.rows.map("means", _part_sums, self.P, extra=[(lab,) for lab in labels])
-        pending = PendingMeans(packs, self.rows.dtype)
-        return pending.resolve(self.driver.gather(packs)) if wait else pending
 
     def kmeans_pp(self):
         """k-means++ seeding (Arthur & Vassilvitskii, 2007), D^2 sampling over the chunks."""
@@ -653,9 +654,7 @@ class _ChunkPartitioner:
             b = self.rows.bounds
             labels = [full[b[k]: b[k + 1]] for k in range(len(self.rows.chunks))]
         elif method == "fcfs":
-            blocks = self.seed_blocks
-            if blocks is None:
-                blocks = self.driver.gather(self.seed_rows())
+            blocks = self.seed_blocks if self.seed_blocks is not None else self.seed_rows()
             centers = np.concatenate(blocks).astype(self.rows.dtype, copy=False)
             labels = self.fill(centers, _capacities(n, P))
         elif method == "kmeans":
@@ -669,47 +668,34 @@ class _ChunkPartitioner:
             raise ValueError(f"partition={method!r} does not run on Dask input; use one of "
                              f"{list(DASK_PARTITIONERS)} (BKM moves the farthest members of "
                              "over-full parts, a global sort that is not written for chunks)")
-        # Nothing is needed back before the parts are shipped: the centres are gathered
-        # with the fitted parts (see ship_and_fit), one round trip fewer.
-        return labels, self.means(labels, wait=False)
-
-
-class PendingMeans:
-    """Part means still on the workers: per-chunk sums and counts as futures."""
-
-    def __init__(self, packs, dtype):
-        self.packs, self.dtype = packs, dtype
-
-    def resolve(self, values):
-        """The means from the gathered per-chunk packs, summed in chunk order."""
-        total = np.array(values[0], dtype=np.float64, copy=True)
-        for v in values[1:]:
-            total += v
-        return _divide(*_unpack(total, self.dtype))
+        # The centres are the parts' means: each fit task sums its parts' rows, which
+        # it holds anyway, and they come back with the fitted parts (ship_and_fit).
+        return labels, None
 
 
 class SplitStart:
     """A split begun before the chunk summaries are gathered (see :func:`load_rows`).
 
-    FCFS draws its seed rows first and needs nothing from the summaries, so their
-    tasks are submitted with the summaries' and gathered in the same round trip; the
-    other splits start nothing early. :func:`partition_chunks` then goes on with the
-    same partitioner (the same random draws).
+    FCFS draws its seed rows first and needs nothing from the summaries, so each
+    chunk's summary task returns the seeds it holds; the other splits start nothing
+    early. :func:`partition_chunks` then goes on with the same partitioner (the same
+    random draws).
     """
 
     def __init__(self, n_partitions, method, random_state):
         self.P, self.method, self.random_state = int(n_partitions), method, random_state
         self.runner = None
 
-    def submit(self, rows) -> list:
+    def seeds(self, rows) -> list | None:
+        """Each chunk's local indices of the rows wanted early, or None (nothing wanted)."""
         if self.method != "fcfs" or self.P == 1:
-            return []
+            return None
         self.runner = _ChunkPartitioner(rows, self.P, check_random_state(self.random_state),
                                         LLOYD_MAX_ITER, LLOYD_TOL)
-        return self.runner.seed_rows()
+        return self.runner.seed_locals()
 
-    def receive(self, values):
-        self.runner.seed_blocks = list(values)
+    def receive(self, blocks):
+        self.runner.seed_blocks = list(blocks)
 
 
 def partition_chunks(rows: DaskRows, n_partitions, method, random_state, *,
@@ -718,8 +704,8 @@ def partition_chunks(rows: DaskRows, n_partitions, method, random_state, *,
 
     The labels are arrays on the client where it drew or filled them (random; FCFS and
     K-balance when P <= d, see ``_ChunkPartitioner.fill``), futures on the workers
-    otherwise. Apart from k-means, ``centers`` is a :class:`PendingMeans`, gathered
-    later with the fitted parts (:func:`ship_and_fit`).
+    otherwise. Apart from k-means, ``centers`` is None: the centres are the parts'
+    means, which the fit tasks sum from the rows they hold (:func:`ship_and_fit`).
 
     With one part no clustering runs (the centre is the mean), as in-process.
     """
@@ -739,8 +725,14 @@ def partition_chunks(rows: DaskRows, n_partitions, method, random_state, *,
 # ---------------------------------------------------------------------------------------
 # steps 3-5: ship, fit, gather
 # ---------------------------------------------------------------------------------------
-def _take_parts(chunk, labels, part_ids):
-    """The rows of each of ``part_ids`` in this chunk, ascending: ``[(X, y, w), ...]``."""
+def _take_parts(chunk, labels, part_ids, classes):
+    """The rows of each of ``part_ids`` in this chunk, ascending: ``[(X, y, w), ...]``.
+
+    ``classes``: None, or ``(classes, class_weight, C)`` for a classifier: ``y``
+    becomes class indices and ``w`` the per-row C (:func:`_with_classes`).
+    """
+    if classes is not None:
+        chunk = _with_classes(chunk, *classes)
     out = []
     for p in part_ids:
         sel = np.flatnonzero(labels == p)
@@ -761,12 +753,29 @@ def _group_rows(pieces, n_parts):
     return X, y, w, local
 
 
+def _group_sums(pieces, n_parts):
+    """The group's per-part row sums and counts (packed as :func:`_pack`), over the chunks.
+
+    Each chunk's sums are the ones :func:`part_sums` gives on the whole chunk (its
+    rows of a part, in order) and they are added in chunk order, so the parts' means
+    have the bits of summing every chunk's sums on the client, without that pass.
+    """
+    total = None
+    for piece in pieces:
+        X = np.concatenate([b[0] for b in piece])
+        labels = np.repeat(np.arange(n_parts), [b[0].shape[0] for b in piece])
+        pack = _pack(*part_sums(X, labels, n_parts))
+        total = pack if total is None else total + pack
+    return total
+
+
 def _fit_svm_group(estimator, part_ids, *pieces):
-    """CA-SVM parts of one group on this worker (its GPU when it has one)."""
+    """CA-SVM parts of one group on this worker (its GPU when it has one), and their sums."""
     X, y_idx, sample_C, local = _group_rows(pieces, len(part_ids))
     backend = resolve(estimator.device)
     with backend.use():
-        return estimator._fit_parts(backend.asarray(X), local, y_idx, sample_C)
+        fits = estimator._fit_parts(backend.asarray(X), local, y_idx, sample_C)
+    return fits, _group_sums(pieces, len(part_ids))
 
 
 def _fit_krr_group(estimator, part_ids, *pieces):
@@ -780,8 +789,8 @@ def _fit_krr_group(estimator, part_ids, *pieces):
         estimator._check_memory(sizes, X.dtype.itemsize, backend)
         fits = estimator._fit_parts(backend, backend.asarray(X), backend.asarray(y), local,
                                     estimator.sigma, estimator.lam, part_ids=part_ids)
-    return [KRRPartFit(to_numpy(f.X), to_numpy(f.dual_coef), to_numpy(f.intercept))
-            for f in fits]
+    return ([KRRPartFit(to_numpy(f.X), to_numpy(f.dual_coef), to_numpy(f.intercept))
+             for f in fits], _group_sums(pieces, len(part_ids)))
 
 
 def _workers(client):
@@ -867,11 +876,14 @@ def _krr_need(estimator, d, itemsize):
     return need
 
 
-def ship_and_fit(rows, labels, sizes, costs, group_fn, estimator, addresses, centers):
+def ship_and_fit(rows, labels, sizes, costs, group_fn, estimator, addresses, centers, *,
+                 classes=None):
     """Steps 3-4: parts placed on workers by cost; each group's rows shipped and fitted there.
 
     Returns the per-part fits in part order (gathered), each part's worker and the
-    centres (``centers`` as given, or a :class:`PendingMeans` gathered with the fits).
+    centres: ``centers`` as given, or when None the parts' means from the sums the
+    fit tasks return with the fits (no pass of their own). ``classes``: see
+    :func:`_take_parts`.
     """
     driver = rows.driver
     placement = balance(costs, len(addresses))
@@ -880,20 +892,24 @@ def ship_and_fit(rows, labels, sizes, costs, group_fn, estimator, addresses, cen
         if ids.size == 0:
             continue
         ids_list = ids.tolist()
-        pieces = rows.map("take", _take_parts, ids_list, extra=[(lab,) for lab in labels])
+        pieces = rows.map("take", _take_parts, ids_list, classes,
+                          extra=[(lab,) for lab in labels])
         fit = driver.submit("fit-parts", group_fn, estimator, ids_list, *pieces,
                             workers=[address], allow_other_workers=True)
         futures.append((ids_list, address, fit))
-    pending = centers.packs if isinstance(centers, PendingMeans) else []
-    results = driver.gather([f for _, _, f in futures] + pending)
-    if pending:
-        centers = centers.resolve(results[len(futures):])
+    results = driver.gather([f for _, _, f in futures])
     fits = [None] * len(sizes)
     part_worker = [None] * len(sizes)
-    for (ids, address, _), group in zip(futures, results):
+    sums = None
+    for (ids, address, _), (group, pack) in zip(futures, results):
+        if sums is None:
+            sums = np.zeros((len(sizes), pack.shape[1]), dtype=np.float64)
+        sums[ids] = pack
         for p, fit in zip(ids, group):
             fits[p] = fit
             part_worker[p] = address
+    if centers is None:
+        centers = _divide(*_unpack(sums, rows.dtype))
     return fits, part_worker, centers
 
 
@@ -972,7 +988,6 @@ def fit_casvm(estimator, X, y, sample_weight=None):
     _set_features(estimator, X, names)
     for name in ("devices_", "part_device_", "_device_cache"):
         estimator.__dict__.pop(name, None)
-    rows.chunks = rows.map("classes", _with_classes, classes, cw, float(estimator.C))
     estimator.partition_ = split.method
     labels, centers = partition_chunks(rows, P, split.method, estimator.random_state,
                                        start=split)
@@ -982,7 +997,7 @@ def fit_casvm(estimator, X, y, sample_weight=None):
     check_budget(need, sizes, n, budget, "CASVMClassifier")
     fits, part_worker, centers = ship_and_fit(rows, labels, sizes, smo_cost(sizes),
                                               _fit_svm_group, _shipped(estimator), addresses,
-                                              centers)
+                                              centers, classes=(classes, cw, float(estimator.C)))
     parts = Partitioning.from_labels(all_labels, centers, P)
     estimator._assemble(parts, fits, y_idx)
     estimator.part_worker_ = np.asarray(part_worker, dtype=object)
