@@ -18,13 +18,16 @@ Bytes moved per fit, counted three ways and added:
   ``transfer_incoming_log``, sizes as distributed estimates them).
 
 The model (docs/scale-out.md, "What moves over the network"), with n rows, d
-features, K chunks, W workers, P parts, I Lloyd steps (counted by the driver):
+features, K chunks, W workers of which H hold chunks (one task each for the
+small steps), P parts, I Lloyd steps (counted by the driver):
 
-* partitioning: per Lloyd step the P x d centres to each chunk and P x (d + 1)
-  sums and counts back, ``8 K (2Pd + P)``; k-means++ (P picks, each a centre
-  to every chunk and a row back) ``8 P (K d + d + K)``; the fill: the centres
-  to each chunk, ``8 K P d``, and when it runs on the client (P <= d) the
-  n x P distances back, ``8 n P`` (FCFS: and its P seed rows, ``8 P d``);
+* partitioning: per Lloyd step the P x d centres to each worker's task and
+  P x (d + 1) sums and counts back per chunk, ``8 (H P d + K P (d + 1))``;
+  k-means++ (P picks, each a centre to every chunk and a row back)
+  ``8 P (K d + d + K)``; the fill: when it runs on the client (P <= d) the
+  centres to each worker's task, ``8 H P d``, and the n x P distances back,
+  ``8 n P`` (FCFS: and its P seed rows, ``8 P d``); the chain (P > d): the
+  centres to each chunk, ``8 K P d``;
 * labels: made on the workers (k-means; the fill's chain when P > d), to the
   client, ``8 n``; drawn or filled on the client (random; the fill when P <= d),
   to the take task of each of the G worker groups, ``8 n G``; CA-SVM: and y in the
@@ -100,15 +103,16 @@ def _model_bytes(est, traffic, n, d, K, W, kind):
     partition = getattr(est, "partition_", est.partition)
     total = 0.0
     groups = len(set(est.part_worker_))
+    H = traffic.groups
     if partition in ("kmeans", "kbalance"):
         I = traffic.steps + 1  # the Lloyd steps, and the first assignment
-        total += 8 * K * (2 * P * d + P) * I
+        total += 8 * (H * P * d + K * P * (d + 1)) * I
         total += 8 * P * (K * d + d + K)
     on_client = partition == "random" or (partition in ("fcfs", "kbalance")
                                           and fills_on_client(P, d))
     if partition in ("fcfs", "kbalance"):
         # the fill: the centres out, and the distances back when it runs on the client
-        total += 8 * K * P * d + (8 * n * P if on_client else 0)
+        total += 8 * H * P * d + 8 * n * P if on_client else 8 * K * P * d
     if partition == "fcfs":
         total += 8 * P * d  # the seed rows
     total += 8 * P * (d + 1)  # the part sums, back with the fits (k-means too)

@@ -151,6 +151,33 @@ def test_fcfs_fill_schedules_equal_in_process(client, classification, monkeypatc
     np.testing.assert_array_equal(labels[on_dask.support_], on_dask.support_part_)
 
 
+@pytest.mark.parametrize("method", ["fcfs", "kbalance"])
+def test_small_steps_run_one_task_per_worker(client, classification, method):
+    """Lloyd steps, the fill's distances and the take of each group of parts run one task
+    per worker over its chunks, not one per chunk; the model is the in-process one."""
+    X, y = classification
+    Xd, yd = _dask(X, y, rows=200)  # 12 chunks on 2 workers
+    params = dict(n_partitions=4, partition=method, random_state=0)
+    with distributed.get_task_stream(client) as stream:
+        on_dask = CASVMClassifier(**params).fit(Xd, yd)
+    steps = {}
+    for task in stream.data:
+        key = str(task["key"])
+        if key.startswith("gpuml-"):
+            steps[key.split("-")[1]] = steps.get(key.split("-")[1], 0) + 1
+    tr = on_dask._dask_traffic
+    assert tr.groups == 2
+    assert steps["summary"] == 12
+    assert steps["distances"] == 2
+    assert steps["take"] == 2 * 2  # each worker's chunks, for each worker's group of parts
+    if method == "kbalance":
+        assert steps["assign"] == 2 * (tr.steps + 1)
+    local = CASVMClassifier(**params).fit(X, y)
+    np.testing.assert_array_equal(on_dask.support_, local.support_)
+    np.testing.assert_allclose(on_dask.dual_coef_, local.dual_coef_, rtol=1e-9, atol=1e-12)
+    np.testing.assert_allclose(on_dask.centers_, local.centers_, rtol=1e-12, atol=1e-12)
+
+
 def test_bad_input_is_refused_before_work(client, classification, regression):
     X, y = classification
     Xd, yd = _dask(X, y)
