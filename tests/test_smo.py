@@ -168,8 +168,49 @@ def test_float32_input(cancer):
     assert b.objective == pytest.approx(a.objective, rel=1e-4)
 
 
-def test_batch_equals_each_problem_alone():
-    """The compiled batch (chunks of problems per call, in threads) changes no result."""
+def test_kernel_matrices_held_at_most_one_per_thread(monkeypatch):
+    """Each group's matrix is made just before its problems and dropped after them: on
+    one thread the memory of one part's matrix, on n_jobs threads (a task per group) of
+    n_jobs, not of all."""
+    import weakref
+
+    import gpuml.kernels._cpu.smo as cpu_smo
+
+    X, y = load_digits(return_X_y=True)
+    X, y = StandardScaler().fit_transform(X)[:600], y[:600]
+    kernel = make_kernel("rbf", "scale", X=X)
+    Xs = [X[g::4] for g in range(4)]
+    problems = [SMOProblem(g, np.arange(len(Xg)), np.where(y[g::4] < 5, 1.0, -1.0), 1.0)
+                for g, Xg in enumerate(Xs)]
+    alive, most = [], []
+    make = cpu_smo._make_matrix
+
+    def tracked(*args):
+        K = make(*args)
+        alive.append(weakref.ref(K))
+        most.append(sum(r() is not None for r in alive))
+        return K
+
+    monkeypatch.setattr(cpu_smo, "_make_matrix", tracked)
+    one = smo_solve_batch(kernel, Xs, problems, n_jobs=1)
+    assert most == [1, 1, 1, 1]
+    # Two threads, 16 groups of one problem each (8 chunks per thread): each task makes
+    # and drops its group's matrix.
+    Xs = [X[g::16] for g in range(16)]
+    problems = [SMOProblem(g, np.arange(len(Xg)), np.where(y[g::16] < 5, 1.0, -1.0), 1.0)
+                for g, Xg in enumerate(Xs)]
+    one = smo_solve_batch(kernel, Xs, problems, n_jobs=1)
+    alive.clear(), most.clear()
+    two = smo_solve_batch(kernel, Xs, problems, n_jobs=2)
+    assert max(most) <= 2 and len(most) == 16
+    for a, b in zip(one, two):
+        np.testing.assert_array_equal(a.alpha, b.alpha)
+
+
+@pytest.mark.parametrize("n_jobs", [None, 2])
+def test_batch_equals_each_problem_alone(n_jobs):
+    """The compiled batch (chunks of problems per call, in threads; one group's matrix at a
+    time on one thread) changes no result."""
     X, y = load_digits(return_X_y=True)
     X = StandardScaler().fit_transform(X)[:900]
     y = y[:900]
@@ -188,7 +229,7 @@ def test_batch_equals_each_problem_alone():
     cold = smo_solve_batch(kernel, Xs, [problems[-1]])[0]
     problems.append(SMOProblem(2, problems[-1].idx, problems[-1].y, 1.0, alpha0=cold.alpha))
     for shrinking in (False, True):
-        batch = smo_solve_batch(kernel, Xs, problems, n_jobs=2, shrinking=shrinking)
+        batch = smo_solve_batch(kernel, Xs, problems, n_jobs=n_jobs, shrinking=shrinking)
         assert len(batch) == len(problems)
         for prob, res in zip(problems, batch):
             alone = smo_solve_batch(kernel, Xs, [prob], shrinking=shrinking)[0]

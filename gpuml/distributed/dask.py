@@ -917,14 +917,18 @@ def _svm_need(estimator, d):
     """Bytes a worker holds to fit CA-SVM parts of these sizes: rows, and each part's kernel.
 
     The CPU SMO keeps a part's whole kernel matrix when it fits in
-    ``cache_size``, else a row cache of at most ``cache_size``; a GPU worker's
+    ``cache_size``, else a row cache of at most ``cache_size``, one part per
+    solver thread at a time (``n_jobs``); a GPU worker's
     device memory is checked by the solver itself.
     """
     cache = float(estimator.cache_size) * 2**20
+    jobs = effective_n_jobs(estimator.n_jobs)
 
     def need(sizes):
         m = sizes.astype(np.float64)
-        return int((8.0 * m * (d + 2) + np.minimum(8.0 * m**2, cache)).sum())
+        # one matrix per solver thread at a time (gpuml.kernels.smo_solve_batch)
+        blocks = np.sort(np.minimum(8.0 * m**2, cache))[::-1][:max(1, jobs)]
+        return int((8.0 * m * (d + 2)).sum() + blocks.sum())
 
     return need
 

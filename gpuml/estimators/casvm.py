@@ -237,10 +237,12 @@ class CASVMClassifier(KernelSVMMixin, ClassifierMixin, BaseEstimator):
         ``max(10**7, 100 * n)`` steps on a problem of ``n`` samples. A problem
         stopped by either warns with a ``ConvergenceWarning``, as SVC.
     cache_size : float, default=1024
-        Kernel cache in MB **per part** (so up to ``n_jobs`` times this at
-        once). A part whose kernel matrix fits is computed whole with one
-        GEMM and shared by its one-vs-one problems; otherwise rows are
-        computed on demand and kept in an LRU cache of this size.
+        Kernel cache in MB **per part**. A part whose kernel matrix fits is
+        computed whole with one GEMM just before its one-vs-one problems are
+        solved, shared by them and dropped after them (so up to ``n_jobs``
+        parts' matrices at once; every part's when there are fewer than
+        8 x ``n_jobs`` parts); otherwise rows are computed on demand and kept
+        in an LRU cache of this size.
     shrinking : bool, default=False
         LIBSVM's shrinking heuristic. Off by default, unlike SVC: here a row
         costs one GEMV, so what shrinking saves per step is less than the

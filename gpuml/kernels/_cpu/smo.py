@@ -45,7 +45,7 @@ from dataclasses import dataclass
 import numpy as np
 from joblib import effective_n_jobs
 from numba import njit
-from threadpoolctl import threadpool_limits
+from threadpoolctl import ThreadpoolController, threadpool_limits
 
 from ..pairwise import squared_norms
 from . import _jit
@@ -954,8 +954,9 @@ def solve_batch(kernel, Xs, problems, *, tol=1e-3, max_iter=-1, cache_bytes=1 <<
     rows = np.array([X.shape[0] for X in Xs], dtype=np.int64)
     if np.any(idx < 0) or np.any(idx >= np.repeat(rows[group], sizes)):
         raise ValueError("a problem's row index is outside its group's matrix")
-    mats = _group_matrices(kernel, Xs, np.unique(group).tolist(), cache_bytes, n_jobs)
-    mat_rows = np.array([-1 if mats.get(g) is None else mats[g].shape[0]
+    used = np.unique(group).tolist()
+    planned = {g: _matrix_plan(kernel, Xs[g], cache_bytes) for g in used}
+    mat_rows = np.array([-1 if planned.get(g) is None else Xs[g].shape[0]
                          for g in range(len(Xs))], dtype=np.int64)
     dense = mat_rows[group] >= 0
     # Problem w is its group's whole matrix when idx[a:b] == arange(b - a) and b - a == m.
@@ -968,6 +969,13 @@ def solve_batch(kernel, Xs, problems, *, tol=1e-3, max_iter=-1, cache_bytes=1 <<
     jobs = 1 if n_jobs in (None, 1) else effective_n_jobs(n_jobs)
     dense_groups = np.unique(group[dense])
     per_group = 1 if jobs == 1 else -(-8 * jobs // max(len(dense_groups), 1))
+    # A group's whole matrix is made just before its problems are solved and dropped
+    # after them (so at most n_jobs are held at once, each at most cache_size, and the
+    # solver reads a matrix partly still in the CPU's cache): on one thread group after
+    # group (the GEMM with all of BLAS's threads); on several when each group is one
+    # task, inside it. Otherwise (few groups, their problems split over the threads)
+    # every matrix is made first.
+    own = jobs > 1 and per_group == 1
     row_cached = np.flatnonzero(~dense).tolist()
     tasks = [("row-cached", w) for w in row_cached]
     for g in dense_groups.tolist():
@@ -982,6 +990,8 @@ def solve_batch(kernel, Xs, problems, *, tol=1e-3, max_iter=-1, cache_bytes=1 <<
         kind, what = item
         if kind == "dense":
             g, which = what
+            if own:
+                return run(_make_matrix(kernel, Xs[g], planned[g], cache_bytes), which)
             return run(mats[g], which)
         w = what
         a, b = bounds[w], bounds[w + 1]
@@ -1010,8 +1020,27 @@ def solve_batch(kernel, Xs, problems, *, tol=1e-3, max_iter=-1, cache_bytes=1 <<
             progress(g, [row_results[w] if w in row_results else run.result(w)
                          for w in mine])
 
-    with threadpool_limits(1, user_api="blas") if len(problems) > 1 else nullcontext():
-        done = _in_threads(task, tasks, n_jobs, on_result=finished)
+    # One scan of the loaded BLAS libraries for the whole batch (a threadpool_limits
+    # each does its own, milliseconds each), then BLAS on one thread for every solve.
+    blas = ThreadpoolController() if len(problems) > 1 else None
+
+    def solve(items):
+        with blas.limit(limits=1, user_api="blas") if blas is not None else nullcontext():
+            return _in_threads(task, items, n_jobs, on_result=finished)
+
+    mats = {}
+    if jobs == 1:
+        done = solve([t for t in tasks if t[0] == "row-cached"])
+        for g in dense_groups.tolist():
+            mats[g] = _make_matrix(kernel, Xs[g], planned[g], cache_bytes)
+            done += solve([t for t in tasks if t[0] == "dense" and t[1][0] == g])
+            del mats[g]
+    else:
+        if not own:
+            mats = dict(zip(dense_groups.tolist(), _in_threads(
+                lambda g: _make_matrix(kernel, Xs[g], planned[g], cache_bytes),
+                dense_groups.tolist(), n_jobs)))
+        done = solve(tasks)
     results = run.results()
     for out in done:
         if out is not None:
@@ -1019,24 +1048,29 @@ def solve_batch(kernel, Xs, problems, *, tol=1e-3, max_iter=-1, cache_bytes=1 <<
     return results
 
 
-def _group_matrices(kernel, Xs, used, cache_bytes, n_jobs):
-    """``{group: kernel matrix}`` for the groups ``used`` whose matrix fits in ``cache_bytes``.
+def _matrix_plan(kernel, X, cache_bytes):
+    """How a group's whole kernel matrix is made ("precomputed", "sgemm", "exact"), or
+    None when it does not fit in ``cache_bytes`` (its problems then compute rows on demand).
 
-    One GEMM per group: the one-vs-one problems of a group need exactly its
-    values between them (diagonal plus cross blocks).
+    One GEMM per group: the one-vs-one problems of a group need exactly its values
+    between them (diagonal plus cross blocks).
     """
-    def matrix(g):
-        X = Xs[g]
-        if kernel.name == "precomputed":
-            return np.ascontiguousarray(_dense(X))
-        centred = sgemm_rows(kernel, X) if X.shape[0] ** 2 * 4 <= cache_bytes else None
-        if centred is not None:
-            return sgemm_matrix(kernel, X, max_bytes=max(cache_bytes, 1), centred=centred)
-        if X.shape[0] ** 2 * np.dtype(X.dtype).itemsize > cache_bytes:
-            return None
-        return np.ascontiguousarray(kernel.matrix(X, max_bytes=max(cache_bytes, 1)))
+    if kernel.name == "precomputed":
+        return "precomputed"
+    if X.shape[0] ** 2 * 4 <= cache_bytes and sgemm_applies(kernel, X):
+        return "sgemm"
+    if X.shape[0] ** 2 * np.dtype(X.dtype).itemsize > cache_bytes:
+        return None
+    return "exact"
 
-    return dict(zip(used, _in_threads(matrix, used, n_jobs)))
+
+def _make_matrix(kernel, X, plan, cache_bytes):
+    """The group's kernel matrix as :func:`_matrix_plan` planned it."""
+    if plan == "precomputed":
+        return np.ascontiguousarray(_dense(X))
+    if plan == "sgemm":
+        return sgemm_matrix(kernel, X, max_bytes=max(cache_bytes, 1))
+    return np.ascontiguousarray(kernel.matrix(X, max_bytes=max(cache_bytes, 1)))
 
 
 #: Largest bound on the float32 rounding error of an rbf exponent that
