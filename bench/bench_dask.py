@@ -128,12 +128,14 @@ def _model_bytes(est, traffic, n, d, K, W, kind):
 
 
 def _two_core_ceiling(client, make, X, y, repeat):
-    """What two workers can gain at most on this machine, without Dask in the way.
+    """What two workers can gain at most on this machine, with Dask's partitioning and
+    shipping out of the way.
 
-    The whole in-process fit (BLAS one thread) runs inside a worker of the 2-worker
-    cluster, alone and then in both workers at once (``client.run``; its own clock in
-    each worker), alternately: ``2 x alone / side by side`` is the throughput of two
-    cores for this work, memory bandwidth and the shared L3 cache included.
+    The whole in-process fit (BLAS one thread) runs as one task in a worker of the
+    2-worker cluster (its executor thread, as the parts' fit tasks), alone and then in
+    both workers at once, alternately, each timed by its own clock: ``2 x alone /
+    side by side`` is the throughput of two cores for this work, the workers' own
+    threads, memory bandwidth and the shared L3 cache included.
     """
     def fit(X, y):
         from threadpoolctl import threadpool_limits
@@ -143,12 +145,19 @@ def _two_core_ceiling(client, make, X, y, repeat):
             make().fit(X, y)
             return time.perf_counter() - t0
 
-    first = sorted(client.scheduler_info(n_workers=-1)["workers"])[0]
-    client.run(fit, X, y)  # warm-up
+    workers = sorted(client.scheduler_info(n_workers=-1)["workers"])
+    data = {w: client.scatter([X, y], workers=[w], broadcast=False) for w in workers}
+
+    def run(on):
+        return client.gather([client.submit(fit, *data[w], workers=[w],
+                                            allow_other_workers=False, pure=False)
+                              for w in on])
+
+    run(workers)  # warm-up
     alone, both = [], []
     for _ in range(repeat):
-        alone.append(client.run(fit, X, y, workers=[first])[first])
-        both.append(statistics.mean(client.run(fit, X, y).values()))
+        alone.append(run(workers[:1])[0])
+        both.append(statistics.mean(run(workers)))
     return 2 * statistics.median(alone) / statistics.median(both)
 
 
@@ -256,9 +265,9 @@ def main(quick: bool = False, gpu: bool = False) -> None:
         f"fit_s: median of {repeat} fits after a warm-up fit, the two clusters up at once "
         "and their fits alternating (1, 2, 2, 1, ...); paired_speedup: the median over "
         "those pairs of the 1-worker fit's time over the 2-worker fit's. two_core_ceiling: "
-        "2 x the in-process fit's time alone in one worker / its time in both workers at "
-        "once (client.run, no Dask in the fit): the most two workers can gain on this "
-        "machine. Each cluster: W "
+        "2 x the in-process fit's time as one task alone in one worker / its time in both "
+        "workers at once (no Dask partitioning or shipping in the fit): the most two "
+        "workers can gain on this machine. Each cluster: W "
         "worker processes, one thread each, OMP/OPENBLAS/MKL/NUMBA threads 1 (worker_threads "
         "as the workers report them); data persisted on the workers in "
         f"{N_CHUNKS} chunks before timing. in_process_1thread_s: the same fit in this "
