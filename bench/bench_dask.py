@@ -23,8 +23,9 @@ small steps), P parts, I Lloyd steps (counted by the driver):
 
 * partitioning: per Lloyd step the P x d centres to each worker's task and
   P x (d + 1) sums and counts back per chunk, ``8 (H P d + K P (d + 1))``;
-  k-means++ (P picks, each a centre to every chunk and a row back)
-  ``8 P (K d + d + K)``; the fill: when it runs on the client (P <= d) the
+  k-means++ (P picks: each chunk's total back, the picked row to the chunks
+  on the other workers, worker to worker, and the P rows back at the end)
+  ``8 P (K d (W - 1) / W + d + K)``; the fill: when it runs on the client (P <= d) the
   centres to each worker's task, ``8 H P d``, and the n x P distances back,
   ``8 n P`` (FCFS: and its P seed rows, ``8 P d``); the chain (P > d): the
   centres to each chunk, ``8 K P d``;
@@ -107,7 +108,7 @@ def _model_bytes(est, traffic, n, d, K, W, kind):
     if partition in ("kmeans", "kbalance"):
         I = traffic.steps + 1  # the Lloyd steps, and the first assignment
         total += 8 * (H * P * d + K * P * (d + 1)) * I
-        total += 8 * P * (K * d + d + K)
+        total += 8 * P * (K * d * (W - 1) / W + d + K)
     on_client = partition == "random" or (partition in ("fcfs", "kbalance")
                                           and fills_on_client(P, d))
     if partition in ("fcfs", "kbalance"):

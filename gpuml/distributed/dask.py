@@ -609,9 +609,10 @@ class _ChunkPartitioner:
         k = int(np.searchsorted(self.rows.bounds, i, side="right") - 1)
         return k, i - int(self.rows.bounds[k])
 
-    def row(self, i: int) -> np.ndarray:
+    def row(self, i: int):
+        """Row ``i``, as a future (it goes on to the tasks that need it, not to the client)."""
         k, local = self._owner(i)
-        return self.driver.gather(self.driver.submit("row", _row, self.rows.chunks[k], local))
+        return self.driver.submit("row", _row, self.rows.chunks[k], local)
 
     def assign(self, centers):
         """The per-centre sums and counts of all rows (one task per worker, one round trip)."""
@@ -619,11 +620,16 @@ class _ChunkPartitioner:
                        self.rows.dtype)
 
     def kmeans_pp(self):
-        """k-means++ seeding (Arthur & Vassilvitskii, 2007), D^2 sampling over the chunks."""
+        """k-means++ seeding (Arthur & Vassilvitskii, 2007), D^2 sampling over the chunks.
+
+        One round trip per centre: the client needs the chunks' totals to draw the
+        next row, while the drawn row goes from its chunk's task to the next distance
+        tasks as a future, and all P rows come back at the end.
+        """
         rows, rng, K = self.rows, self.rng, len(self.rows.chunks)
         centers = [self.row(int(rng.randint(rows.n)))]
         norms = rows.map("norms", _norms)
-        closest = rows.map("closest", _closest, centers[0], extra=[(v, None) for v in norms])
+        closest = rows.map("closest", _closest, extra=[(v, None, centers[0]) for v in norms])
         for _ in range(1, self.P):
             totals = np.array(self.driver.gather(self.driver.map("total", _total, closest)))
             ends = np.cumsum(totals)
@@ -634,12 +640,12 @@ class _ChunkPartitioner:
                 u = rng.uniform(0, total)
                 owner = min(int(np.searchsorted(ends, u)), K - 1)
                 start = float(ends[owner - 1]) if owner else 0.0
-                c = self.driver.gather(self.driver.submit(
-                    "pick", _pick, rows.chunks[owner], closest[owner], u - start))
+                c = self.driver.submit("pick", _pick, rows.chunks[owner], closest[owner],
+                                       u - start)
             centers.append(c)
-            closest = rows.map("closest", _closest, c,
-                               extra=[(v, p) for v, p in zip(norms, closest)])
-        return np.stack(centers)
+            closest = rows.map("closest", _closest,
+                               extra=[(v, p, c) for v, p in zip(norms, closest)])
+        return np.stack(self.driver.gather(centers))
 
     def kmeans(self):
         """Lloyd's k-means: ``(labels futures, centers, global sizes)``."""
