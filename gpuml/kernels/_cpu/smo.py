@@ -116,6 +116,58 @@ def _in_low(yk, ak, ck):
     return (yk > 0 and ak > 0) or (yk < 0 and ak < ck)
 
 
+def _pair_step_py(ai, aj, opposite, quad, Gi, Gj, Ci, Cj):
+    """LIBSVM's step on the working pair (i, j), clipped to the box: the new alpha_i, alpha_j.
+
+    ``opposite``: y_i != y_j; ``quad``: K_ii + K_jj - 2 K_ij (TAU where not positive);
+    ``Gi, Gj``: the gradient at i and j. One piece of code for the compiled loop
+    (:func:`_pair_step`, inlined there) and its NumPy twin, so both step alike.
+    """
+    q = quad if quad > 0 else TAU
+    if opposite:
+        delta = (-Gi - Gj) / q
+        diff = ai - aj
+        ai += delta
+        aj += delta
+        if diff > 0:
+            if aj < 0:
+                aj = 0.0
+                ai = diff
+        elif ai < 0:
+            ai = 0.0
+            aj = -diff
+        if diff > Ci - Cj:
+            if ai > Ci:
+                ai = Ci
+                aj = Ci - diff
+        elif aj > Cj:
+            aj = Cj
+            ai = Cj + diff
+    else:
+        delta = (Gi - Gj) / q
+        total = ai + aj
+        ai -= delta
+        aj += delta
+        if total > Ci:
+            if ai > Ci:
+                ai = Ci
+                aj = total - Ci
+        elif aj < 0:
+            aj = 0.0
+            ai = total
+        if total > Cj:
+            if aj > Cj:
+                aj = Cj
+                ai = total - Cj
+        elif ai < 0:
+            ai = 0.0
+            aj = total
+    return ai, aj
+
+
+_pair_step = njit(nogil=True, cache=True, inline="always", _nrt=False)(_pair_step_py)
+
+
 @njit(nogil=True, cache=True, _nrt=False)
 def _lookup(r, slot_of, slot_time, state):
     """Cache slot of row ``r`` (refreshing its LRU time), or -1."""
@@ -250,48 +302,8 @@ def _run(y, C, QD, alpha, G, active, cache, slot_of, slot_time, state, tol, shri
         Cj = C[j]
         old_i = alpha[i]
         old_j = alpha[j]
-        ai = old_i
-        aj = old_j
-        if y[i] != y[j]:
-            quad = QD[i] + QD[j] - 2.0 * Ki[j]
-            delta = (-G[i] - G[j]) / (quad if quad > 0 else TAU)
-            diff = ai - aj
-            ai += delta
-            aj += delta
-            if diff > 0:
-                if aj < 0:
-                    aj = 0.0
-                    ai = diff
-            elif ai < 0:
-                ai = 0.0
-                aj = -diff
-            if diff > Ci - Cj:
-                if ai > Ci:
-                    ai = Ci
-                    aj = Ci - diff
-            elif aj > Cj:
-                aj = Cj
-                ai = Cj + diff
-        else:
-            quad = QD[i] + QD[j] - 2.0 * Ki[j]
-            delta = (G[i] - G[j]) / (quad if quad > 0 else TAU)
-            total = ai + aj
-            ai -= delta
-            aj += delta
-            if total > Ci:
-                if ai > Ci:
-                    ai = Ci
-                    aj = total - Ci
-            elif aj < 0:
-                aj = 0.0
-                ai = total
-            if total > Cj:
-                if aj > Cj:
-                    aj = Cj
-                    ai = total - Cj
-            elif ai < 0:
-                ai = 0.0
-                aj = total
+        ai, aj = _pair_step(old_i, old_j, y[i] != y[j], QD[i] + QD[j] - 2.0 * Ki[j],
+                            G[i], G[j], Ci, Cj)
         alpha[i] = ai
         alpha[j] = aj
         # G_k += Q_ki d_i + Q_kj d_j with Q_kl = y_k y_l K_kl.
@@ -508,47 +520,9 @@ def _solve_dense_numpy(K, y, C, alpha, G, limit, tol):
         Cj = float(C[j])
         old_i = float(alpha[i])
         old_j = float(alpha[j])
-        ai = old_i
-        aj = old_j
         quad = float(QD[i]) + float(QD[j]) - 2.0 * float(Ki[j])
-        if y[i] != y[j]:
-            delta = (-float(G[i]) - float(G[j])) / (quad if quad > 0 else TAU)
-            diff_ij = ai - aj
-            ai += delta
-            aj += delta
-            if diff_ij > 0:
-                if aj < 0:
-                    aj = 0.0
-                    ai = diff_ij
-            elif ai < 0:
-                ai = 0.0
-                aj = -diff_ij
-            if diff_ij > Ci - Cj:
-                if ai > Ci:
-                    ai = Ci
-                    aj = Ci - diff_ij
-            elif aj > Cj:
-                aj = Cj
-                ai = Cj + diff_ij
-        else:
-            delta = (float(G[i]) - float(G[j])) / (quad if quad > 0 else TAU)
-            total = ai + aj
-            ai -= delta
-            aj += delta
-            if total > Ci:
-                if ai > Ci:
-                    ai = Ci
-                    aj = total - Ci
-            elif aj < 0:
-                aj = 0.0
-                ai = total
-            if total > Cj:
-                if aj > Cj:
-                    aj = Cj
-                    ai = total - Cj
-            elif ai < 0:
-                ai = 0.0
-                aj = total
+        ai, aj = _pair_step_py(old_i, old_j, bool(y[i] != y[j]), quad, float(G[i]),
+                               float(G[j]), Ci, Cj)
         alpha[i] = ai
         alpha[j] = aj
         di = (ai - old_i) * float(y[i])
