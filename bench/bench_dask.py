@@ -23,16 +23,15 @@ small steps), P parts, I Lloyd steps (counted by the driver):
 
 * partitioning: per Lloyd step the P x d centres to each worker's task and
   P x (d + 1) sums and counts back per chunk, ``8 (H P d + K P (d + 1))``;
-  k-means++ (P picks: each chunk's total back, the picked row to the chunks
-  on the other workers, worker to worker, and the P rows back at the end)
-  ``8 P (K d (W - 1) / W + d + K)``; the fill: when it runs on the client (P <= d) the
+  k-means++ (P picks: each chunk's total back, the picked row to the tasks on
+  the H - 1 other workers, worker to worker, and the P rows back at the end)
+  ``8 P (H d + K)``; the fill: when it runs on the client (P <= d) the
   centres to each worker's task, ``8 H P d``, and the n x P distances back,
   ``8 n P`` (FCFS: and its P seed rows, ``8 P d``); the chain (P > d): the
   centres to each chunk, ``8 K P d``;
 * labels: made on the workers (k-means; the fill's chain when P > d), to the
-  client, ``8 n``; drawn or filled on the client (random; the fill when P <= d),
-  to the take task of each of the G worker groups, ``8 n G``; CA-SVM: and y in the
-  summary pass, ``8 n``;
+  client, ``8 n``; from the client (all splits) to the tasks that cut out each of
+  the G groups of parts, ``8 n G``; CA-SVM: and y in the summary pass, ``8 n``;
 * the part means: each group's fit task sums its parts' rows and returns the
   sums and counts with its fits, ``8 P (d + 1)`` (k-means too, though its centres
   are the last Lloyd step's);
@@ -108,7 +107,7 @@ def _model_bytes(est, traffic, n, d, K, W, kind):
     if partition in ("kmeans", "kbalance"):
         I = traffic.steps + 1  # the Lloyd steps, and the first assignment
         total += 8 * (H * P * d + K * P * (d + 1)) * I
-        total += 8 * P * (K * d * (W - 1) / W + d + K)
+        total += 8 * P * (H * d + K)
     on_client = partition == "random" or (partition in ("fcfs", "kbalance")
                                           and fills_on_client(P, d))
     if partition in ("fcfs", "kbalance"):
@@ -117,7 +116,7 @@ def _model_bytes(est, traffic, n, d, K, W, kind):
     if partition == "fcfs":
         total += 8 * P * d  # the seed rows
     total += 8 * P * (d + 1)  # the part sums, back with the fits (k-means too)
-    total += 8 * n * (groups if on_client else 1)  # the labels
+    total += 8 * n * (groups + (0 if on_client else 1))  # the labels
     total += 8 * n if kind == "svm" else 0  # y in the summary pass
     total += 8 * n * (d + (2 if kind == "svm" else 1)) * (W - 1) / W
     if kind == "svm":

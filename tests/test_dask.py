@@ -153,29 +153,53 @@ def test_fcfs_fill_schedules_equal_in_process(client, classification, monkeypatc
 
 @pytest.mark.parametrize("method", ["fcfs", "kbalance"])
 def test_small_steps_run_one_task_per_worker(client, classification, method):
-    """Lloyd steps, the fill's distances and the take of each group of parts run one task
-    per worker over its chunks, not one per chunk; the model is the in-process one."""
+    """Every step runs one task per worker over the chunks it holds, not one per chunk:
+    the checks and summaries, Lloyd steps, the fill's distances; each group's rows are
+    taken by one task on each other worker. The model is the in-process one."""
     X, y = classification
-    Xd, yd = _dask(X, y, rows=200)  # 12 chunks on 2 workers
+    # 12 chunks on 2 workers, persisted there: the fit starts from their futures
+    Xd, yd = client.persist(list(_dask(X, y, rows=200)))
+    distributed.wait([Xd, yd])
     params = dict(n_partitions=4, partition=method, random_state=0)
     with distributed.get_task_stream(client) as stream:
         on_dask = CASVMClassifier(**params).fit(Xd, yd)
     steps = {}
     for task in stream.data:
         key = str(task["key"])
-        if key.startswith("gpuml-"):
-            steps[key.split("-")[1]] = steps.get(key.split("-")[1], 0) + 1
+        assert key.startswith("gpuml-"), f"{key}: a task that is not one of the fit's steps"
+        steps[key.split("-")[1]] = steps.get(key.split("-")[1], 0) + 1
     tr = on_dask._dask_traffic
     assert tr.groups == 2
-    assert steps["summary"] == 12
+    assert steps["load"] == steps["summary"] == 2
     assert steps["distances"] == 2
-    assert steps["take"] == 2 * 2  # each worker's chunks, for each worker's group of parts
+    assert steps["take"] == 2  # the other worker's chunks, for each worker's group of parts
+    assert steps["fit"] == 2
     if method == "kbalance":
         assert steps["assign"] == 2 * (tr.steps + 1)
+        # k-means++: the first row, then per centre the totals, the pick and the distances
+        assert steps["norms"] == 2 and steps["row"] == 1
+        assert steps["closest"] == 2 * 4 and steps["total"] == 2 * 3 and steps["pick"] == 3
+        assert sum(steps.values()) == 2 * 6 + 1 + 3 * 3 + 2 * (tr.steps + 1) + 2 * 4
+    else:
+        assert sum(steps.values()) == 2 * 5
     local = CASVMClassifier(**params).fit(X, y)
     np.testing.assert_array_equal(on_dask.support_, local.support_)
     np.testing.assert_allclose(on_dask.dual_coef_, local.dual_coef_, rtol=1e-9, atol=1e-12)
     np.testing.assert_allclose(on_dask.centers_, local.centers_, rtol=1e-12, atol=1e-12)
+
+
+def test_persisted_chunks_are_used_as_they_are(client, classification):
+    from gpuml.distributed.dask import _block_futures
+
+    X, _ = classification
+    Xd = client.persist(da.from_array(X, chunks=(400, 10)))
+    futures = _block_futures(client, Xd)
+    assert [f.key for f in futures] == [k for (k,) in Xd.__dask_keys__()]
+    assert {f.key for f in futures} == {f.key for f in distributed.futures_of(Xd)}
+    # Not persisted: its blocks are computed, in order.
+    lazy = da.from_array(X, chunks=(400, 10)) * 2.0
+    np.testing.assert_array_equal(np.concatenate(client.gather(_block_futures(client, lazy))),
+                                  2.0 * X)
 
 
 def test_bad_input_is_refused_before_work(client, classification, regression):

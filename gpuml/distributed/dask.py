@@ -13,31 +13,33 @@ The steps, each a set of Dask tasks run from the client (the "driver"):
 1. **Check the chunks** before any work: known row chunk sizes, ``y`` (and
    ``sample_weight``) chunked like ``X`` along the rows, one chunk along the
    columns (re-chunked if not), and the size of a part against the smallest
-   worker's memory budget. Each chunk is then validated on its worker (finite,
-   numeric) and a first pass sums what ``gamma="scale"``, k-means' tolerance and
-   the class list need (and returns FCFS's seed rows, drawn before it).
+   worker's memory budget. The chunks are grouped by the worker holding each
+   (:class:`DaskRows`: from here on every step is one task per worker over its
+   chunks); that task validates them (finite, numeric) and keeps them, and a
+   first pass sums what ``gamma="scale"``, k-means' tolerance and the class list
+   need (and returns FCFS's seed rows, drawn before it).
 2. **Partition with a distributed Lloyd** over the chunks (k-means++ seeding,
    Lloyd steps, the greedy fill of FCFS and K-balance; You 2020, Alg. 3 and 9):
    the same algorithms and the same random draws as
    :mod:`gpuml.distributed.partition`, written for stateless tasks. Every Lloyd
-   step sends the P x d centres to each chunk's task and brings back one small
+   step sends the P x d centres to each worker's task and brings back one small
    array of per-centre sums and counts per chunk, summed on the client in
-   chunk order. The k-means++ distances and the labels stay on the workers as
-   futures. The greedy fill is sequential over the rows: when P <= d each chunk's
-   task computes its rows' n_k x P distances to the centres (in parallel), the
-   client gathers them in chunk order and runs the fill, as the SPMD fill of
-   :mod:`gpuml.distributed.partition` does on rank 0, and the labels go to the
-   workers with the tasks that need them; when the distances would outweigh the
-   rows (P > d) it runs as a chain of one task per chunk that passes the P fill
-   counts to the next. The
+   chunk order. The k-means++ distances stay on the workers. The greedy fill is
+   sequential over the rows: when P <= d the workers compute their rows' n_k x P
+   distances to the centres (in parallel), the client gathers them in chunk order
+   and runs the fill, as the SPMD fill of :mod:`gpuml.distributed.partition` does
+   on rank 0; when the distances would outweigh the rows (P > d) it runs as a
+   chain of one task per chunk that passes the P fill counts to the next. The
+   labels end on the client and go to the workers with the tasks that need them.
+   The
    partition is the one :func:`gpuml.partition.partition` computes on the same
    rows with the same seed (the tests check the labels).
 3. **Ship each part's rows** to the worker it is placed on: parts are placed
    by Graham's LPT rule on the estimator's cost model
-   (:func:`gpuml.distributed.balance`), one group of parts per worker; each
-   chunk's task cuts out the rows of the group's parts (a classifier's ``y`` as
-   class indices, its per-row C) and the group's fit task gathers them (the
-   only time rows move, once).
+   (:func:`gpuml.distributed.balance`), one group of parts per worker; the
+   group's fit task cuts the rows of its parts out of its worker's chunks, and a
+   task on each other worker out of that worker's (a classifier's ``y`` as class
+   indices, its per-row C): the only time rows move, once.
 4. **Fit** each group on its worker with the estimator's own ``_fit_parts``
    (one batch: one SMO launch or one batched Cholesky; on a GPU under
    dask-cuda, where each worker sees one GPU, ``device="auto"`` resolves to it).
@@ -67,7 +69,8 @@ import dask
 import dask.array as da
 import numpy as np
 from dask.base import is_dask_collection
-from distributed import KilledWorker, get_client
+from dask.core import flatten
+from distributed import KilledWorker, futures_of, get_client, wait
 from joblib import effective_n_jobs
 from sklearn.utils import check_random_state
 from sklearn.utils.class_weight import compute_class_weight
@@ -196,8 +199,7 @@ def _nbytes(value) -> int:
         return 0
     if isinstance(value, np.ndarray):
         return int(value.nbytes)
-    if isinstance(value, (list, tuple)) and all(
-            v is None or _is_future(v) or isinstance(v, (np.ndarray, list, tuple)) for v in value):
+    if isinstance(value, (list, tuple)):
         return sum(_nbytes(v) for v in value)
     return len(pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL))
 
@@ -328,16 +330,24 @@ def _summary(chunk, seeds, classes: bool):
     Each chunk's sums of squared deviations are taken from its *own* means and
     combined on the client with the parallel formula of Chan, Golub and LeVeque
     (Algorithms for computing the sample variance, 1983): as exact as a second pass
-    over the global means, without the second round trip. For a classifier the
+    over the global means, without the second round trip; the same formula
+    gives the spread of all entries from the columns'. For a classifier the
     chunk's ``y`` comes back too (the client needs it as class indices).
+
+    One temporary the size of the chunk: Dask's nannies start workers with
+    ``MALLOC_TRIM_THRESHOLD_`` set, which makes glibc map and unmap every large
+    allocation (a 2 MB temporary costs page faults each time: four of them made
+    this pass 4x slower in a worker than in the client).
     """
     X = chunk.X
     m = X.shape[0]
     col_mean = X.mean(axis=0, dtype=np.float64)
     mean = float(col_mean.mean())
-    out = {"rows": m, "col_mean": col_mean, "mean": mean,
-           "col_m2": ((X - col_mean) ** 2).sum(axis=0),
-           "m2": float(((X - mean) ** 2).sum())}
+    dev = X - col_mean
+    np.square(dev, out=dev)
+    col_m2 = dev.sum(axis=0)
+    out = {"rows": m, "col_mean": col_mean, "mean": mean, "col_m2": col_m2,
+           "m2": float(col_m2.sum() + m * ((col_mean - mean) ** 2).sum())}
     if classes:
         values, counts = np.unique(chunk.y, return_counts=True)
         out["classes"] = (values, counts)
@@ -368,18 +378,31 @@ def _with_classes(chunk, classes, class_weight, C):
 # the data on the cluster
 # ---------------------------------------------------------------------------------------
 class DaskRows:
-    """Training rows on the cluster: one future per row chunk, and their summaries.
+    """Training rows on the cluster: each worker's row chunks, held as one object there.
 
-    Made by :func:`load_rows`. ``bounds[k]:bounds[k + 1]`` are chunk k's global
-    rows; ``variance`` is the mean per-feature variance (k-means' tolerance
-    scale) and ``variance_all`` the variance of all entries (``gamma="scale"``).
+    Made by :func:`load_rows`. ``groups[g] = (address, ks, held)``: worker
+    ``address`` holds chunks ``ks`` (ascending) as the future ``held`` (a list of
+    :class:`_Chunk`, in that order). ``bounds[k]:bounds[k + 1]`` are chunk k's
+    global rows; ``variance`` is the mean per-feature variance (k-means'
+    tolerance scale) and ``variance_all`` the variance of all entries
+    (``gamma="scale"``).
+
+    Every step is one task per worker over the chunks it holds (:meth:`each`),
+    however many chunks there are: a task costs a few milliseconds of the
+    scheduler's and the worker's time (about 2 ms each on this project's 2-core
+    machine, against 9 ms for a round trip), and a Dask array is often cut into
+    many more chunks than there are workers. The per-chunk results of a step stay
+    on the worker as one list (a "state" later steps read) unless gathered
+    (:meth:`gathered`: in chunk order, so the client adds them in the same order
+    whatever the placement).
     """
 
-    def __init__(self, driver, chunks, bounds, n_features, dtype):
+    def __init__(self, driver, groups, bounds, n_features, dtype):
         self.driver = driver
-        self.chunks = chunks
+        self.groups = groups
         self.bounds = bounds
         self.n = int(bounds[-1])
+        self.n_chunks = len(bounds) - 1
         self.n_features = int(n_features)
         self.dtype = np.dtype(dtype)
         self.variance = 0.0
@@ -388,49 +411,40 @@ class DaskRows:
         self.classes = None
         self.class_counts = None
         self.y = None  # a classifier's targets, on the client
-        #: ``[(worker address, [chunk indices])]``: the chunks each worker holds (:meth:`locate`).
-        self.groups = [(None, list(range(len(chunks))))]
+        #: chunk k is item ``where[k][1]`` of group ``where[k][0]``
+        self.where = {k: (g, i) for g, (_, ks, _) in enumerate(groups) for i, k in enumerate(ks)}
 
-    def map(self, step, fn, *args, extra=None):
-        """``fn(chunk_k, *extra[k], *args)`` for every chunk k, one task each (futures)."""
-        columns = list(zip(*extra)) if extra else []
-        return self.driver.map(step, fn, self.chunks, *columns, args=args)
+    def _placed(self, address):
+        return dict(workers=None if address is None else [address], allow_other_workers=True)
 
-    def locate(self):
-        """Group the chunks by the worker that holds each (one scheduler call).
+    def each(self, step, fn, *args, states=(), extra=None):
+        """``fn(chunk_k, *state_k, *extra[k], *args)`` for every chunk k, one task per worker.
 
-        A task costs a few milliseconds of the scheduler's and the worker's time
-        (about 2 ms each on this project's 2-core machine, against 9 ms for a round
-        trip), so the steps that only bring small values back run one task per
-        worker over its chunks (:meth:`batched`) rather than one per chunk.
+        ``states``: results of earlier :meth:`each` calls (None: ``None`` for every
+        chunk), read where they are. Returns one future per group, each the list of
+        its chunks' results (in the group's order), left on the workers.
         """
-        where = self.driver.client.who_has(self.chunks)
-        groups: dict = {}
-        for k, future in enumerate(self.chunks):
-            holders = sorted(where.get(future.key, ()))
-            groups.setdefault(holders[0] if holders else None, []).append(k)
-        self.groups = sorted(groups.items(), key=lambda item: item[1][0])
-        self.driver.traffic.groups = len(self.groups)
-
-    def batched_futures(self, step, fn, *args, extra=None):
-        """``fn(chunk_k, *extra[k], *args)`` for every chunk k, one task per worker group:
-        ``[(chunk indices, future of their results)]``, the results staying on the workers."""
         out = []
-        for address, ks in self.groups:
-            extras = [tuple(extra[k]) if extra else () for k in ks]
-            future = self.driver.submit(step, _each, fn, [self.chunks[k] for k in ks], extras,
-                                        *args, workers=None if address is None else [address],
-                                        allow_other_workers=True)
-            out.append((ks, future))
+        for g, (address, ks, held) in enumerate(self.groups):
+            extras = [tuple(extra[k]) for k in ks] if extra is not None else None
+            out.append(self.driver.submit(step, _each, fn, held,
+                                          [None if s is None else s[g] for s in states], extras,
+                                          *args, **self._placed(address)))
         return out
 
-    def batched(self, step, fn, *args, extra=None):
-        """:meth:`batched_futures` gathered: one result per chunk, in chunk order."""
-        pending = self.batched_futures(step, fn, *args, extra=extra)
-        values = self.driver.gather([f for _, f in pending])
-        out = [None] * len(self.chunks)
-        for (ks, _), results in zip(pending, values):
-            for k, value in zip(ks, results):
+    def one(self, step, fn, k, *args, states=()):
+        """``fn(chunk_k, *state_k, *args)`` for chunk k alone: one task on its worker."""
+        g, i = self.where[k]
+        address, _, held = self.groups[g]
+        return self.driver.submit(step, _one, fn, held, i,
+                                  [None if s is None else s[g] for s in states], *args,
+                                  **self._placed(address))
+
+    def gathered(self, pending):
+        """The results of an :meth:`each` call on the client: one per chunk, in chunk order."""
+        out = [None] * self.n_chunks
+        for (_, ks, _), values in zip(self.groups, self.driver.gather(pending)):
+            for k, value in zip(ks, values):
                 out[k] = value
         return out
 
@@ -443,34 +457,73 @@ class DaskRows:
         return total
 
 
-def _each(fn, chunks, extras, *args):
-    """``fn(chunk, *extra, *args)`` for each of a worker's chunks, in order (one task)."""
-    return [fn(chunk, *extra, *args) for chunk, extra in zip(chunks, extras)]
+def _each(fn, chunks, states, extras, *args):
+    """``fn(chunk, *state, *extra, *args)`` for each of a worker's chunks, in order (one task)."""
+    return [fn(chunk, *(None if s is None else s[i] for s in states),
+               *(extras[i] if extras is not None else ()), *args)
+            for i, chunk in enumerate(chunks)]
+
+
+def _one(fn, chunks, i, states, *args):
+    """``fn(chunk, *state, *args)`` for item ``i`` of a worker's chunks."""
+    return fn(chunks[i], *(None if s is None else s[i] for s in states), *args)
+
+
+def _load(xs, ys, ws, dtype, y_numeric):
+    """A worker's chunks, each checked as scikit-learn checks a whole array."""
+    return [_prepare_chunk(X, y, w, dtype, y_numeric) for X, y, w in zip(xs, ys, ws)]
+
+
+def _block_futures(client, arr):
+    """Futures of ``arr``'s row blocks, in order: its own when it is persisted (nothing
+    to send), else its blocks computed on the cluster."""
+    keys = list(flatten(arr.__dask_keys__()))
+    held = {f.key: f for f in futures_of(arr) if f.client is client}
+    if all(k in held for k in keys):
+        return [held[k] for k in keys]
+    return client.compute(arr.to_delayed().ravel().tolist())
+
+
+def _locate(client, futures):
+    """``[(worker address, [indices])]``: the futures grouped by the worker holding each
+    (one scheduler call; they must be in memory), ordered by their first index."""
+    where = client.who_has(futures)
+    groups: dict = {}
+    for k, future in enumerate(futures):
+        holders = sorted(where.get(future.key, ()))
+        groups.setdefault(holders[0] if holders else None, []).append(k)
+    return sorted(groups.items(), key=lambda item: item[1][0])
 
 
 def load_rows(driver, X, y, w, *, dtype, classification: bool, split=None) -> DaskRows:
-    """Each chunk validated on its worker, then one small pass of summaries (step 1).
+    """Each worker's chunks validated and held there, then one small pass of summaries
+    (step 1).
 
-    ``split`` (a :class:`SplitStart`, optional): the rows the partitioner can ask for
-    before the summaries (FCFS: its seed rows) come back in them, one round trip
-    and a task per chunk fewer.
+    The chunks are computed (at once if persisted) and grouped by the worker
+    holding each; one task per worker checks them and keeps them. ``split`` (a
+    :class:`SplitStart`, optional): the rows the partitioner can ask for before
+    the summaries (FCFS: its seed rows) come back in them, one round trip fewer.
     """
-    blocks = X.to_delayed().ravel().tolist()
-    y_blocks = y.to_delayed().ravel().tolist()
-    w_blocks = w.to_delayed().ravel().tolist() if w is not None else [None] * len(blocks)
-    raw = driver.client.compute(blocks + y_blocks + [b for b in w_blocks if b is not None])
-    n_chunks = len(blocks)
-    xs, ys, ws = raw[:n_chunks], raw[n_chunks: 2 * n_chunks], raw[2 * n_chunks:]
-    ws = ws if ws else [None] * n_chunks
-    chunks = driver.map("chunk", _prepare_chunk, xs, ys, ws, args=(dtype, not classification))
+    client = driver.client
+    xs, ys = _block_futures(client, X), _block_futures(client, y)
+    ws = _block_futures(client, w) if w is not None else [None] * len(xs)
+    n_chunks = len(xs)
+    wait(xs)  # no round trip when the chunks are persisted already
+    groups = []
+    for address, ks in _locate(client, xs):
+        held = driver.submit("load", _load, [xs[k] for k in ks], [ys[k] for k in ks],
+                             [ws[k] for k in ks], dtype, not classification,
+                             workers=None if address is None else [address],
+                             allow_other_workers=True)
+        groups.append((address, ks, held))
+    driver.traffic.groups = len(groups)
     bounds = np.concatenate([[0], np.cumsum(X.chunks[0])]).astype(np.int64)
-    rows = DaskRows(driver, chunks, bounds, X.shape[1], dtype)
+    rows = DaskRows(driver, groups, bounds, X.shape[1], dtype)
     seeds = split.seeds(rows) if split is not None else None
-    first = driver.gather(rows.map("summary", _summary, classification,
-                                   extra=[(s,) for s in seeds or [None] * len(chunks)]))
+    first = rows.gathered(rows.each("summary", _summary, classification,
+                                    extra=[(s,) for s in seeds or [None] * n_chunks]))
     if seeds is not None:
         split.receive([f["seeds"] for f in first if "seeds" in f])
-    rows.locate()  # the chunks are in memory now: where each is
     rows.col_mean, rows.variance, rows.variance_all = _combine(first, rows.n_features)
     if classification:
         values = np.unique(np.concatenate([f["classes"][0] for f in first]))
@@ -517,7 +570,7 @@ def _closest(chunk, norms, previous, c):
     return d2 if previous is None else np.minimum(previous, d2)
 
 
-def _total(closest):
+def _total(chunk, closest):
     return float(np.cumsum(closest)[-1]) if closest.size else 0.0
 
 
@@ -597,13 +650,12 @@ class _ChunkPartitioner:
         chunk's local indices of them, ascending (an empty list for a chunk with none)."""
         seeds = np.sort(self.rng.choice(self.rows.n, self.P, replace=False))
         owners = [self._owner(int(s)) for s in seeds.tolist()]
-        return [[loc for kk, loc in owners if kk == k] for k in range(len(self.rows.chunks))]
+        return [[loc for kk, loc in owners if kk == k] for k in range(self.rows.n_chunks)]
 
     def seed_rows(self) -> list:
-        """The seed rows, in chunk order (one task per chunk holding some, one round trip)."""
+        """The seed rows, in chunk order (one task per worker, one round trip)."""
         locals_ = self.seed_locals()
-        return self.driver.gather([self.driver.submit("rows", _rows, chunk, loc)
-                                   for chunk, loc in zip(self.rows.chunks, locals_) if loc])
+        return self.rows.gathered(self.rows.each("rows", _rows, extra=[(loc,) for loc in locals_]))
 
     def _owner(self, i: int):
         k = int(np.searchsorted(self.rows.bounds, i, side="right") - 1)
@@ -612,26 +664,28 @@ class _ChunkPartitioner:
     def row(self, i: int):
         """Row ``i``, as a future (it goes on to the tasks that need it, not to the client)."""
         k, local = self._owner(i)
-        return self.driver.submit("row", _row, self.rows.chunks[k], local)
+        return self.rows.one("row", _row, k, local)
 
     def assign(self, centers):
         """The per-centre sums and counts of all rows (one task per worker, one round trip)."""
-        return _unpack(self.rows.total(self.rows.batched("assign", _assign_sums, centers)),
-                       self.rows.dtype)
+        rows = self.rows
+        return _unpack(rows.total(rows.gathered(rows.each("assign", _assign_sums, centers))),
+                       rows.dtype)
 
     def kmeans_pp(self):
         """k-means++ seeding (Arthur & Vassilvitskii, 2007), D^2 sampling over the chunks.
 
         One round trip per centre: the client needs the chunks' totals to draw the
         next row, while the drawn row goes from its chunk's task to the next distance
-        tasks as a future, and all P rows come back at the end.
+        tasks as a future, and all P rows come back at the end. The distances to the
+        nearest centre so far stay on the workers (a state of :meth:`DaskRows.each`).
         """
-        rows, rng, K = self.rows, self.rng, len(self.rows.chunks)
+        rows, rng, K = self.rows, self.rng, self.rows.n_chunks
         centers = [self.row(int(rng.randint(rows.n)))]
-        norms = rows.map("norms", _norms)
-        closest = rows.map("closest", _closest, extra=[(v, None, centers[0]) for v in norms])
+        norms = rows.each("norms", _norms)
+        closest = rows.each("closest", _closest, centers[0], states=[norms, None])
         for _ in range(1, self.P):
-            totals = np.array(self.driver.gather(self.driver.map("total", _total, closest)))
+            totals = np.array(rows.gathered(rows.each("total", _total, states=[closest])))
             ends = np.cumsum(totals)
             total = float(ends[-1])
             if total <= 0:  # fewer distinct points than parts: any sample will do
@@ -640,15 +694,13 @@ class _ChunkPartitioner:
                 u = rng.uniform(0, total)
                 owner = min(int(np.searchsorted(ends, u)), K - 1)
                 start = float(ends[owner - 1]) if owner else 0.0
-                c = self.driver.submit("pick", _pick, rows.chunks[owner], closest[owner],
-                                       u - start)
+                c = rows.one("pick", _pick, owner, u - start, states=[closest])
             centers.append(c)
-            closest = rows.map("closest", _closest,
-                               extra=[(v, p, c) for v, p in zip(norms, closest)])
+            closest = rows.each("closest", _closest, c, states=[norms, closest])
         return np.stack(self.driver.gather(centers))
 
     def kmeans(self):
-        """Lloyd's k-means: ``(labels futures, centers, global sizes)``."""
+        """Lloyd's k-means: ``(centers, global sizes)``."""
         centers = self.kmeans_pp()
         threshold = self.tol * self.rows.variance
         sums, counts = self.assign(centers)
@@ -660,10 +712,7 @@ class _ChunkPartitioner:
             self.driver.traffic.steps += 1
             if shift <= threshold:
                 break
-        # The labels of the last step, computed again where the rows are: only the
-        # plain k-means partition needs them.
-        labels = self.rows.map("labels", _assign_labels, centers)
-        return labels, np.ascontiguousarray(centers), counts
+        return np.ascontiguousarray(centers), counts
 
     def fill(self, centers, caps):
         """The greedy fill of every row in order (You 2020, Alg. 3): the labels per chunk.
@@ -671,30 +720,31 @@ class _ChunkPartitioner:
         The fill is sequential over the rows, so it runs in one place at a time.
         When the n x P distances are no larger than the rows (P <= d), every
         chunk's task computes its block at once and the client gathers them in
-        chunk order (batches of at most ``FILL_BATCH_BYTES``) and fills: the
-        labels are then arrays on the client. Otherwise the fill runs as a chain
-        of one task per chunk that hands the next only the P fill counts (labels:
-        futures); it moves P numbers a hop instead of the distances, but pays a
-        scheduler round trip a chunk, one after another: that chain was a third
-        of a 2-worker CA-SVM fit of 36,631 rows on 8 chunks.
+        chunk order (batches of at most ``FILL_BATCH_BYTES``) and fills. Otherwise
+        the fill runs as a chain of one task per chunk that hands the next only
+        the P fill counts; it moves P numbers a hop instead of the distances, but
+        pays a scheduler round trip a chunk, one after another: that chain was a
+        third of a 2-worker CA-SVM fit of 36,631 rows on 8 chunks. The labels end
+        on the client either way (the placement needs the parts' sizes).
         """
         counts = np.zeros(self.P, dtype=np.int64)
         c_norms = squared_norms(centers)
-        if not fills_on_client(self.P, self.rows.n_features):
+        rows = self.rows
+        if not fills_on_client(self.P, rows.n_features):
             states = []
-            for chunk in self.rows.chunks:
-                state = self.driver.submit("fill", _fill_chunk, chunk, centers, c_norms, counts,
-                                           caps)
+            for k in range(rows.n_chunks):
+                state = rows.one("fill", _fill_chunk, k, centers, c_norms, counts, caps)
                 # Only the P counts go on to the next chunk's worker; the labels stay.
                 counts = self.driver.submit("fill-counts", _counts_of, state)
                 states.append(state)
-            return self.driver.map("labels", _labels_of, states)
-        itemsize = np.dtype(self.rows.dtype).itemsize
-        if self.rows.n * self.P * itemsize <= FILL_BATCH_BYTES:
+            return self.driver.gather(self.driver.map("labels", _labels_of, states))
+        itemsize = np.dtype(rows.dtype).itemsize
+        if rows.n * self.P * itemsize <= FILL_BATCH_BYTES:
             # All the distances at once: one task per worker.
-            blocks = self.rows.batched("distances", _distances, centers, c_norms)
+            blocks = rows.gathered(rows.each("distances", _distances, centers, c_norms))
             return [fill_nearest_open(D, counts, caps) for D in blocks]
-        futures = self.rows.map("distances", _distances, centers, c_norms)
+        futures = [rows.one("distances", _distances, k, centers, c_norms)
+                   for k in range(rows.n_chunks)]
         sizes = np.diff(self.rows.bounds).tolist()
         labels, batch, size = [], [], 0
         for k, future in enumerate(futures):
@@ -712,16 +762,18 @@ class _ChunkPartitioner:
             full = np.empty(n, dtype=np.int64)
             full[rng.permutation(n)] = np.arange(n) % P
             b = self.rows.bounds
-            labels = [full[b[k]: b[k + 1]] for k in range(len(self.rows.chunks))]
+            labels = [full[b[k]: b[k + 1]] for k in range(self.rows.n_chunks)]
         elif method == "fcfs":
             blocks = self.seed_blocks if self.seed_blocks is not None else self.seed_rows()
             centers = np.concatenate(blocks).astype(self.rows.dtype, copy=False)
             labels = self.fill(centers, _capacities(n, P))
         elif method == "kmeans":
-            labels, centers, _ = self.kmeans()
+            centers, _ = self.kmeans()
+            # The labels of the last step, computed again where the rows are.
+            labels = self.rows.gathered(self.rows.each("labels", _assign_labels, centers))
             return labels, centers
         elif method == "kbalance":
-            _, km_centers, sizes = self.kmeans()
+            km_centers, sizes = self.kmeans()
             caps = _capacities(n, P, np.argsort(-sizes, kind="stable"))
             labels = self.fill(km_centers, caps)
         else:
@@ -762,10 +814,10 @@ def partition_chunks(rows: DaskRows, n_partitions, method, random_state, *,
                      max_iter=LLOYD_MAX_ITER, tol=LLOYD_TOL, start: SplitStart | None = None):
     """Step 2: ``(labels per chunk, centers)``, as :func:`gpuml.partition.partition`.
 
-    The labels are arrays on the client where it drew or filled them (random; FCFS and
-    K-balance when P <= d, see ``_ChunkPartitioner.fill``), futures on the workers
-    otherwise. Apart from k-means, ``centers`` is None: the centres are the parts'
-    means, which the fit tasks sum from the rows they hold (:func:`ship_and_fit`).
+    The labels are arrays on the client (the placement needs the parts' sizes, and
+    the model every row's part). Apart from k-means, ``centers`` is None: the
+    centres are the parts' means, which the fit tasks sum from the rows they hold
+    (:func:`ship_and_fit`).
 
     With one part no clustering runs (the centre is the mean), as in-process.
     """
@@ -829,18 +881,55 @@ def _group_sums(pieces, n_parts):
     return total
 
 
-def _in_chunk_order(orders, piece_lists):
-    """The take tasks' pieces (one list per worker, ``orders`` their chunk indices) in
-    chunk order."""
+def _cut(chunks, labels, part_ids, classes):
+    """:func:`_take_parts` for each of a worker's chunks; ``labels``: theirs, end to end."""
+    ends = np.cumsum([c.X.shape[0] for c in chunks])
+    return [_take_parts(c, labels[e - c.X.shape[0]: e], part_ids, classes)
+            for c, e in zip(chunks, ends.tolist())]
+
+
+def _take(chunks, labels, part_ids, classes):
+    """The rows a group of parts takes from this worker's chunks, packed to travel.
+
+    :func:`_cut`'s pieces laid end to end, chunk after chunk and part after part,
+    as ``(X, y, w, counts)`` with ``counts[i, j]`` the rows of part j in chunk i:
+    three arrays on the wire however many chunks and parts (:func:`_unpack_take`).
+    """
+    pieces = _cut(chunks, labels, part_ids, classes)
+    flat = [b for piece in pieces for b in piece]
+    counts = np.array([[b[0].shape[0] for b in piece] for piece in pieces], dtype=np.int64)
+    w = None if flat[0][2] is None else np.concatenate([b[2] for b in flat])
+    return (np.concatenate([b[0] for b in flat]), np.concatenate([b[1] for b in flat]), w,
+            counts)
+
+
+def _unpack_take(packed):
+    """:func:`_take`'s pieces again, as views of its arrays."""
+    X, y, w, counts = packed
+    ends = np.cumsum(counts.ravel()).tolist()
+    flat = [(X[a:b], y[a:b], None if w is None else w[a:b])
+            for a, b in zip([0] + ends[:-1], ends)]
+    P = counts.shape[1]
+    return [flat[i * P: (i + 1) * P] for i in range(counts.shape[0])]
+
+
+def _pieces(part_ids, classes, sources):
+    """A group's rows, per chunk in chunk order (:func:`_take_parts`' pieces).
+
+    ``sources``: one ``(ks, chunks, labels, taken)`` per worker holding chunks:
+    ``taken``, what a task on that worker took (:func:`_take`: the rows that move),
+    or None for this worker's own chunks, cut here from ``chunks`` by ``labels``.
+    """
     pieces = {}
-    for ks, piece_list in zip(orders, piece_lists):
-        pieces.update(zip(ks, piece_list))
+    for ks, chunks, labels, taken in sources:
+        pieces.update(zip(ks, _cut(chunks, labels, part_ids, classes) if taken is None
+                          else _unpack_take(taken)))
     return [pieces[k] for k in sorted(pieces)]
 
 
-def _fit_svm_group(estimator, part_ids, orders, *piece_lists):
+def _fit_svm_group(estimator, part_ids, classes, sources):
     """CA-SVM parts of one group on this worker (its GPU when it has one), and their sums."""
-    pieces = _in_chunk_order(orders, piece_lists)
+    pieces = _pieces(part_ids, classes, sources)
     X, y_idx, sample_C, local = _group_rows(pieces, len(part_ids))
     backend = resolve(estimator.device)
     with backend.use():
@@ -848,11 +937,11 @@ def _fit_svm_group(estimator, part_ids, orders, *piece_lists):
     return fits, _group_sums(pieces, len(part_ids))
 
 
-def _fit_krr_group(estimator, part_ids, orders, *piece_lists):
+def _fit_krr_group(estimator, part_ids, classes, sources):
     """Kernel ridge parts of one group on this worker, checked against its memory first."""
     from ..estimators.bkrr import KRRPartFit
 
-    pieces = _in_chunk_order(orders, piece_lists)
+    pieces = _pieces(part_ids, classes, sources)
     X, y, _, local = _group_rows(pieces, len(part_ids))
     backend = resolve(estimator.device)
     sizes = np.array([len(r) for r in local], dtype=np.int64)
@@ -967,11 +1056,19 @@ def ship_and_fit(rows, labels, sizes, costs, group_fn, estimator, addresses, cen
         if ids.size == 0:
             continue
         ids_list = ids.tolist()
-        # One take task per worker holding chunks: it cuts this group's rows out of them.
-        takes = rows.batched_futures("take", _take_parts, ids_list, classes,
-                                     extra=[(lab,) for lab in labels])
-        fit = driver.submit("fit-parts", group_fn, estimator, ids_list, [ks for ks, _ in takes],
-                            *[f for _, f in takes], workers=[address], allow_other_workers=True)
+        # The fit task cuts the group's rows out of its own worker's chunks; a take
+        # task on each other worker holding chunks cuts them out of its chunks.
+        sources = []
+        for holder, ks, held in rows.groups:
+            mine = np.concatenate([labels[k] for k in ks])
+            if holder == address:
+                sources.append((ks, held, mine, None))
+            else:
+                take = driver.submit("take", _take, held, mine, ids_list, classes,
+                                     **rows._placed(holder))
+                sources.append((ks, None, None, take))
+        fit = driver.submit("fit-parts", group_fn, estimator, ids_list, classes, sources,
+                            workers=[address], allow_other_workers=True)
         futures.append((ids_list, address, fit))
     results = driver.gather([f for _, _, f in futures])
     fits = [None] * len(sizes)
@@ -987,15 +1084,6 @@ def ship_and_fit(rows, labels, sizes, costs, group_fn, estimator, addresses, cen
     if centers is None:
         centers = _divide(*_unpack(sums, rows.dtype))
     return fits, part_worker, centers
-
-
-def _gather_labels(rows, labels):
-    """The labels of every row on the client."""
-    futures = [lab for lab in labels if _is_future(lab)]
-    values = iter(rows.driver.gather(futures) if futures else [])
-    # The random split's labels were drawn on the client: nothing to gather for them.
-    return np.concatenate([next(values) if _is_future(lab) else lab for lab in labels]
-                          ).astype(np.int64)
 
 
 def _set_features(estimator, X, feature_names):
@@ -1067,7 +1155,7 @@ def fit_casvm(estimator, X, y, sample_weight=None):
     estimator.partition_ = split.method
     labels, centers = partition_chunks(rows, P, split.method, estimator.random_state,
                                        start=split)
-    all_labels = _gather_labels(rows, labels)
+    all_labels = np.concatenate(labels).astype(np.int64)
     y_idx = np.searchsorted(classes, rows.y).astype(np.int64)
     sizes = np.bincount(all_labels, minlength=P).astype(np.int64)
     check_budget(need, sizes, n, budget, "CASVMClassifier")
@@ -1113,7 +1201,7 @@ def fit_bkrr(estimator, X, y, sample_weight=None):
         estimator.__dict__.pop(name, None)
     sigma, lam = _krr_width_and_lam(estimator, X, y, dtype)
     labels, centers = partition_chunks(rows, P, estimator.partition, estimator.random_state)
-    all_labels = _gather_labels(rows, labels)
+    all_labels = np.concatenate(labels).astype(np.int64)
     sizes = np.bincount(all_labels, minlength=P).astype(np.int64)
     check_budget(need, sizes, n, budget, "BKRRRegressor")
     shipped = _shipped(estimator)
