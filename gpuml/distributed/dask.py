@@ -70,7 +70,7 @@ import dask.array as da
 import numpy as np
 from dask.base import is_dask_collection
 from dask.core import flatten
-from distributed import KilledWorker, futures_of, get_client, wait
+from distributed import KilledWorker, as_completed, futures_of, get_client, wait
 from joblib import effective_n_jobs
 from sklearn.utils import check_random_state
 from sklearn.utils.class_weight import compute_class_weight
@@ -164,9 +164,17 @@ class _Driver:
         keys = [self.key(step) for _ in range(count)]
         return self.client.map(_Call(fn, args), *columns, key=keys, pure=False)
 
-    def gather(self, futures):
+    def gather(self, futures, *, as_they_finish=False):
+        """The futures' values, in order. ``as_they_finish``: each fetched as soon as it is
+        done, so that the first results travel while later tasks still run."""
         try:
-            values = self.client.gather(futures)
+            if as_they_finish:
+                values = [None] * len(futures)
+                where = {f.key: i for i, f in enumerate(futures)}
+                for future, value in as_completed(futures, with_results=True):
+                    values[where[future.key]] = value
+            else:
+                values = self.client.gather(futures)
         except KilledWorker as err:
             raise RuntimeError(
                 f"a Dask worker died each time it ran one of gpuml's tasks ({err}); the "
@@ -684,7 +692,7 @@ class _ChunkPartitioner:
         centers = [self.row(int(rng.randint(rows.n)))]
         norms = rows.each("norms", _norms)
         closest = rows.each("closest", _closest, centers[0], states=[norms, None])
-        for _ in range(1, self.P):
+        for j in range(1, self.P):
             totals = np.array(rows.gathered(rows.each("total", _total, states=[closest])))
             ends = np.cumsum(totals)
             total = float(ends[-1])
@@ -696,7 +704,8 @@ class _ChunkPartitioner:
                 start = float(ends[owner - 1]) if owner else 0.0
                 c = rows.one("pick", _pick, owner, u - start, states=[closest])
             centers.append(c)
-            closest = rows.each("closest", _closest, c, states=[norms, closest])
+            if j < self.P - 1:  # after the last pick no one reads the distances
+                closest = rows.each("closest", _closest, c, states=[norms, closest])
         return np.stack(self.driver.gather(centers))
 
     def kmeans(self):
@@ -1070,7 +1079,7 @@ def ship_and_fit(rows, labels, sizes, costs, group_fn, estimator, addresses, cen
         fit = driver.submit("fit-parts", group_fn, estimator, ids_list, classes, sources,
                             workers=[address], allow_other_workers=True)
         futures.append((ids_list, address, fit))
-    results = driver.gather([f for _, _, f in futures])
+    results = driver.gather([f for _, _, f in futures], as_they_finish=True)
     fits = [None] * len(sizes)
     part_worker = [None] * len(sizes)
     sums = None
