@@ -152,18 +152,6 @@ class _Driver:
         self.traffic.sent += sum(_nbytes(a) for a in args)
         return self.client.submit(fn, *args, key=self.key(step), pure=False, **kwargs)
 
-    def map(self, step, fn, *columns, args=()):
-        """``fn(*column_values, *args)`` for each row of ``columns``, submitted in one batch.
-
-        One message to the scheduler for all the tasks of a step: on a busy
-        machine each message costs milliseconds, and a Lloyd step is one round trip.
-        """
-        count = len(columns[0])
-        self.traffic.sent += count * sum(_nbytes(a) for a in args)
-        self.traffic.sent += sum(_nbytes(v) for column in columns for v in column)
-        keys = [self.key(step) for _ in range(count)]
-        return self.client.map(_Call(fn, args), *columns, key=keys, pure=False)
-
     def gather(self, futures, *, as_they_finish=False):
         """The futures' values, in order. ``as_they_finish``: each fetched as soon as it is
         done, so that the first results travel while later tasks still run."""
@@ -184,16 +172,6 @@ class _Driver:
             ) from err
         self.traffic.gathered += _nbytes(values)
         return values
-
-
-class _Call:
-    """``fn(*values, *args)``: a task function with arguments shared by a batch of tasks."""
-
-    def __init__(self, fn, args):
-        self.fn, self.args = fn, tuple(args)
-
-    def __call__(self, *values):
-        return self.fn(*values, *self.args)
 
 
 def _is_future(a) -> bool:
@@ -422,9 +400,6 @@ class DaskRows:
         #: chunk k is item ``where[k][1]`` of group ``where[k][0]``
         self.where = {k: (g, i) for g, (_, ks, _) in enumerate(groups) for i, k in enumerate(ks)}
 
-    def _placed(self, address):
-        return dict(workers=None if address is None else [address], allow_other_workers=True)
-
     def each(self, step, fn, *args, states=(), extra=None):
         """``fn(chunk_k, *state_k, *extra[k], *args)`` for every chunk k, one task per worker.
 
@@ -437,7 +412,7 @@ class DaskRows:
             extras = [tuple(extra[k]) for k in ks] if extra is not None else None
             out.append(self.driver.submit(step, _each, fn, held,
                                           [None if s is None else s[g] for s in states], extras,
-                                          *args, **self._placed(address)))
+                                          *args, **_on(address)))
         return out
 
     def one(self, step, fn, k, *args, states=()):
@@ -446,7 +421,7 @@ class DaskRows:
         address, _, held = self.groups[g]
         return self.driver.submit(step, _one, fn, held, i,
                                   [None if s is None else s[g] for s in states], *args,
-                                  **self._placed(address))
+                                  **_on(address))
 
     def gathered(self, pending):
         """The results of an :meth:`each` call on the client: one per chunk, in chunk order."""
@@ -456,13 +431,21 @@ class DaskRows:
                 out[k] = value
         return out
 
-    @staticmethod
-    def total(values, dtype=np.float64):
-        """Arrays summed in chunk order on the client (the same bits every time)."""
-        total = np.array(values[0], dtype=dtype, copy=True)
-        for v in values[1:]:
-            total += v
-        return total
+
+
+def _in_order_sum(values):
+    """float64 arrays added one after another, in the order given (the same bits every time,
+    wherever the values were computed)."""
+    total = np.array(values[0], dtype=np.float64, copy=True)
+    for v in values[1:]:
+        total += v
+    return total
+
+
+def _on(address):
+    """Task placement on the worker at ``address`` (None: anywhere); if it is gone the
+    scheduler may run the task elsewhere (its inputs then move)."""
+    return dict(workers=None if address is None else [address], allow_other_workers=True)
 
 
 def _each(fn, chunks, states, extras, *args):
@@ -520,9 +503,7 @@ def load_rows(driver, X, y, w, *, dtype, classification: bool, split=None) -> Da
     groups = []
     for address, ks in _locate(client, xs):
         held = driver.submit("load", _load, [xs[k] for k in ks], [ys[k] for k in ks],
-                             [ws[k] for k in ks], dtype, not classification,
-                             workers=None if address is None else [address],
-                             allow_other_workers=True)
+                             [ws[k] for k in ks], dtype, not classification, **_on(address))
         groups.append((address, ks, held))
     driver.traffic.groups = len(groups)
     bounds = np.concatenate([[0], np.cumsum(X.chunks[0])]).astype(np.int64)
@@ -624,10 +605,6 @@ def _fill_chunk(chunk, centers, c_norms, counts, caps):
     return labels, counts
 
 
-def _labels_of(result):
-    return result[0]
-
-
 def _counts_of(result):
     return result[1]
 
@@ -677,7 +654,7 @@ class _ChunkPartitioner:
     def assign(self, centers):
         """The per-centre sums and counts of all rows (one task per worker, one round trip)."""
         rows = self.rows
-        return _unpack(rows.total(rows.gathered(rows.each("assign", _assign_sums, centers))),
+        return _unpack(_in_order_sum(rows.gathered(rows.each("assign", _assign_sums, centers))),
                        rows.dtype)
 
     def kmeans_pp(self):
@@ -746,7 +723,8 @@ class _ChunkPartitioner:
                 # Only the P counts go on to the next chunk's worker; the labels stay.
                 counts = self.driver.submit("fill-counts", _counts_of, state)
                 states.append(state)
-            return self.driver.gather(self.driver.map("labels", _labels_of, states))
+            # The labels come back with the last counts of each chunk (P numbers more).
+            return [labels for labels, _ in self.driver.gather(states)]
         itemsize = np.dtype(rows.dtype).itemsize
         if rows.n * self.P * itemsize <= FILL_BATCH_BYTES:
             # All the distances at once: one task per worker.
@@ -881,13 +859,12 @@ def _group_sums(pieces, n_parts):
     rows of a part, in order) and they are added in chunk order, so the parts' means
     have the bits of summing every chunk's sums on the client, without that pass.
     """
-    total = None
+    packs = []
     for piece in pieces:
         X = np.concatenate([b[0] for b in piece])
         labels = np.repeat(np.arange(n_parts), [b[0].shape[0] for b in piece])
-        pack = _pack(*part_sums(X, labels, n_parts))
-        total = pack if total is None else total + pack
-    return total
+        packs.append(_pack(*part_sums(X, labels, n_parts)))
+    return _in_order_sum(packs)
 
 
 def _cut(chunks, labels, part_ids, classes):
@@ -1074,10 +1051,10 @@ def ship_and_fit(rows, labels, sizes, costs, group_fn, estimator, addresses, cen
                 sources.append((ks, held, mine, None))
             else:
                 take = driver.submit("take", _take, held, mine, ids_list, classes,
-                                     **rows._placed(holder))
+                                     **_on(holder))
                 sources.append((ks, None, None, take))
         fit = driver.submit("fit-parts", group_fn, estimator, ids_list, classes, sources,
-                            workers=[address], allow_other_workers=True)
+                            **_on(address))
         futures.append((ids_list, address, fit))
     results = driver.gather([f for _, _, f in futures], as_they_finish=True)
     fits = [None] * len(sizes)
