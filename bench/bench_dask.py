@@ -161,11 +161,54 @@ def _two_core_ceiling(client, make, X, y, repeat):
     return 2 * statistics.median(alone) / statistics.median(both)
 
 
+def _phases(client, stream, t0, t1):
+    """Where one fit's time went, from its task stream (``t0``, ``t1``: its start and end,
+    ``time.time()``): before the first fit task starts (checks, summaries, partitioning,
+    the rows' take and transfer), the fit tasks' window (first start to last stop), and
+    after it (the last group's fitted parts gathered and the model assembled)."""
+    # A worker shifts its times by its estimate of the scheduler's clock offset
+    # (milliseconds of noise here); one machine, one clock: take it back out.
+    shift = client.run(lambda dask_worker: dask_worker.scheduler_delay)
+    spans = [(s["start"] - shift[task["worker"]], s["stop"] - shift[task["worker"]])
+             for task in stream.data if str(task["key"]).startswith("gpuml-fit-")
+             for s in task["startstops"] if s["action"] == "compute"]
+    first, last = min(a for a, _ in spans), max(b for _, b in spans)
+    return first - t0, last - first, t1 - last
+
+
+def _hop_ms(client, repeat=20, length=6):
+    """Milliseconds a step costs beyond its work on this cluster (medians over chains of
+    ``length`` tiny dependent tasks): handed from worker to worker (alternating when
+    there are two) by the scheduler, and through the client (submit, wait, fetch)."""
+    import numpy as np
+
+    workers = sorted(client.scheduler_info(n_workers=-1)["workers"])
+
+    def step(previous):
+        return np.zeros(16)
+
+    def chain(via_client):
+        t0 = time.perf_counter()
+        previous = None
+        for i in range(length):
+            future = client.submit(step, previous, workers=[workers[i % len(workers)]],
+                                   pure=False)
+            previous = future.result() if via_client else future
+        if not via_client:
+            previous.result()
+        return (time.perf_counter() - t0) / length * 1e3
+
+    for _ in range(3):
+        chain(False), chain(True)
+    return (statistics.median(chain(False) for _ in range(repeat)),
+            statistics.median(chain(True) for _ in range(repeat)))
+
+
 def _case_rows(name, make, X, y, Xtest, ytest, kind, repeat):
     """Both clusters up at once, their fits alternating (1, 2, 2, 1, 1, 2, ...): on a shared
     machine whose speed drifts over a minute, each pair of fits sees the same drift."""
     import dask.array as da
-    from distributed import wait
+    from distributed import get_task_stream, wait
     from threadpoolctl import threadpool_limits
 
     n, d = X.shape
@@ -178,7 +221,8 @@ def _case_rows(name, make, X, y, Xtest, ytest, kind, repeat):
             yd = client.persist(da.from_array(y, chunks=chunk))
             wait([Xd, yd])
             clusters[W] = (cluster, client, Xd, yd)
-        runs = {W: {"seconds": [], "counted": [], "modelled": [], "driver": []} for W in (1, 2)}
+        runs = {W: {"seconds": [], "counted": [], "modelled": [], "driver": [], "phases": []}
+                for W in (1, 2)}
         threads, est = {}, {}
         for W, (_, client, Xd, yd) in clusters.items():
             threads[W] = _worker_threads(client)
@@ -189,15 +233,19 @@ def _case_rows(name, make, X, y, Xtest, ytest, kind, repeat):
                 _, client, Xd, yd = clusters[W]
                 r = runs[W]
                 since = time.time()
-                with client.as_current():
-                    t0 = time.perf_counter()
+                # get_task_stream only reads the scheduler's log when it exits, after the clock
+                with get_task_stream(client) as stream, client.as_current():
+                    start, t0 = time.time(), time.perf_counter()
                     est[W] = make().fit(Xd, yd)
                     r["seconds"].append(time.perf_counter() - t0)
+                    end = start + r["seconds"][-1]
+                r["phases"].append(_phases(client, stream, start, end))
                 between = _between_workers(client, since)
                 tr = est[W]._dask_traffic
                 r["counted"].append(tr.sent + tr.gathered + between)
                 r["driver"].append((tr.sent, tr.gathered, between, tr.steps))
                 r["modelled"].append(_model_bytes(est[W], tr, n, d, N_CHUNKS, W, kind))
+        hops = {W: _hop_ms(c[1]) for W, c in clusters.items()}
         ceiling = _two_core_ceiling(clusters[2][1], make, X, y, max(3, repeat // 3))
     finally:
         for cluster, client, *_ in clusters.values():
@@ -206,6 +254,7 @@ def _case_rows(name, make, X, y, Xtest, ytest, kind, repeat):
     rows = {}
     for W, r in runs.items():
         rows[W] = {"fit_s": statistics.median(r["seconds"]), "fit_min_s": min(r["seconds"]),
+                   "phases": [statistics.median(p) for p in zip(*r["phases"])],
                    "counted_MB": statistics.median(r["counted"]) / 1e6,
                    "model_MB": statistics.median(r["modelled"]) / 1e6,
                    "driver": r["driver"][-1], "threads": threads[W],
@@ -224,6 +273,8 @@ def _case_rows(name, make, X, y, Xtest, ytest, kind, repeat):
         out.append({
             "case": name, "n": n, "d": d, "workers": W, "fit_s": r["fit_s"],
             "fit_min_s": r["fit_min_s"], "speedup_vs_1": rows[1]["fit_s"] / r["fit_s"],
+            "pre_fit_s": r["phases"][0], "fit_tasks_s": r["phases"][1],
+            "post_fit_s": r["phases"][2], "hop_ms": hops[W][0], "client_trip_ms": hops[W][1],
             "paired_speedup": paired if W == 2 else 1.0,
             "two_core_ceiling": ceiling if W == 2 else 1.0,
             "in_process_1thread_s": in_process, "lloyd_steps": steps,
@@ -270,7 +321,13 @@ def main(quick: bool = False, gpu: bool = False) -> None:
         "workers can gain on this machine. Each cluster: W "
         "worker processes, one thread each, OMP/OPENBLAS/MKL/NUMBA threads 1 (worker_threads "
         "as the workers report them); data persisted on the workers in "
-        f"{N_CHUNKS} chunks before timing. in_process_1thread_s: the same fit in this "
+        f"{N_CHUNKS} chunks before timing. pre_fit_s, fit_tasks_s, post_fit_s: from the "
+        "task stream of the same fits (medians), the time before the first fit task "
+        "starts, the fit tasks' window and the time after it. hop_ms: a tiny task that "
+        "depends on the one before, handed from worker to worker (the two workers "
+        "alternating); client_trip_ms: the same through the client (submit, wait, "
+        "fetch): what each step costs beyond its work. in_process_1thread_s: the same "
+        "fit in this "
         "process with BLAS limited to one thread. counted = client_sent + client_gathered + "
         "between_workers (distributed's transfer counters); model: docs/scale-out.md. "
         "Targets: CA-SVM 2-worker speedup >= 1.6 (here "
