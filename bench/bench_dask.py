@@ -7,7 +7,11 @@ thread in the workers (checked with threadpoolctl and reported). Both clusters
 are up at once in this process, on the same data, persisted on their workers
 before the timed fits (in a real cluster the data is loaded there), and their
 fits alternate, so that the drift of this shared machine's speed over a minute
-falls on both alike (the idle cluster's workers only answer heartbeats).
+falls on both alike. While one cluster fits, the other's worker processes are
+stopped (SIGSTOP, then SIGCONT): idle, they still wake every few milliseconds
+(heartbeats, the profiler), which cost the 2-worker fit 2-5 % on these two
+cores (alternating A/B, 14 pairs) — a cost of measuring two clusters, not of
+one.
 
 Bytes moved per fit, counted three ways and added:
 
@@ -47,8 +51,10 @@ Targets (issue 12): the 2-worker CA-SVM fit at least 1.6x faster than the
 from __future__ import annotations
 
 import os
+import signal
 import statistics
 import time
+from contextlib import contextmanager
 
 from bench._harness import record
 from bench.datasets import load_adult, load_california, train_test_split_std
@@ -125,6 +131,20 @@ def _model_bytes(est, traffic, n, d, K, W, kind):
     else:
         total += 8 * n * (d + 1)
     return total
+
+
+@contextmanager
+def _stopped(pids):
+    """The processes ``pids`` stopped for the block (the idle cluster's workers), and given
+    a moment after it to catch up on their timers before anything is timed on them."""
+    for pid in pids:
+        os.kill(pid, signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        for pid in pids:
+            os.kill(pid, signal.SIGCONT)
+        time.sleep(0.2)
 
 
 def _two_core_ceiling(client, make, X, y, repeat):
@@ -206,7 +226,8 @@ def _hop_ms(client, repeat=20, length=6):
 
 def _case_rows(name, make, X, y, Xtest, ytest, kind, repeat):
     """Both clusters up at once, their fits alternating (1, 2, 2, 1, 1, 2, ...): on a shared
-    machine whose speed drifts over a minute, each pair of fits sees the same drift."""
+    machine whose speed drifts over a minute, each pair of fits sees the same drift. The
+    cluster not being timed has its worker processes stopped (see the module notes)."""
     import dask.array as da
     from distributed import get_task_stream, wait
     from threadpoolctl import threadpool_limits
@@ -224,6 +245,8 @@ def _case_rows(name, make, X, y, Xtest, ytest, kind, repeat):
         runs = {W: {"seconds": [], "counted": [], "modelled": [], "driver": [], "phases": []}
                 for W in (1, 2)}
         threads, est = {}, {}
+        # each cluster's worker processes, stopped while the other cluster is timed
+        pids = {W: sorted(c[1].run(os.getpid).values()) for W, c in clusters.items()}
         for W, (_, client, Xd, yd) in clusters.items():
             threads[W] = _worker_threads(client)
             with client.as_current():
@@ -234,7 +257,8 @@ def _case_rows(name, make, X, y, Xtest, ytest, kind, repeat):
                 r = runs[W]
                 since = time.time()
                 # get_task_stream only reads the scheduler's log when it exits, after the clock
-                with get_task_stream(client) as stream, client.as_current():
+                with _stopped(pids[3 - W]), get_task_stream(client) as stream, \
+                        client.as_current():
                     start, t0 = time.time(), time.perf_counter()
                     est[W] = make().fit(Xd, yd)
                     r["seconds"].append(time.perf_counter() - t0)
@@ -245,8 +269,12 @@ def _case_rows(name, make, X, y, Xtest, ytest, kind, repeat):
                 r["counted"].append(tr.sent + tr.gathered + between)
                 r["driver"].append((tr.sent, tr.gathered, between, tr.steps))
                 r["modelled"].append(_model_bytes(est[W], tr, n, d, N_CHUNKS, W, kind))
-        hops = {W: _hop_ms(c[1]) for W, c in clusters.items()}
-        ceiling = _two_core_ceiling(clusters[2][1], make, X, y, max(3, repeat // 3))
+        hops = {}
+        for W, c in clusters.items():
+            with _stopped(pids[3 - W]):
+                hops[W] = _hop_ms(c[1])
+        with _stopped(pids[1]):
+            ceiling = _two_core_ceiling(clusters[2][1], make, X, y, max(3, repeat // 3))
     finally:
         for cluster, client, *_ in clusters.values():
             client.close()
@@ -314,7 +342,8 @@ def main(quick: bool = False, gpu: bool = False) -> None:
         f"Load average (1, 5, 15 min) before: {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}, "
         f"after: {after[0]:.2f} {after[1]:.2f} {after[2]:.2f} on {os.cpu_count()} cores. "
         f"fit_s: median of {repeat} fits after a warm-up fit, the two clusters up at once "
-        "and their fits alternating (1, 2, 2, 1, ...); paired_speedup: the median over "
+        "and their fits alternating (1, 2, 2, 1, ...), the other cluster's worker processes "
+        "stopped (SIGSTOP) during each; paired_speedup: the median over "
         "those pairs of the 1-worker fit's time over the 2-worker fit's. two_core_ceiling: "
         "2 x the in-process fit's time as one task alone in one worker / its time in both "
         "workers at once (no Dask partitioning or shipping in the fit): the most two "
