@@ -409,5 +409,12 @@ def _schemes_worker(jobs_file: str) -> int:
 if __name__ == "__main__":
     if len(sys.argv) == 3 and sys.argv[1] == "--schemes-worker":
         sys.path.insert(0, str(ROOT))
-        sys.exit(_schemes_worker(sys.argv[2]))
+        code = _schemes_worker(sys.argv[2])
+        # Leave without the interpreter's teardown: torch's C++ threads can still be running
+        # as its static objects are destroyed, and the rank then aborts ("terminate called
+        # without an active exception", SIGABRT) after its work is done and the group is
+        # destroyed; seen in about one torchrun in five on this machine.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
     main(quick="--quick" in sys.argv)
