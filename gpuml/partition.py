@@ -11,6 +11,8 @@ the input's device; the greedy fill, sequential by nature, is a numba loop).
 name       what                                              sizes
 =========  ===============================================  ==============
 random     even random split, centre = mean (CA-SVM, Alg 5)  balanced
+contiguous the rows as they lie: part j the j-th run of rows    balanced
+           (casvm2, Alg 5's no-communication split)
 fcfs       random centres, first come first served (Alg 3)   balanced
 kmeans     k-means, k-means++ init (CP-SVM, KKRR)            unbalanced
 kbalance   k-means centres, then greedy FCFS fill (Alg 9)    balanced
@@ -21,12 +23,12 @@ bkm        k-means, then move the farthest samples of        balanced
 Balanced means part sizes differ by at most one. The paper assumes ``P``
 divides ``n`` (capacity ``n/P`` each); here every part may hold
 ``lo = n // P`` samples and ``r = n % P`` parts may hold one more: for
-``fcfs`` the first ``r`` random centres, for ``kbalance`` and ``bkm`` the
-``r`` parts k-means made largest (ties to the lower index). For ``fcfs``,
-``kbalance`` and ``bkm`` the returned centres are the means of the final
-parts, as in the algorithms' last lines; for ``kmeans`` they are the
-centres of the last assignment, so that ``assign_nearest(X, centers)``
-reproduces ``labels``.
+``fcfs`` the first ``r`` random centres, for ``contiguous`` the first ``r``
+parts, for ``kbalance`` and ``bkm`` the ``r`` parts k-means made largest (ties
+to the lower index). For ``fcfs``, ``contiguous``, ``kbalance`` and ``bkm`` the
+returned centres are the means of the final parts, as in the algorithms' last
+lines; for ``kmeans`` they are the centres of the last assignment, so that
+``assign_nearest(X, centers)`` reproduces ``labels``.
 """
 
 from __future__ import annotations
@@ -92,6 +94,22 @@ def _random(X, n_parts, rng, **_):
     n = X.shape[0]
     labels = np.empty(n, dtype=np.int64)
     labels[rng.permutation(n)] = np.arange(n) % n_parts
+    labels = namespace_of(X).asarray(labels)
+    return labels, _means(X, labels, n_parts)
+
+
+def _contiguous(X, n_parts, rng=None, **_):
+    """You 2020, Alg 5 as its experiments run it (casvm2): each node's rows are its part.
+
+    The data is assumed spread evenly over the nodes already, so the split
+    moves nothing: part j is the j-th run of consecutive rows (the first
+    ``n % P`` runs one row longer). On rows in random order it is an even
+    random split like ``"random"``; on rows sorted by class or by a feature
+    its parts are not samples of the whole (shuffle first). On Dask input
+    the parts go to the workers holding their rows, so no row moves.
+    ``rng`` is not used.
+    """
+    labels = np.repeat(np.arange(n_parts, dtype=np.int64), _capacities(X.shape[0], n_parts))
     labels = namespace_of(X).asarray(labels)
     return labels, _means(X, labels, n_parts)
 
@@ -284,6 +302,7 @@ def _bkm(X, n_parts, rng, max_iter=100, tol=1e-4, **_):
 #: Partitioners by name; each is ``f(X, n_parts, rng, max_iter=, tol=) -> (labels, centers)``.
 PARTITIONERS = {
     "random": _random,
+    "contiguous": _contiguous,
     "fcfs": _fcfs,
     "kmeans": _kmeans,
     "kbalance": _kbalance,
@@ -298,7 +317,7 @@ def partition(X, n_partitions, method="random", *, random_state=None, max_iter=1
     ----------
     X : array of shape (n_samples, n_features), NumPy or CuPy, dense or CSR
     n_partitions : int in [1, n_samples]
-    method : {"random", "fcfs", "kmeans", "kbalance", "bkm"}
+    method : {"random", "contiguous", "fcfs", "kmeans", "kbalance", "bkm"}
     random_state : int, RandomState or None
     max_iter, tol : k-means iterations and relative tolerance (k-means based methods)
 
@@ -311,7 +330,8 @@ def partition(X, n_partitions, method="random", *, random_state=None, max_iter=1
     ----------
     Yang You, "Fast and Accurate Machine Learning on Distributed Systems and
     Supercomputers", PhD thesis, UC Berkeley, 2020: Alg 3 (FCFS), Alg 4 (BKM),
-    Alg 5 (CA-SVM random split), Alg 9 (K-balance).
+    Alg 5 (CA-SVM random split; ``"contiguous"``: its casvm2 run), Alg 9
+    (K-balance).
 
     Examples
     --------

@@ -64,7 +64,7 @@ def _dask(X, y, rows=400):
     return da.from_array(X, chunks=(rows, X.shape[1])), da.from_array(y, chunks=rows)
 
 
-@pytest.mark.parametrize("method", ["random", "kbalance"])
+@pytest.mark.parametrize("method", ["random", "contiguous", "kbalance"])
 def test_casvm_p16_equals_in_process(client, classification, method):
     X, y = classification
     Xd, yd = _dask(X, y)
@@ -89,10 +89,11 @@ def test_casvm_p16_equals_in_process(client, classification, method):
     np.testing.assert_array_equal(on_dask.predict(X), local.predict(X))
 
 
-def test_bkrr2_p16_equals_in_process(client, regression):
+@pytest.mark.parametrize("method", ["kbalance", "contiguous"])
+def test_bkrr2_p16_equals_in_process(client, regression, method):
     X, y = regression
     Xd, yd = _dask(X, y)
-    params = dict(sigma=2.0, lam=1e-3, n_partitions=16, partition="kbalance", random_state=0)
+    params = dict(sigma=2.0, lam=1e-3, n_partitions=16, partition=method, random_state=0)
     on_dask = BKRRRegressor(**params).fit(Xd, yd)
     local = BKRRRegressor(**params).fit(X, y)
     np.testing.assert_array_equal(on_dask.part_sizes_, local.part_sizes_)
@@ -186,6 +187,36 @@ def test_small_steps_run_one_task_per_worker(client, classification, method):
     np.testing.assert_array_equal(on_dask.support_, local.support_)
     np.testing.assert_allclose(on_dask.dual_coef_, local.dual_coef_, rtol=1e-9, atol=1e-12)
     np.testing.assert_allclose(on_dask.centers_, local.centers_, rtol=1e-12, atol=1e-12)
+
+
+def test_contiguous_split_moves_no_rows(client, classification):
+    """You 2020's casvm2 (Alg 5 as run): each part is rows as they lie, so a part that
+    is one chunk is fitted where that chunk is. No partitioning pass, no take; only
+    parts moved to even out the workers' loads move rows."""
+    X, y = classification
+    Xd, yd = client.persist(list(_dask(X, y, rows=200)))  # 12 chunks, P = 12: a chunk a part
+    distributed.wait([Xd, yd])
+    from gpuml.distributed.dask import _block_futures
+
+    chunks = _block_futures(client, Xd)  # in row order
+    where = client.who_has(chunks)
+    held = [sorted(where[f.key])[0] for f in chunks]
+    per_worker = [held.count(a) for a in sorted(set(held))] + [0]
+    params = dict(n_partitions=12, partition="contiguous")
+    with distributed.get_task_stream(client) as stream:
+        on_dask = CASVMClassifier(**params).fit(Xd, yd)
+    steps = {str(t["key"]).split("-")[1] for t in stream.data}
+    assert steps == ({"load", "summary", "fit"} |
+                     ({"take"} if per_worker[0] != per_worker[1] else set()))
+    # equal parts: the more loaded worker hands over parts until the two differ by <= 1
+    moved_parts = abs(per_worker[0] - per_worker[1]) // 2
+    assert on_dask._dask_traffic.rows_moved == 200 * moved_parts
+    home = {k: held[k] for k in range(12)}
+    assert sum(on_dask.part_worker_[p] != home[p] for p in range(12)) == moved_parts
+    local = CASVMClassifier(**params).fit(X, y)
+    np.testing.assert_array_equal(on_dask.support_, local.support_)
+    np.testing.assert_allclose(on_dask.dual_coef_, local.dual_coef_, rtol=1e-9, atol=1e-12)
+    np.testing.assert_array_equal(on_dask.predict(X), local.predict(X))
 
 
 def test_persisted_chunks_are_used_as_they_are(client, classification):

@@ -17,6 +17,7 @@ from gpuml.distributed import (
     DeviceGroup,
     ThreadCommunicator,
     balance,
+    balance_local,
     cholesky_cost,
     partition_on_devices,
     run_on_devices,
@@ -25,7 +26,7 @@ from gpuml.distributed import (
 from gpuml.distributed.placement import shard_bounds
 from gpuml.partition import partition
 
-METHODS = ["random", "fcfs", "kmeans", "kbalance", "bkm"]
+METHODS = ["random", "contiguous", "fcfs", "kmeans", "kbalance", "bkm"]
 
 
 def bounded(fn, seconds=30.0):
@@ -151,6 +152,30 @@ def test_balance_makespan_within_graham_bound():
     makespan = max(costs[b].sum() for b in bins)
     lower = max(costs.sum() / 8, costs.max())
     assert makespan <= (4 / 3) * lower
+
+
+def test_balance_local_keeps_parts_where_their_rows_are():
+    # Parts 0-2 lie on device 0, part 3 on device 1 (equal costs): one of device 0's
+    # moves, the one with the fewest rows there; the others stay home.
+    held = np.array([[5, 0], [3, 2], [5, 0], [0, 5]])
+    assert [p.tolist() for p in balance_local(np.ones(4), held)] == [[0, 2], [1, 3]]
+    # Balanced homes: nothing moves.
+    held = np.kron(np.eye(2, dtype=int), np.full((4, 1), 7))  # parts 0-3 on 0, 4-7 on 1
+    assert [p.tolist() for p in balance_local(np.ones(8), held)] == [[0, 1, 2, 3],
+                                                                     [4, 5, 6, 7]]
+    # A part moves only when that lowers the larger load: a big part on device 0 and a
+    # small one on device 1 stay; three on device 0, the one nearest half the gap moves.
+    held = np.array([[9, 0], [0, 9]])
+    assert [p.tolist() for p in balance_local([10.0, 1.0], held)] == [[0], [1]]
+    held = np.array([[9, 0], [9, 0], [9, 0]])
+    assert [p.tolist() for p in balance_local([10.0, 1.0, 1.0], held)] == [[1, 2], [0]]
+    # Every part placed once, on three devices, within LPT's makespan.
+    rng = np.random.default_rng(1)
+    costs = smo_cost(rng.integers(100, 1000, size=23))
+    held = rng.integers(0, 50, size=(23, 3))
+    bins = balance_local(costs, held)
+    assert sorted(np.concatenate(bins).tolist()) == list(range(23))
+    assert max(costs[b].sum() for b in bins) <= max(costs[b].sum() for b in balance(costs, 3))
 
 
 def test_cost_models():

@@ -23,7 +23,7 @@ from gpuml.estimators._partitioned import split
 from gpuml.estimators.bkrr import BKRRRegressor
 from gpuml.estimators.casvm import CASVMClassifier
 
-METHODS = ["random", "fcfs", "kmeans", "kbalance", "bkm"]
+METHODS = ["random", "contiguous", "fcfs", "kmeans", "kbalance", "bkm"]
 CASVM_ATTRS = ["support_", "support_part_", "n_support_", "pair_status_", "n_iter_",
                "part_n_iter_", "partition_sizes_", "fit_status_"]
 

@@ -158,7 +158,7 @@ def test_kmeans_is_a_fixed_point_and_as_good_as_sklearn():
     assert inertia <= 1.05 * reference
 
 
-@pytest.mark.parametrize("method", ["random", "fcfs", "kbalance", "bkm"])
+@pytest.mark.parametrize("method", ["random", "contiguous", "fcfs", "kbalance", "bkm"])
 @pytest.mark.parametrize("P", [1, 7, 64, 599, 600])
 def test_balanced_methods_differ_by_at_most_one(method, P):
     labels, centers = partition(DIGITS, P, method, random_state=0)
@@ -168,11 +168,22 @@ def test_balanced_methods_differ_by_at_most_one(method, P):
     assert centers.shape == (P, DIGITS.shape[1])
 
 
-@pytest.mark.parametrize("method", ["random", "fcfs", "kbalance", "bkm"])
+@pytest.mark.parametrize("method", ["random", "contiguous", "fcfs", "kbalance", "bkm"])
 def test_centres_are_part_means(method):
     labels, centers = partition(DIGITS, 6, method, random_state=1)
     for j in range(6):
         np.testing.assert_allclose(centers[j], DIGITS[labels == j].mean(0), rtol=1e-10)
+
+
+def test_contiguous_parts_are_the_runs_of_rows_as_they_lie():
+    # You 2020, Alg 5 as run (casvm2): part j is the j-th run of rows, the first n % P
+    # runs one row longer; no random draw.
+    n, P = len(DIGITS), 7
+    labels, _ = partition(DIGITS, P, "contiguous", random_state=0)
+    lo, r = divmod(n, P)
+    expected = np.concatenate([np.full(lo + (j < r), j) for j in range(P)])
+    np.testing.assert_array_equal(labels, expected)
+    np.testing.assert_array_equal(partition(DIGITS, P, "contiguous", random_state=5)[0], labels)
 
 
 def test_kmeans_is_unbalanced_but_kbalance_is_not():

@@ -12,7 +12,14 @@ Estimators call these; they never call NCCL themselves.
 
 from .comm import Communicator, CommunicatorAborted, NcclCommunicator, ThreadCommunicator
 from .partition import partition_on_devices, partition_shard
-from .placement import DeviceGroup, balance, cholesky_cost, run_on_devices, smo_cost
+from .placement import (
+    DeviceGroup,
+    balance,
+    balance_local,
+    cholesky_cost,
+    run_on_devices,
+    smo_cost,
+)
 
 __all__ = [
     "Communicator",
@@ -21,6 +28,7 @@ __all__ = [
     "NcclCommunicator",
     "ThreadCommunicator",
     "balance",
+    "balance_local",
     "cholesky_cost",
     "partition_on_devices",
     "partition_shard",

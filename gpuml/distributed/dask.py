@@ -34,12 +34,16 @@ The steps, each a set of Dask tasks run from the client (the "driver"):
    The
    partition is the one :func:`gpuml.partition.partition` computes on the same
    rows with the same seed (the tests check the labels).
-3. **Ship each part's rows** to the worker it is placed on: parts are placed
-   by Graham's LPT rule on the estimator's cost model
-   (:func:`gpuml.distributed.balance`), one group of parts per worker; the
-   group's fit task cuts the rows of its parts out of its worker's chunks, and a
-   task on each other worker out of that worker's (a classifier's ``y`` as class
-   indices, its per-row C): the only time rows move, once.
+3. **Ship each part's rows** to the worker it is placed on: each part starts on
+   the worker holding most of its rows and parts move only to balance the
+   estimator's cost model (:func:`gpuml.distributed.placement.balance_local`;
+   Graham's LPT rule when that balances better), one group of parts per worker;
+   the group's fit task cuts the rows of its parts out of its worker's chunks,
+   and a task on each other worker holding some of them out of that worker's (a
+   classifier's ``y`` as class indices, its per-row C): the only time rows
+   move, once. With ``partition="contiguous"`` (You 2020's casvm2: each part the
+   rows as they lie) and parts that do not straddle workers, no row moves and
+   there is no partitioning step at all.
 4. **Fit** each group on its worker with the estimator's own ``_fit_parts``
    (one batch: one SMO launch or one batched Cholesky; on a GPU under
    dask-cuda, where each worker sees one GPU, ``device="auto"`` resolves to it).
@@ -89,13 +93,13 @@ from ..kernels import (
     squared_norms,
 )
 from ..partition import PARTITIONERS, _capacities, _divide
-from .placement import balance, cholesky_cost, smo_cost
+from .placement import balance_local, cholesky_cost, smo_cost
 
 #: Task keys start with this, then the step; tests and dashboards find gpuml's tasks by it.
 KEY_PREFIX = "gpuml"
 
 #: The partitioners that run over chunks (all but BKM, see :func:`partition_chunks`).
-DASK_PARTITIONERS = ("random", "fcfs", "kmeans", "kbalance")
+DASK_PARTITIONERS = ("random", "contiguous", "fcfs", "kmeans", "kbalance")
 
 def fills_on_client(n_parts: int, n_features: int) -> bool:
     """Whether the greedy fill gathers the n x P distances to the client (else: a chain).
@@ -133,6 +137,8 @@ class Traffic:
     #: workers holding chunks: the steps run as one task per worker send their
     #: arguments (the centres) this many times, not once per chunk
     groups: int = 0
+    #: rows cut out on one worker for a part placed on another (each moves once)
+    rows_moved: int = 0
 
 
 class _Driver:
@@ -745,9 +751,13 @@ class _ChunkPartitioner:
 
     def run(self, method):
         n, P, rng = self.rows.n, self.P, self.rng
-        if method == "random":
+        if method in ("random", "contiguous"):
+            # Made on the client, as in-process (no pass over the rows).
             full = np.empty(n, dtype=np.int64)
-            full[rng.permutation(n)] = np.arange(n) % P
+            if method == "random":
+                full[rng.permutation(n)] = np.arange(n) % P
+            else:
+                full[:] = np.repeat(np.arange(P), _capacities(n, P))
             b = self.rows.bounds
             labels = [full[b[k]: b[k + 1]] for k in range(self.rows.n_chunks)]
         elif method == "fcfs":
@@ -1036,20 +1046,30 @@ def ship_and_fit(rows, labels, sizes, costs, group_fn, estimator, addresses, cen
     :func:`_take_parts`.
     """
     driver = rows.driver
-    placement = balance(costs, len(addresses))
+    P = len(sizes)
+    # held[p, a]: the rows of part p that worker a holds already
+    held_rows = np.zeros((P, len(addresses)), dtype=np.int64)
+    group_labels = []
+    for holder, ks, _ in rows.groups:
+        mine = np.concatenate([labels[k] for k in ks])
+        group_labels.append(mine)
+        if holder in addresses:
+            held_rows[:, addresses.index(holder)] += np.bincount(mine, minlength=P)
+    placement = balance_local(costs, held_rows)
+    driver.traffic.rows_moved = int(sum(held_rows[ids].sum() - held_rows[ids, a].sum()
+                                        for a, ids in enumerate(placement)))
     futures = []
     for address, ids in zip(addresses, placement):
         if ids.size == 0:
             continue
         ids_list = ids.tolist()
         # The fit task cuts the group's rows out of its own worker's chunks; a take
-        # task on each other worker holding chunks cuts them out of its chunks.
+        # task on each other worker holding some of them cuts them out of its chunks.
         sources = []
-        for holder, ks, held in rows.groups:
-            mine = np.concatenate([labels[k] for k in ks])
+        for (holder, ks, held), mine in zip(rows.groups, group_labels):
             if holder == address:
                 sources.append((ks, held, mine, None))
-            else:
+            elif np.isin(mine, ids).any():
                 take = driver.submit("take", _take, held, mine, ids_list, classes,
                                      **_on(holder))
                 sources.append((ks, None, None, take))

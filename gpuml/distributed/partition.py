@@ -211,6 +211,12 @@ def _random(shard, n_parts, rng, **_):
     return labels, _means(shard, labels, n_parts)
 
 
+def _contiguous(shard, n_parts, rng, **_):
+    labels = shard.mine(np.repeat(np.arange(n_parts, dtype=np.int64),
+                                  _capacities(shard.n, n_parts)))
+    return labels, _means(shard, labels, n_parts)
+
+
 def _fcfs(shard, n_parts, rng, **_):
     X, xp = shard.X, shard.xp
     seeds = np.sort(rng.choice(shard.n, n_parts, replace=False))
@@ -271,6 +277,7 @@ def _bkm(shard, n_parts, rng, max_iter=100, tol=1e-4, **_):
 #: Sharded partitioners by name, as :data:`gpuml.partition.PARTITIONERS`.
 SHARDED_PARTITIONERS = {
     "random": _random,
+    "contiguous": _contiguous,
     "fcfs": _fcfs,
     "kmeans": lambda shard, n_parts, rng, **kw: _kmeans(shard, n_parts, rng, **kw)[:2],
     "kbalance": _kbalance,
@@ -289,7 +296,7 @@ def partition_shard(comm, X, n_partitions, method="random", *, rng, max_iter=100
     comm : Communicator
     X : (n_r, d) array, NumPy or CuPy, dense or CSR: this rank's rows (may be empty)
     n_partitions : int in [1, n], n the total number of rows
-    method : {"random", "fcfs", "kmeans", "kbalance", "bkm"}
+    method : {"random", "contiguous", "fcfs", "kmeans", "kbalance", "bkm"}
     rng : numpy.random.RandomState, in the same state on every rank
     max_iter, tol : as :func:`gpuml.partition.partition`
 

@@ -68,6 +68,54 @@ def balance(costs, n_devices: int) -> list[np.ndarray]:
     return [np.array(sorted(b), dtype=np.int64) for b in bins]
 
 
+def balance_local(costs, held) -> list[np.ndarray]:
+    """Part indices per device, balanced by cost, moving as few parts as it can.
+
+    ``held[p, r]``: the rows of part ``p`` device (worker) ``r`` holds already.
+    Each part starts on the device holding most of its rows (ties: the lower
+    device); then, while the most loaded device has a part whose move to the
+    least loaded lowers the larger of their two loads, the part whose cost is
+    nearest half their gap moves (ties: the one with fewer rows there, then the
+    lower index). When :func:`balance` (LPT, which ignores where rows are) gives a
+    lower makespan, its placement is returned instead. Each device's parts are
+    in ascending order.
+
+    With data spread evenly and parts that lie on one device each (the
+    ``"contiguous"`` split), nothing moves; with parts spread over all devices
+    (FCFS, K-balance), the rows that move are as with LPT, and each part's
+    largest piece stays.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from gpuml.distributed.placement import balance_local
+    >>> held = np.array([[5, 0], [5, 0], [5, 0], [0, 5]])
+    >>> [p.tolist() for p in balance_local([1.0, 1.0, 1.0, 1.0], held)]
+    [[0, 1], [2, 3]]
+    """
+    costs = np.asarray(costs, dtype=np.float64)
+    held = np.asarray(held)
+    n_devices = held.shape[1]
+    home = np.argmax(held, axis=1)
+    bins = [set(np.flatnonzero(home == r).tolist()) for r in range(n_devices)]
+    loads = np.array([costs[sorted(b)].sum() for b in bins])
+    while True:
+        h, low = int(np.argmax(loads)), int(np.argmin(loads))
+        gap = loads[h] - loads[low]
+        movable = [p for p in bins[h] if 0 < costs[p] < gap]
+        if not movable:
+            break
+        p = min(movable, key=lambda q: (abs(gap / 2 - costs[q]), held[q, h], q))
+        bins[h].remove(p)
+        bins[low].add(p)
+        loads[h] -= costs[p]
+        loads[low] += costs[p]
+    local = [np.array(sorted(b), dtype=np.int64) for b in bins]
+    lpt = balance(costs, n_devices)
+    makespan = [max(costs[b].sum() for b in placement) for placement in (local, lpt)]
+    return lpt if makespan[1] < makespan[0] * (1 - 1e-12) else local
+
+
 def shard_bounds(n: int, n_shards: int) -> np.ndarray:
     """Row bounds of ``n_shards`` contiguous shards of ``n`` rows (sizes differ by at most one)."""
     return np.array([n * r // n_shards for r in range(n_shards + 1)], dtype=np.int64)

@@ -658,8 +658,11 @@ class BKRRRegressor(_BKRRBase):
         Number of parts P. ``"auto"`` makes parts of at most
         :data:`AUTO_PART_SIZE` (2048) samples, ``ceil(n / 2048)`` parts (one
         part, exact KRR, below 2049 samples). Must not exceed ``n_samples``.
-    partition : {"kbalance", "kmeans", "random", "fcfs", "bkm"}, default="kbalance"
-        Partitioner (:mod:`gpuml.partition`).
+    partition : {"kbalance", "kmeans", "random", "contiguous", "fcfs", "bkm"}, \
+default="kbalance"
+        Partitioner (:mod:`gpuml.partition`). ``"contiguous"``: part j is the
+        j-th run of consecutive rows, a random split (DC-KRR's) for rows in
+        random order that moves no rows between Dask workers.
     combine : {"nearest", "average"}, default="nearest"
         ``"nearest"``: each sample is predicted by the model of its nearest
         part centre (BKRR2, KKRR2). ``"average"``: the mean of all P models'

@@ -175,7 +175,8 @@ class CASVMClassifier(KernelSVMMixin, ClassifierMixin, BaseEstimator):
         combine="nearest"``) the loss is several times larger (adult, random
         split: 1.4 points at P=8; letter: 10 points at P=8), and many classes
         need a small P.
-    partition : {"auto", "random", "fcfs", "kmeans", "kbalance", "bkm"}, default="auto"
+    partition : {"auto", "random", "contiguous", "fcfs", "kmeans", "kbalance", "bkm"}, \
+default="auto"
         How the training set is split (docs/casvm.md compares them).
         ``"auto"``: the method's own split (``partition_`` says which was
         used): ``"fcfs"`` for CA-SVM, ``"random"`` for Cascade,
@@ -186,7 +187,11 @@ class CASVMClassifier(KernelSVMMixin, ClassifierMixin, BaseEstimator):
         (the random split: 0.24, 0.55, 3.1), at the random split's speed
         (docs/casvm.md, "Defaults"). ``"kmeans"``'s parts are unequal, so it
         is 2-4 times slower at the same P and its speed depends on the seed;
-        ``"random"`` is the paper's CA-SVM (Alg 5).
+        ``"random"`` is the paper's CA-SVM (Alg 5); ``"contiguous"`` is Alg 5
+        as the paper ran it (casvm2: each node's rows as they lie are its part;
+        part j is the j-th run of consecutive rows): the random split for rows
+        in random order (shuffle sorted data first), and on Dask input no row
+        moves between workers and no partitioning pass runs.
     method : {"casvm", "cascade", "dcsvm", "dcfilter"}, default="casvm"
         How the parts' models become the classifier (You 2020, sections
         2.2-2.4; docs/casvm.md, "Cascade, DC-SVM, DC-Filter"). ``"casvm"``:
