@@ -219,6 +219,41 @@ def test_contiguous_split_moves_no_rows(client, classification):
     np.testing.assert_array_equal(on_dask.predict(X), local.predict(X))
 
 
+def test_takes_run_before_fits_and_chunks_are_sized(client, classification):
+    """Five chunks on one worker, one on the other: two of the first worker's contiguous
+    parts move. Their rows are taken out on the first worker before it starts its own fit
+    (which waits for nothing: run first, it kept the other worker idle for its length),
+    and the scheduler sizes the held chunks by their arrays (not ~60 bytes: it then stole
+    the take to the idle worker and copied every chunk there)."""
+    from dask.sizeof import sizeof
+
+    from gpuml.distributed.dask import _Chunk
+
+    assert sizeof(_Chunk(np.zeros((50, 4)), np.zeros(50), None)) == 50 * 4 * 8 + 50 * 8
+    X, y = classification
+    a, b = sorted(client.scheduler_info(n_workers=-1)["workers"])
+    parts = []
+    for i, w in enumerate([a, a, a, a, a, b]):
+        rows = slice(400 * i, 400 * (i + 1))
+        parts.append(client.persist(list(_dask(X[rows], y[rows])), workers=[w]))
+    Xd = da.concatenate([p[0] for p in parts])
+    yd = da.concatenate([p[1] for p in parts])
+    with distributed.get_task_stream(client) as stream:
+        on_dask = CASVMClassifier(n_partitions=6, partition="contiguous").fit(Xd, yd)
+    assert on_dask._dask_traffic.rows_moved == 800
+    assert sorted(on_dask.part_worker_.tolist()) == [a, a, a, b, b, b]
+    start = {}
+    for t in stream.data:
+        step = str(t["key"]).split("-")[1]
+        if step in ("take", "fit"):
+            compute = [s for s in t["startstops"] if s["action"] == "compute"][0]
+            start[step, t["worker"]] = compute["start"]
+    assert set(start) == {("take", a), ("fit", a), ("fit", b)}
+    assert start["take", a] < start["fit", a]
+    local = CASVMClassifier(n_partitions=6, partition="contiguous").fit(X, y)
+    np.testing.assert_allclose(on_dask.dual_coef_, local.dual_coef_, rtol=1e-9, atol=1e-12)
+
+
 def test_persisted_chunks_are_used_as_they_are(client, classification):
     from gpuml.distributed.dask import _block_futures
 
