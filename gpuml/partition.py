@@ -90,11 +90,20 @@ def _fill(X, centers, counts, caps, rows=None):
     return labels
 
 
-def _random(X, n_parts, rng, **_):
-    n = X.shape[0]
+def _random_labels(n: int, n_parts: int, rng) -> np.ndarray:
+    """The even random split's labels of ``n`` rows (host array; one permutation drawn)."""
     labels = np.empty(n, dtype=np.int64)
     labels[rng.permutation(n)] = np.arange(n) % n_parts
-    labels = namespace_of(X).asarray(labels)
+    return labels
+
+
+def _contiguous_labels(n: int, n_parts: int) -> np.ndarray:
+    """Part j for the j-th run of rows, the first ``n % P`` runs one row longer (host array)."""
+    return np.repeat(np.arange(n_parts, dtype=np.int64), _capacities(n, n_parts))
+
+
+def _random(X, n_parts, rng, **_):
+    labels = namespace_of(X).asarray(_random_labels(X.shape[0], n_parts, rng))
     return labels, _means(X, labels, n_parts)
 
 
@@ -109,8 +118,7 @@ def _contiguous(X, n_parts, rng=None, **_):
     the parts go to the workers holding their rows, so no row moves.
     ``rng`` is not used.
     """
-    labels = np.repeat(np.arange(n_parts, dtype=np.int64), _capacities(X.shape[0], n_parts))
-    labels = namespace_of(X).asarray(labels)
+    labels = namespace_of(X).asarray(_contiguous_labels(X.shape[0], n_parts))
     return labels, _means(X, labels, n_parts)
 
 

@@ -211,8 +211,7 @@ def test_contiguous_split_moves_no_rows(client, classification):
     # equal parts: the more loaded worker hands over parts until the two differ by <= 1
     moved_parts = abs(per_worker[0] - per_worker[1]) // 2
     assert on_dask._dask_traffic.rows_moved == 200 * moved_parts
-    home = {k: held[k] for k in range(12)}
-    assert sum(on_dask.part_worker_[p] != home[p] for p in range(12)) == moved_parts
+    assert sum(on_dask.part_worker_[p] != held[p] for p in range(12)) == moved_parts
     local = CASVMClassifier(**params).fit(X, y)
     np.testing.assert_array_equal(on_dask.support_, local.support_)
     np.testing.assert_allclose(on_dask.dual_coef_, local.dual_coef_, rtol=1e-9, atol=1e-12)

@@ -93,7 +93,13 @@ from ..kernels import (
     shifted_sq_distances,
     squared_norms,
 )
-from ..partition import PARTITIONERS, _capacities, _divide
+from ..partition import (
+    PARTITIONERS,
+    _capacities,
+    _contiguous_labels,
+    _divide,
+    _random_labels,
+)
 from .placement import balance_local, cholesky_cost, smo_cost
 
 #: Task keys start with this, then the step; tests and dashboards find gpuml's tasks by it.
@@ -762,11 +768,8 @@ class _ChunkPartitioner:
         n, P, rng = self.rows.n, self.P, self.rng
         if method in ("random", "contiguous"):
             # Made on the client, as in-process (no pass over the rows).
-            full = np.empty(n, dtype=np.int64)
-            if method == "random":
-                full[rng.permutation(n)] = np.arange(n) % P
-            else:
-                full[:] = np.repeat(np.arange(P), _capacities(n, P))
+            full = (_random_labels(n, P, rng) if method == "random"
+                    else _contiguous_labels(n, P))
             b = self.rows.bounds
             labels = [full[b[k]: b[k + 1]] for k in range(self.rows.n_chunks)]
         elif method == "fcfs":

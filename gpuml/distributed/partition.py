@@ -39,7 +39,13 @@ from ..kernels import (
     sq_distances,
     squared_norms,
 )
-from ..partition import _capacities, _dense_rows, _divide
+from ..partition import (
+    _capacities,
+    _contiguous_labels,
+    _dense_rows,
+    _divide,
+    _random_labels,
+)
 
 
 class _Shard:
@@ -204,16 +210,12 @@ def _fill(shard, centers, counts, caps, rows=None) -> np.ndarray:
 
 
 def _random(shard, n_parts, rng, **_):
-    n = shard.n
-    labels = np.empty(n, dtype=np.int64)
-    labels[rng.permutation(n)] = np.arange(n) % n_parts
-    labels = shard.mine(labels)
+    labels = shard.mine(_random_labels(shard.n, n_parts, rng))
     return labels, _means(shard, labels, n_parts)
 
 
 def _contiguous(shard, n_parts, rng, **_):
-    labels = shard.mine(np.repeat(np.arange(n_parts, dtype=np.int64),
-                                  _capacities(shard.n, n_parts)))
+    labels = shard.mine(_contiguous_labels(shard.n, n_parts))
     return labels, _means(shard, labels, n_parts)
 
 
