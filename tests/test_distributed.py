@@ -23,7 +23,7 @@ from gpuml.distributed import (
     run_on_devices,
     smo_cost,
 )
-from gpuml.distributed.placement import shard_bounds
+from gpuml.distributed.placement import LPT_MARGIN, shard_bounds
 from gpuml.partition import partition
 
 METHODS = ["random", "contiguous", "fcfs", "kmeans", "kbalance", "bkm"]
@@ -169,13 +169,26 @@ def test_balance_local_keeps_parts_where_their_rows_are():
     assert [p.tolist() for p in balance_local([10.0, 1.0], held)] == [[0], [1]]
     held = np.array([[9, 0], [9, 0], [9, 0]])
     assert [p.tolist() for p in balance_local([10.0, 1.0, 1.0], held)] == [[1, 2], [0]]
-    # Every part placed once, on three devices, within LPT's makespan.
+    # Every part placed once, on three devices, within LPT's makespan (and its margin).
     rng = np.random.default_rng(1)
     costs = smo_cost(rng.integers(100, 1000, size=23))
     held = rng.integers(0, 50, size=(23, 3))
     bins = balance_local(costs, held)
     assert sorted(np.concatenate(bins).tolist()) == list(range(23))
-    assert max(costs[b].sum() for b in bins) <= max(costs[b].sum() for b in balance(costs, 3))
+    lpt = max(costs[b].sum() for b in balance(costs, 3))
+    assert max(costs[b].sum() for b in bins) <= lpt / (1 - LPT_MARGIN)
+    # Contiguous parts of 36,631 rows (7 of 2,290 rows, 9 of 2,289) with the first eight
+    # on device 0: LPT's makespan is 0.03 % lower, not enough to move half the rows.
+    sizes = np.array([2290] * 7 + [2289] * 9)
+    held = np.zeros((16, 2), dtype=int)
+    held[:8, 0], held[8:, 1] = sizes[:8], sizes[8:]
+    held[7] = [2287, 2]  # the eighth part's last rows lie in device 1's first chunk
+    assert [p.tolist() for p in balance_local(smo_cost(sizes), held)] == [list(range(8)),
+                                                                           list(range(8, 16))]
+    # A placement LPT balances much better is taken: two big parts on one device.
+    # (Moving one part cannot help: each costs more than the gap.)
+    held = np.array([[9, 0], [9, 0], [0, 9], [0, 9]])
+    assert [p.tolist() for p in balance_local([4.0, 4.0, 3.0, 3.0], held)] == [[0, 2], [1, 3]]
 
 
 def test_cost_models():

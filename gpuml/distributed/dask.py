@@ -37,8 +37,8 @@ The steps, each a set of Dask tasks run from the client (the "driver"):
 3. **Ship each part's rows** to the worker it is placed on: each part starts on
    the worker holding most of its rows and parts move only to balance the
    estimator's cost model (:func:`gpuml.distributed.placement.balance_local`;
-   Graham's LPT rule when that balances better), one group of parts per worker;
-   the group's fit task cuts the rows of its parts out of its worker's chunks,
+   Graham's LPT rule when that balances better by over 2 %), one group of parts
+   per worker; the group's fit task cuts the rows of its parts out of its worker's chunks,
    and a task on each other worker holding some of them out of that worker's (a
    classifier's ``y`` as class indices, its per-row C): the only time rows
    move, once. With ``partition="contiguous"`` (You 2020's casvm2: each part the

@@ -68,6 +68,13 @@ def balance(costs, n_devices: int) -> list[np.ndarray]:
     return [np.array(sorted(b), dtype=np.int64) for b in bins]
 
 
+#: LPT's placement replaces :func:`balance_local`'s only when its makespan is lower by
+#: more than this fraction. The costs are estimates (an SMO part's time scatters by
+#: 10-25 % around ``m^2``), a row that moves is certain work, and without a margin a gain
+#: of 0.03 % (contiguous parts of 2,290 and 2,289 rows) moved half of all rows.
+LPT_MARGIN = 0.02
+
+
 def balance_local(costs, held) -> list[np.ndarray]:
     """Part indices per device, balanced by cost, moving as few parts as it can.
 
@@ -77,8 +84,8 @@ def balance_local(costs, held) -> list[np.ndarray]:
     least loaded lowers the larger of their two loads, the part whose cost is
     nearest half their gap moves (ties: the one with fewer rows there, then the
     lower index). When :func:`balance` (LPT, which ignores where rows are) gives a
-    lower makespan, its placement is returned instead. Each device's parts are
-    in ascending order.
+    makespan lower by more than :data:`LPT_MARGIN`, its placement is returned
+    instead. Each device's parts are in ascending order.
 
     With data spread evenly and parts that lie on one device each (the
     ``"contiguous"`` split), nothing moves; with parts spread over all devices
@@ -113,7 +120,7 @@ def balance_local(costs, held) -> list[np.ndarray]:
     local = [np.array(sorted(b), dtype=np.int64) for b in bins]
     lpt = balance(costs, n_devices)
     makespan = [max(costs[b].sum() for b in placement) for placement in (local, lpt)]
-    return lpt if makespan[1] < makespan[0] * (1 - 1e-12) else local
+    return lpt if makespan[1] < makespan[0] * (1 - LPT_MARGIN) else local
 
 
 def shard_bounds(n: int, n_shards: int) -> np.ndarray:
