@@ -8,7 +8,8 @@ california housing (15,480 x 8), each fitted on a ``LocalCluster`` of one and
 of two worker processes, one thread each, BLAS/OpenMP/numba pinned to one
 thread in the workers (checked with threadpoolctl and reported). Both clusters
 are up at once in this process, on the same data, persisted on their workers
-before the timed fits (in a real cluster the data is loaded there), and their
+before the timed fits (in a real cluster the data is loaded there: here each
+chunk's rows and targets on one worker, half of the chunks on each), and their
 fits alternate, so that the drift of this shared machine's speed over a minute
 falls on both alike. While one cluster fits, the other's worker processes are
 stopped (SIGSTOP, then SIGCONT): idle, they still wake every few milliseconds
@@ -204,7 +205,9 @@ def _phases(client, stream, t0, t1):
     """Where one fit's time went, from its task stream (``t0``, ``t1``: its start and end,
     ``time.time()``): before the first fit task starts (checks, summaries, partitioning,
     the rows' take and transfer), the fit tasks' window (first start to last stop), and
-    after it (the last group's fitted parts gathered and the model assembled)."""
+    after it (the last group's fitted parts gathered and the model assembled), and the
+    tail: from the first fit task's end to the last's (the time one worker waits for the
+    other: the groups' costs as estimated are balanced, their times are not)."""
     # A worker shifts its times by its estimate of the scheduler's clock offset
     # (milliseconds of noise here); one machine, one clock: take it back out.
     shift = client.run(lambda dask_worker: dask_worker.scheduler_delay)
@@ -212,7 +215,31 @@ def _phases(client, stream, t0, t1):
              for task in stream.data if str(task["key"]).startswith("gpuml-fit-")
              for s in task["startstops"] if s["action"] == "compute"]
     first, last = min(a for a, _ in spans), max(b for _, b in spans)
-    return first - t0, last - first, t1 - last
+    return first - t0, last - first, t1 - last, last - min(b for _, b in spans)
+
+
+def _spread(client, X, y):
+    """X and y persisted in :data:`N_CHUNKS` row chunks, chunk k's rows and its targets on
+    one worker, the first half of the chunks on the first worker and the rest on the
+    second: the layout of a data set each worker loaded its share of (the columns of a
+    dataframe's partition stay together). Left to itself the scheduler placed the two
+    arrays apart (``persist`` of ``from_array`` chunks: 5 and 3 chunks of X on the two
+    workers in some runs, 4 and 4 in others, and 5 of the 8 targets away from their
+    rows), a coin flip that changed each fit's work by a take and transfers."""
+    import dask.array as da
+    from distributed import wait
+
+    workers = sorted(client.scheduler_info(n_workers=-1)["workers"])
+    n = X.shape[0]
+    chunk = -(-n // N_CHUNKS)
+    xs, ys = [], []
+    for k, a in enumerate(range(0, n, chunk)):
+        on = [workers[k * len(workers) // N_CHUNKS]]
+        xs.append(client.persist(da.from_array(X[a:a + chunk], chunks=-1), workers=on))
+        ys.append(client.persist(da.from_array(y[a:a + chunk], chunks=-1), workers=on))
+    Xd, yd = client.persist([da.concatenate(xs), da.concatenate(ys)])
+    wait([Xd, yd])
+    return Xd, yd
 
 
 def _hop_ms(client, repeat=20, length=6):
@@ -247,8 +274,7 @@ def _case_rows(name, make, X, y, Xtest, ytest, kind, repeat):
     """Both clusters up at once, their fits alternating (1, 2, 2, 1, 1, 2, ...): on a shared
     machine whose speed drifts over a minute, each pair of fits sees the same drift. The
     cluster not being timed has its worker processes stopped (see the module notes)."""
-    import dask.array as da
-    from distributed import get_task_stream, wait
+    from distributed import get_task_stream
     from threadpoolctl import threadpool_limits
 
     n, d = X.shape
@@ -256,10 +282,7 @@ def _case_rows(name, make, X, y, Xtest, ytest, kind, repeat):
     try:
         for W in (1, 2):
             cluster, client = clusters[W] = _cluster(W)
-            chunk = -(-n // N_CHUNKS)
-            Xd = client.persist(da.from_array(X, chunks=(chunk, d)))
-            yd = client.persist(da.from_array(y, chunks=chunk))
-            wait([Xd, yd])
+            Xd, yd = _spread(client, X, y)
             clusters[W] = (cluster, client, Xd, yd)
         runs = {W: {"seconds": [], "counted": [], "modelled": [], "driver": [], "phases": []}
                 for W in (1, 2)}
@@ -321,7 +344,8 @@ def _case_rows(name, make, X, y, Xtest, ytest, kind, repeat):
             "case": name, "n": n, "d": d, "workers": W, "fit_s": r["fit_s"],
             "fit_min_s": r["fit_min_s"], "speedup_vs_1": rows[1]["fit_s"] / r["fit_s"],
             "pre_fit_s": r["phases"][0], "fit_tasks_s": r["phases"][1],
-            "post_fit_s": r["phases"][2], "hop_ms": hops[W][0], "client_trip_ms": hops[W][1],
+            "post_fit_s": r["phases"][2], "tail_s": r["phases"][3], "hop_ms": hops[W][0],
+            "client_trip_ms": hops[W][1],
             "paired_speedup": paired if W == 2 else 1.0,
             "two_core_ceiling": ceiling if W == 2 else 1.0,
             "in_process_1thread_s": in_process, "lloyd_steps": steps,
@@ -376,9 +400,11 @@ def main(quick: bool = False, gpu: bool = False) -> None:
         "workers can gain on this machine. Each cluster: W "
         "worker processes, one thread each, OMP/OPENBLAS/MKL/NUMBA threads 1 (worker_threads "
         "as the workers report them); data persisted on the workers in "
-        f"{N_CHUNKS} chunks before timing. pre_fit_s, fit_tasks_s, post_fit_s: from the "
-        "task stream of the same fits (medians), the time before the first fit task "
-        "starts, the fit tasks' window and the time after it. hop_ms: a tiny task that "
+        f"{N_CHUNKS} chunks before timing, each chunk's rows and targets on one worker, the "
+        "first half of the chunks on the first worker. pre_fit_s, fit_tasks_s, post_fit_s: "
+        "from the task stream of the same fits (medians), the time before the first fit task "
+        "starts, the fit tasks' window and the time after it; tail_s: from the first fit "
+        "task's end to the last's. hop_ms: a tiny task that "
         "depends on the one before, handed from worker to worker (the two workers "
         "alternating); client_trip_ms: the same through the client (submit, wait, "
         "fetch): what each step costs beyond its work. in_process_1thread_s: the same "
