@@ -31,12 +31,13 @@ small steps), P parts, I Lloyd steps (counted by the driver):
 
 * partitioning: per Lloyd step the P x d centres to each worker's task and
   P x (d + 1) sums and counts back per chunk, ``8 (H P d + K P (d + 1))``;
-  k-means++ (P picks: each chunk's total back, the picked row to the tasks on
-  the H - 1 other workers, worker to worker, and the P rows back at the end)
-  ``8 P (H d + K)``; the fill: when it runs on the client (P <= d) the
-  centres to each worker's task, ``8 H P d``, and the n x P distances back,
-  ``8 n P`` (FCFS: and its P seed rows, ``8 P d``); the chain (P > d): the
-  centres to each chunk, ``8 K P d``;
+  k-means++ (P picks, on one actor per worker: each chunk's total back, the
+  picked row to the client and on to the H actors) ``8 P ((H + 1) d + K)``;
+  the fill: when it runs on the client (P <= d) the centres to each worker's
+  task, ``8 H P d``, and the n x P distances back, ``8 n P`` (FCFS: and its P
+  seed rows, ``8 P d``); the chain (P > d): the centres to each link, at most
+  ``8 K P d`` (one per chunk as tasks, one per run of chunks on a worker on
+  actors: modelled as K);
 * labels: made on the workers (k-means; the fill's chain when P > d), to the
   client, ``8 n``; from the client (all splits) to the tasks that cut out each of
   the G groups of parts, ``8 n G`` (``8 n`` when no row moves); CA-SVM: and y in the
@@ -129,7 +130,7 @@ def _model_bytes(est, traffic, n, d, K, W, kind):
     if partition in ("kmeans", "kbalance"):
         I = traffic.steps + 1  # the Lloyd steps, and the first assignment
         total += 8 * (H * P * d + K * P * (d + 1)) * I
-        total += 8 * P * (H * d + K)
+        total += 8 * P * ((H + 1) * d + K)
     on_client = partition in ("random", "contiguous") or (partition in ("fcfs", "kbalance")
                                                           and fills_on_client(P, d))
     if partition in ("fcfs", "kbalance"):

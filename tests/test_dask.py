@@ -176,17 +176,71 @@ def test_small_steps_run_one_task_per_worker(client, classification, method):
     assert steps["take"] == 2  # the other worker's chunks, for each worker's group of parts
     assert steps["fit"] == 2
     if method == "kbalance":
-        assert steps["assign"] == 2 * (tr.steps + 1)
-        # k-means++: the first row, then per centre the totals, the pick and the distances
-        assert steps["norms"] == 2 and steps["row"] == 1
-        assert steps["closest"] == steps["total"] == 2 * 3 and steps["pick"] == 3
-        assert sum(steps.values()) == 2 * 6 + 1 + 3 * 5 + 2 * (tr.steps + 1)
+        # k-means++ and the Lloyd steps run on one actor per worker, no tasks of their own
+        assert steps["actor"] == 2 and tr.steps > 0
+        assert sum(steps.values()) == 2 * 6
     else:
         assert sum(steps.values()) == 2 * 5
     local = CASVMClassifier(**params).fit(X, y)
     np.testing.assert_array_equal(on_dask.support_, local.support_)
     np.testing.assert_allclose(on_dask.dual_coef_, local.dual_coef_, rtol=1e-9, atol=1e-12)
     np.testing.assert_allclose(on_dask.centers_, local.centers_, rtol=1e-12, atol=1e-12)
+
+
+def test_kmeans_on_actors_equals_kmeans_as_tasks(client, regression):
+    """k-means++ and Lloyd on one actor per worker give the centres and sizes of the
+    same steps run as tasks (the path Dask retries), and the in-process k-means centres."""
+    from gpuml.distributed import dask as gd
+
+    X, y = regression
+    rows = gd.load_rows(gd._Driver(client), *_dask(X, y), None, dtype=np.float64,
+                        classification=False)
+    runs = []
+    for steps in (gd._ActorSteps, gd._TaskSteps):
+        part = gd._ChunkPartitioner(rows, 5, np.random.RandomState(0), gd.LLOYD_MAX_ITER,
+                                    gd.LLOYD_TOL)
+        if steps is gd._ActorSteps:
+            with steps(rows) as on:
+                centers, sizes = part._lloyd(on)
+        else:
+            centers, sizes = part._lloyd(steps(rows))
+        runs.append((centers, sizes, rows.driver.traffic.steps))
+        rows.driver.traffic.steps = 0
+    (c1, s1, n1), (c2, s2, n2) = runs
+    np.testing.assert_array_equal(c1, c2)
+    np.testing.assert_array_equal(s1, s2)
+    assert n1 == n2 > 0
+    labels, centers = partition(X, 5, "kmeans", random_state=0)
+    np.testing.assert_allclose(c1, centers, rtol=1e-12, atol=1e-12)
+    np.testing.assert_array_equal(s1, np.bincount(labels, minlength=5))
+
+
+def test_lost_actor_falls_back_to_tasks(client, regression, monkeypatch):
+    """A worker holding a k-means actor dies mid-seeding: k-means runs again as tasks
+    from the same draws (a warning says so), and the model is the in-process one."""
+    from gpuml.distributed import dask as gd
+
+    X, y = regression
+    closer = gd._ActorSteps.closer
+    killed = []
+
+    def closer_then_kill(self, c):
+        if not killed:
+            killed.append(self.rows.groups[0][0])
+            client.run(os._exit, 1, workers=killed, wait=False)
+            distributed.wait(self.futures, timeout=30, return_when="FIRST_EXCEPTION")
+        return closer(self, c)
+
+    monkeypatch.setattr(gd._ActorSteps, "closer", closer_then_kill)
+    params = dict(sigma=2.0, lam=1e-3, n_partitions=4, partition="kbalance", random_state=0)
+    with pytest.warns(RuntimeWarning, match="running it again as tasks"):
+        on_dask = BKRRRegressor(**params).fit(*_dask(X, y))
+    assert killed
+    local = BKRRRegressor(**params).fit(X, y)
+    np.testing.assert_array_equal(on_dask.part_sizes_, local.part_sizes_)
+    np.testing.assert_array_equal(on_dask.X_fit_, local.X_fit_)
+    np.testing.assert_allclose(on_dask.predict(X), local.predict(X), rtol=1e-8, atol=1e-10)
+    client.wait_for_workers(2, timeout=60)
 
 
 def test_contiguous_split_moves_no_rows(client, classification):

@@ -21,15 +21,19 @@ The steps, each a set of Dask tasks run from the client (the "driver"):
 2. **Partition with a distributed Lloyd** over the chunks (k-means++ seeding,
    Lloyd steps, the greedy fill of FCFS and K-balance; You 2020, Alg. 3 and 9):
    the same algorithms and the same random draws as
-   :mod:`gpuml.distributed.partition`, written for stateless tasks. Every Lloyd
-   step sends the P x d centres to each worker's task and brings back one small
-   array of per-centre sums and counts per chunk, summed on the client in
-   chunk order. The k-means++ distances stay on the workers. The greedy fill is
+   :mod:`gpuml.distributed.partition`. Every Lloyd step sends the P x d centres
+   to each worker and brings back one small array of per-centre sums and counts
+   per chunk, summed on the client in chunk order. k-means++ and the Lloyd steps
+   are a chain of small exchanges, so they run on one Dask actor per worker
+   (:class:`_RowsActor`: a method call on the worker holding the chunks, without
+   the scheduler's round trip of a task), where the k-means++ distances stay;
+   if an actor's worker is lost they run again as tasks. The greedy fill is
    sequential over the rows: when P <= d the workers compute their rows' n_k x P
    distances to the centres (in parallel), the client gathers them in chunk order
    and runs the fill, as the SPMD fill of :mod:`gpuml.distributed.partition` does
    on rank 0; when the distances would outweigh the rows (P > d) it runs as a
-   chain of one task per chunk that passes the P fill counts to the next. The
+   chain along the chunks that passes the P fill counts on (one task per chunk,
+   or after K-balance's k-means one actor call per run of chunks on a worker). The
    labels end on the client and go to the workers with the tasks that need them.
    The
    partition is the one :func:`gpuml.partition.partition` computes on the same
@@ -59,7 +63,9 @@ predicts; the rows never move.
 A worker lost mid-fit: every task here is a pure function of its inputs, so
 the scheduler recomputes what was on the lost worker and runs the lost tasks
 again elsewhere, with the same result. A task whose workers keep dying ends
-the fit with a :class:`RuntimeError` that says so.
+the fit with a :class:`RuntimeError` that says so. The k-means actors are not
+retried by Dask; when one is lost, k-means runs again from the same random
+draws as tasks (a :class:`RuntimeWarning` says so), with the same result.
 """
 
 from __future__ import annotations
@@ -67,6 +73,7 @@ from __future__ import annotations
 import math
 import pickle
 import uuid
+import warnings
 from dataclasses import dataclass
 
 import dask
@@ -444,6 +451,11 @@ class DaskRows:
                                   [None if s is None else s[g] for s in states], *args,
                                   **_on(address))
 
+    def owner(self, i: int):
+        """``(chunk, local index)`` of global row ``i``."""
+        k = int(np.searchsorted(self.bounds, i, side="right") - 1)
+        return k, i - int(self.bounds[k])
+
     def gathered(self, pending):
         """The results of an :meth:`each` call on the client: one per chunk, in chunk order."""
         out = [None] * self.n_chunks
@@ -634,6 +646,175 @@ def _unpack(pack, dtype):
     return pack[:, :-1].astype(dtype), pack[:, -1].astype(np.int64)
 
 
+class _TaskSteps:
+    """k-means' small steps as tasks, one per worker (:meth:`DaskRows.each`): what
+    Dask retries when a worker is lost. A drawn row stays a future that the next
+    distance tasks read; each step's totals or sums come back to the client."""
+
+    def __init__(self, rows: DaskRows):
+        self.rows = rows
+        self.norms = self.closest = None
+
+    def row(self, i: int):
+        return self.rows.one("row", _row, *self.rows.owner(i))
+
+    def _totals(self):
+        return np.array(self.rows.gathered(self.rows.each("total", _total,
+                                                          states=[self.closest])))
+
+    def first(self, c):
+        self.norms = self.rows.each("norms", _norms)
+        self.closest = self.rows.each("closest", _closest, c, states=[self.norms, None])
+        return self._totals()
+
+    def closer(self, c):
+        self.closest = self.rows.each("closest", _closest, c,
+                                      states=[self.norms, self.closest])
+        return self._totals()
+
+    def pick(self, k: int, u: float):
+        return self.rows.one("pick", _pick, k, u, states=[self.closest])
+
+    def values(self, rows) -> np.ndarray:
+        return np.stack(self.rows.driver.gather(rows))
+
+    def assign(self, centers):
+        """The per-centre sums and counts of all rows, added in chunk order."""
+        rows = self.rows
+        return _unpack(_in_order_sum(rows.gathered(rows.each("assign", _assign_sums, centers))),
+                       rows.dtype)
+
+    def labels(self, centers):
+        return self.rows.gathered(self.rows.each("labels", _assign_labels, centers))
+
+
+class _RowsActor:
+    """A worker's chunks for k-means' small steps, as a Dask actor.
+
+    Made on the worker holding them (the chunks are not copied); the client calls
+    its methods directly, each call one message to the worker and one back (about
+    5 ms on this project's 2-core machine, against about 20 ms for a round of
+    tasks: submit, schedule, run, report, gather). The distances to the nearest
+    centre so far stay here between calls. The per-chunk functions are the tasks'.
+    """
+
+    def __init__(self, chunks):
+        self.chunks = chunks
+        self.norms = self.closest = None
+
+    def row(self, i, local):
+        return _row(self.chunks[i], local)
+
+    def _totals(self):
+        return [_total(c, d) for c, d in zip(self.chunks, self.closest)]
+
+    def first(self, c):
+        self.norms = [_norms(chunk) for chunk in self.chunks]
+        self.closest = [_closest(chunk, n, None, c) for chunk, n in zip(self.chunks, self.norms)]
+        return self._totals()
+
+    def closer(self, c):
+        self.closest = [_closest(chunk, n, d, c)
+                        for chunk, n, d in zip(self.chunks, self.norms, self.closest)]
+        return self._totals()
+
+    def pick(self, i, u):
+        return _pick(self.chunks[i], self.closest[i], u)
+
+    def assign(self, centers):
+        return [_assign_sums(chunk, centers) for chunk in self.chunks]
+
+    def labels(self, centers):
+        return [_assign_labels(chunk, centers) for chunk in self.chunks]
+
+    def fill(self, items, centers, c_norms, counts, caps):
+        """The fill of chunks ``items`` (consecutive), after the fill counts ``counts``."""
+        labels = []
+        for i in items:
+            mine, counts = _fill_chunk(self.chunks[i], centers, c_norms, counts, caps)
+            labels.append(mine)
+        return labels, counts
+
+
+class _ActorSteps:
+    """k-means' small steps on one :class:`_RowsActor` per worker (a context manager:
+    the actors and the distances they hold are released at its end). The same
+    per-chunk functions and the same order of sums as :class:`_TaskSteps`."""
+
+    def __init__(self, rows: DaskRows):
+        self.rows, self.driver = rows, rows.driver
+        self.futures = [self.driver.submit("actor", _RowsActor, held, actor=True,
+                                           workers=[address], allow_other_workers=False)
+                        for address, _, held in rows.groups]
+        self.actors = [f.result() for f in self.futures]
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.actors = None
+        self.driver.client.cancel(self.futures)
+        self.futures = None
+        return False
+
+    def _call(self, method, *args, groups=None):
+        """``method(*args)`` on the actors of ``groups`` (all: their chunks' results in
+        chunk order), all at once, waiting for each."""
+        traffic = self.driver.traffic
+        traffic.sent += sum(_nbytes(a) for a in args) * len(groups or self.actors)
+        if groups is not None:
+            values = [getattr(self.actors[g], method)(*args).result() for g in groups]
+            traffic.gathered += _nbytes(values)
+            return values
+        pending = [getattr(actor, method)(*args) for actor in self.actors]
+        out = [None] * self.rows.n_chunks
+        for (_, ks, _), future in zip(self.rows.groups, pending):
+            for k, value in zip(ks, future.result()):
+                out[k] = value
+        traffic.gathered += _nbytes(out)
+        return out
+
+    def _one(self, method, k, *args):
+        g, i = self.rows.where[k]
+        return self._call(method, i, *args, groups=[g])[0]
+
+    def row(self, i: int):
+        return self._one("row", *self.rows.owner(i))
+
+    def first(self, c):
+        return np.array(self._call("first", c))
+
+    def closer(self, c):
+        return np.array(self._call("closer", c))
+
+    def pick(self, k: int, u: float):
+        return self._one("pick", k, u)
+
+    def values(self, rows) -> np.ndarray:
+        return np.stack(rows)
+
+    def assign(self, centers):
+        return _unpack(_in_order_sum(self._call("assign", centers)), self.rows.dtype)
+
+    def labels(self, centers):
+        return self._call("labels", centers)
+
+    def fill_chain(self, centers, c_norms, counts, caps):
+        """The fill, chunk after chunk: one call per run of consecutive chunks on one
+        worker, each handed the fill counts after the chunks before it."""
+        rows, out, k = self.rows, [], 0
+        while k < rows.n_chunks:
+            g = rows.where[k][0]
+            run = [k]
+            while run[-1] + 1 < rows.n_chunks and rows.where[run[-1] + 1][0] == g:
+                run.append(run[-1] + 1)
+            labels, counts = self._call("fill", [rows.where[j][1] for j in run], centers,
+                                        c_norms, counts, caps, groups=[g])[0]
+            out.extend(labels)
+            k = run[-1] + 1
+        return out
+
+
 class _ChunkPartitioner:
     """The partitioners of :mod:`gpuml.distributed.partition`, over chunks on Dask workers.
 
@@ -655,7 +836,7 @@ class _ChunkPartitioner:
         """FCFS's first draw (You 2020, Alg 3: P distinct rows as the centres): each
         chunk's local indices of them, ascending (an empty list for a chunk with none)."""
         seeds = np.sort(self.rng.choice(self.rows.n, self.P, replace=False))
-        owners = [self._owner(int(s)) for s in seeds.tolist()]
+        owners = [self.rows.owner(int(s)) for s in seeds.tolist()]
         return [[loc for kk, loc in owners if kk == k] for k in range(self.rows.n_chunks)]
 
     def seed_rows(self) -> list:
@@ -663,65 +844,77 @@ class _ChunkPartitioner:
         locals_ = self.seed_locals()
         return self.rows.gathered(self.rows.each("rows", _rows, extra=[(loc,) for loc in locals_]))
 
-    def _owner(self, i: int):
-        k = int(np.searchsorted(self.rows.bounds, i, side="right") - 1)
-        return k, i - int(self.rows.bounds[k])
-
-    def row(self, i: int):
-        """Row ``i``, as a future (it goes on to the tasks that need it, not to the client)."""
-        k, local = self._owner(i)
-        return self.rows.one("row", _row, k, local)
-
-    def assign(self, centers):
-        """The per-centre sums and counts of all rows (one task per worker, one round trip)."""
-        rows = self.rows
-        return _unpack(_in_order_sum(rows.gathered(rows.each("assign", _assign_sums, centers))),
-                       rows.dtype)
-
-    def kmeans_pp(self):
+    def kmeans_pp(self, steps):
         """k-means++ seeding (Arthur & Vassilvitskii, 2007), D^2 sampling over the chunks.
 
-        One round trip per centre: the client needs the chunks' totals to draw the
-        next row, while the drawn row goes from its chunk's task to the next distance
-        tasks as a future, and all P rows come back at the end. The distances to the
-        nearest centre so far stay on the workers (a state of :meth:`DaskRows.each`).
+        One exchange with the workers per centre: the client needs the chunks' totals
+        of the distances to the nearest centre so far to draw the next row; those
+        distances stay on the workers. ``steps``: :class:`_ActorSteps` or
+        :class:`_TaskSteps`, the same draws and the same numbers.
         """
         rows, rng, K = self.rows, self.rng, self.rows.n_chunks
-        centers = [self.row(int(rng.randint(rows.n)))]
-        norms = rows.each("norms", _norms)
-        closest = rows.each("closest", _closest, centers[0], states=[norms, None])
+        centers = [steps.row(int(rng.randint(rows.n)))]
+        totals = steps.first(centers[0])
         for j in range(1, self.P):
-            totals = np.array(rows.gathered(rows.each("total", _total, states=[closest])))
             ends = np.cumsum(totals)
             total = float(ends[-1])
             if total <= 0:  # fewer distinct points than parts: any sample will do
-                c = self.row(int(rng.randint(rows.n)))
+                c = steps.row(int(rng.randint(rows.n)))
             else:
                 u = rng.uniform(0, total)
                 owner = min(int(np.searchsorted(ends, u)), K - 1)
                 start = float(ends[owner - 1]) if owner else 0.0
-                c = rows.one("pick", _pick, owner, u - start, states=[closest])
+                c = steps.pick(owner, u - start)
             centers.append(c)
             if j < self.P - 1:  # after the last pick no one reads the distances
-                closest = rows.each("closest", _closest, c, states=[norms, closest])
-        return np.stack(self.driver.gather(centers))
+                totals = steps.closer(c)
+        return steps.values(centers)
 
-    def kmeans(self):
-        """Lloyd's k-means: ``(centers, global sizes)``."""
-        centers = self.kmeans_pp()
+    def clustered(self, method):
+        """k-means (``(labels, centers)``) or K-balance (``(labels, None)``): Lloyd's k-means,
+        then for K-balance the fill.
+
+        Seeding and Lloyd steps are a chain of small exchanges (41 for BKRR2 P=16 on
+        California housing), so they run on one Dask actor per worker
+        (:class:`_RowsActor`, called from the client without the scheduler's
+        round trip of a task), and so does the fill's chain. If an actor's worker
+        is lost, it all runs again from the same draws as tasks, which Dask retries
+        like every other step.
+        """
+        state = self.rng.get_state()
+        try:
+            with _ActorSteps(self.rows) as steps:
+                return self._clustered(method, steps)
+        except Exception as err:  # an actor's worker lost, or no actor could start
+            warnings.warn(f"k-means on Dask actors failed ({type(err).__name__}: {err}); "
+                          "running it again as tasks", RuntimeWarning, stacklevel=4)
+            self.rng.set_state(state)
+            self.driver.traffic.steps = 0
+            return self._clustered(method, _TaskSteps(self.rows))
+
+    def _clustered(self, method, steps):
+        centers, sizes = self._lloyd(steps)
+        if method == "kmeans":
+            # The labels of the last step, computed again where the rows are.
+            return steps.labels(centers), centers
+        caps = _capacities(self.rows.n, self.P, np.argsort(-sizes, kind="stable"))
+        return self.fill(centers, caps, steps), None
+
+    def _lloyd(self, steps):
+        centers = self.kmeans_pp(steps)
         threshold = self.tol * self.rows.variance
-        sums, counts = self.assign(centers)
+        sums, counts = steps.assign(centers)
         for _ in range(self.max_iter):
             new_centers = _divide(sums, counts, fallback=centers)
             shift = float(((new_centers - centers) ** 2).sum())
             centers = new_centers
-            sums, counts = self.assign(centers)
+            sums, counts = steps.assign(centers)
             self.driver.traffic.steps += 1
             if shift <= threshold:
                 break
         return np.ascontiguousarray(centers), counts
 
-    def fill(self, centers, caps):
+    def fill(self, centers, caps, steps=None):
         """The greedy fill of every row in order (You 2020, Alg. 3): the labels per chunk.
 
         The fill is sequential over the rows, so it runs in one place at a time.
@@ -731,12 +924,16 @@ class _ChunkPartitioner:
         the fill runs as a chain of one task per chunk that hands the next only
         the P fill counts; it moves P numbers a hop instead of the distances, but
         pays a scheduler round trip a chunk, one after another: that chain was a
-        third of a 2-worker CA-SVM fit of 36,631 rows on 8 chunks. The labels end
-        on the client either way (the placement needs the parts' sizes).
+        third of a 2-worker CA-SVM fit of 36,631 rows on 8 chunks. On actors
+        (``steps``, K-balance after its k-means) the chain is one call per run of
+        consecutive chunks on one worker. The labels end on the client either way
+        (the placement needs the parts' sizes).
         """
         counts = np.zeros(self.P, dtype=np.int64)
         c_norms = squared_norms(centers)
         rows = self.rows
+        if not fills_on_client(self.P, rows.n_features) and isinstance(steps, _ActorSteps):
+            return steps.fill_chain(centers, c_norms, counts, caps)
         if not fills_on_client(self.P, rows.n_features):
             states = []
             for k in range(rows.n_chunks):
@@ -776,15 +973,10 @@ class _ChunkPartitioner:
             blocks = self.seed_blocks if self.seed_blocks is not None else self.seed_rows()
             centers = np.concatenate(blocks).astype(self.rows.dtype, copy=False)
             labels = self.fill(centers, _capacities(n, P))
-        elif method == "kmeans":
-            centers, _ = self.kmeans()
-            # The labels of the last step, computed again where the rows are.
-            labels = self.rows.gathered(self.rows.each("labels", _assign_labels, centers))
-            return labels, centers
-        elif method == "kbalance":
-            km_centers, sizes = self.kmeans()
-            caps = _capacities(n, P, np.argsort(-sizes, kind="stable"))
-            labels = self.fill(km_centers, caps)
+        elif method in ("kmeans", "kbalance"):
+            labels, centers = self.clustered(method)
+            if centers is not None:
+                return labels, centers
         else:
             raise ValueError(f"partition={method!r} does not run on Dask input; use one of "
                              f"{list(DASK_PARTITIONERS)} (BKM moves the farthest members of "
