@@ -687,6 +687,18 @@ class _TaskSteps:
     def labels(self, centers):
         return self.rows.gathered(self.rows.each("labels", _assign_labels, centers))
 
+    def fill_chain(self, centers, c_norms, counts, caps):
+        """The fill, chunk after chunk: one task per chunk, handed the P fill counts after
+        the chunks before it (the labels stay until the end)."""
+        rows, states = self.rows, []
+        for k in range(rows.n_chunks):
+            state = rows.one("fill", _fill_chunk, k, centers, c_norms, counts, caps)
+            # Only the P counts go on to the next chunk's worker; the labels stay.
+            counts = rows.driver.submit("fill-counts", _counts_of, state)
+            states.append(state)
+        # The labels come back with the last counts of each chunk (P numbers more).
+        return [labels for labels, _ in rows.driver.gather(states)]
+
 
 class _RowsActor:
     """A worker's chunks for k-means' small steps, as a Dask actor.
@@ -924,25 +936,16 @@ class _ChunkPartitioner:
         the fill runs as a chain of one task per chunk that hands the next only
         the P fill counts; it moves P numbers a hop instead of the distances, but
         pays a scheduler round trip a chunk, one after another: that chain was a
-        third of a 2-worker CA-SVM fit of 36,631 rows on 8 chunks. On actors
-        (``steps``, K-balance after its k-means) the chain is one call per run of
-        consecutive chunks on one worker. The labels end on the client either way
-        (the placement needs the parts' sizes).
+        third of a 2-worker CA-SVM fit of 36,631 rows on 8 chunks. ``steps`` runs
+        the chain (default :class:`_TaskSteps`; on actors, K-balance after its
+        k-means, one call per run of consecutive chunks on one worker). The labels
+        end on the client either way (the placement needs the parts' sizes).
         """
         counts = np.zeros(self.P, dtype=np.int64)
         c_norms = squared_norms(centers)
         rows = self.rows
-        if not fills_on_client(self.P, rows.n_features) and isinstance(steps, _ActorSteps):
-            return steps.fill_chain(centers, c_norms, counts, caps)
         if not fills_on_client(self.P, rows.n_features):
-            states = []
-            for k in range(rows.n_chunks):
-                state = rows.one("fill", _fill_chunk, k, centers, c_norms, counts, caps)
-                # Only the P counts go on to the next chunk's worker; the labels stay.
-                counts = self.driver.submit("fill-counts", _counts_of, state)
-                states.append(state)
-            # The labels come back with the last counts of each chunk (P numbers more).
-            return [labels for labels, _ in self.driver.gather(states)]
+            return (steps or _TaskSteps(rows)).fill_chain(centers, c_norms, counts, caps)
         itemsize = np.dtype(rows.dtype).itemsize
         if rows.n * self.P * itemsize <= FILL_BATCH_BYTES:
             # All the distances at once: one task per worker.
@@ -974,9 +977,7 @@ class _ChunkPartitioner:
             centers = np.concatenate(blocks).astype(self.rows.dtype, copy=False)
             labels = self.fill(centers, _capacities(n, P))
         elif method in ("kmeans", "kbalance"):
-            labels, centers = self.clustered(method)
-            if centers is not None:
-                return labels, centers
+            return self.clustered(method)
         else:
             raise ValueError(f"partition={method!r} does not run on Dask input; use one of "
                              f"{list(DASK_PARTITIONERS)} (BKM moves the farthest members of "
