@@ -17,6 +17,15 @@ stopped (SIGSTOP, then SIGCONT): idle, they still wake every few milliseconds
 cores (alternating A/B, 14 pairs) — a cost of measuring two clusters, not of
 one.
 
+Both clusters run with Dask's own periodic work made rarer (:data:`QUIET`: the
+event-loop probe every scheduler, nanny and worker runs every 20 ms, the
+nannies' memory monitor every 100 ms, the system monitor every 500 ms, the
+workers' profiler every 10 ms). With the defaults, while both workers of a
+2-worker cluster compute, that work takes about a tenth of these two cores
+(:func:`quiet_ab` measures it), time a machine with a core to spare for the
+scheduler gives it from that core; what the fits gain from it here is within this
+host's noise (docs/scale-out.md).
+
 Bytes moved per fit, counted three ways and added:
 
 * what the client sent in task arguments and gathered back (the driver's
@@ -72,14 +81,22 @@ from gpuml.distributed.dask import fills_on_client
 THREAD_ENV = {"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
               "NUMBA_NUM_THREADS": "1"}
 N_CHUNKS = 8
+#: Dask's own periodic work, made rarer in both clusters (see the module notes): the
+#: event-loop probe every server (scheduler, nannies, workers) runs, the nannies' memory
+#: monitor, the system monitor and the workers' profiler.
+QUIET = {"distributed.admin.tick.interval": "1s",
+         "distributed.admin.system-monitor.interval": "5s",
+         "distributed.worker.memory.monitor-interval": "1s",
+         "distributed.worker.profile.enabled": False}
 
 
-def _cluster(n_workers):
+def _cluster(n_workers, quiet=True):
     import dask
     from distributed import Client, LocalCluster
 
     environ = dict(dask.config.get("distributed.nanny.pre-spawn-environ", {}), **THREAD_ENV)
-    with dask.config.set({"distributed.nanny.pre-spawn-environ": environ}):
+    config = {"distributed.nanny.pre-spawn-environ": environ, **(QUIET if quiet else {})}
+    with dask.config.set(config):
         cluster = LocalCluster(n_workers=n_workers, threads_per_worker=1, processes=True,
                                memory_limit="6GiB", dashboard_address=None, silence_logs=40)
     return cluster, Client(cluster)
@@ -358,10 +375,99 @@ def _case_rows(name, make, X, y, Xtest, ytest, kind, repeat):
     return out
 
 
+def _busy(seconds):
+    """Matrix products for ``seconds`` in the worker's thread: its CPU time, and the CPU
+    time its process spent meanwhile in its other threads (event loop, profiler)."""
+    import numpy as np
+    import psutil
+
+    proc, w0, t0 = psutil.Process(), time.perf_counter(), time.thread_time()
+    c0 = sum(proc.cpu_times()[:2])
+    a = np.random.default_rng(0).random((200, 200))
+    while time.perf_counter() - w0 < seconds:
+        a = a @ a
+        a /= a.max()
+    mine = time.thread_time() - t0
+    return mine, sum(proc.cpu_times()[:2]) - c0 - mine
+
+
+def _both_busy(client, seconds):
+    return client.gather([client.submit(_busy, seconds, workers=[w], pure=False)
+                          for w in sorted(client.scheduler_info(n_workers=-1)["workers"])])
+
+
+def quiet_ab(pairs: int = 12, n: int = 20000) -> None:
+    """What Dask's own periodic work costs on these two cores, default against
+    :data:`QUIET` (printed; docs/scale-out.md quotes it).
+
+    1. The CPU time each process spends beside the work while both workers of a
+       2-worker cluster compute for 4 s: the main process (the scheduler, the client
+       and the nannies: LocalCluster runs them all there) and each worker's threads
+       other than the one computing (measured in the worker; clock ticks of 10 ms).
+    2. CA-SVM P=16 ``partition="contiguous"`` on adult's first ``n`` rows on four
+       clusters (1 and 2 workers, default and quiet) up at once, fits alternating
+       (the three others stopped), ``pairs`` rounds: medians and speed-ups.
+
+    Run: ``python -c "from bench.bench_dask import quiet_ab; quiet_ab()"``.
+    """
+    import psutil
+
+    from gpuml import CASVMClassifier
+
+    for quiet in (False, True):
+        cluster, client = _cluster(2, quiet=quiet)
+        try:
+            main = psutil.Process()
+            _both_busy(client, 0.5)  # warm-up
+            before = sum(main.cpu_times()[:2])
+            done = _both_busy(client, 4.0)
+            used = {"main": sum(main.cpu_times()[:2]) - before}
+            used.update({f"worker{i}": other for i, (_, other) in enumerate(done)})
+            print(("quiet  " if quiet else "default"), "CPU ms beside two workers' 4 s of work:",
+                  {k: round(v * 1e3) for k, v in used.items()},
+                  f"total {sum(used.values()) * 1e3:.0f} ms")
+        finally:
+            client.close()
+            cluster.close()
+    Xa, ya = load_adult()
+    Xa, _, ya, _ = train_test_split_std(Xa, ya, test_size=0.25, random_state=0)
+    X, y = Xa[:n], ya[:n]
+
+    def make():
+        return CASVMClassifier(n_partitions=16, partition="contiguous", random_state=0)
+
+    keys = [(1, False), (2, False), (1, True), (2, True)]
+    clusters, pids, times = {}, {}, {k: [] for k in keys}
+    try:
+        for key in keys:
+            cluster, client = _cluster(key[0], quiet=key[1])
+            clusters[key] = (cluster, client, *_spread(client, X, y))
+            pids[key] = sorted(client.run(os.getpid).values())
+        for i in range(pairs + 1):
+            for key in (keys if i % 2 == 0 else keys[::-1]):
+                _, client, Xd, yd = clusters[key]
+                others = [p for k, v in pids.items() if k != key for p in v]
+                with _stopped(others), client.as_current():
+                    t0 = time.perf_counter()
+                    make().fit(Xd, yd)
+                    if i:  # the first round warms up
+                        times[key].append(time.perf_counter() - t0)
+    finally:
+        for cluster, client, *_ in clusters.values():
+            client.close()
+            cluster.close()
+    med = {k: statistics.median(v) for k, v in times.items()}
+    for quiet in (False, True):
+        paired = statistics.median(a / b for a, b in zip(times[1, quiet], times[2, quiet]))
+        print(f"{'quiet  ' if quiet else 'default'} contiguous n={n}: 1 worker "
+              f"{med[1, quiet]:.3f} s, 2 workers {med[2, quiet]:.3f} s, speed-up "
+              f"{med[1, quiet] / med[2, quiet]:.2f}x (paired {paired:.2f}x), {pairs} rounds")
+
+
 def main(quick: bool = False, gpu: bool = False) -> None:
     from gpuml import BKRRRegressor, CASVMClassifier
 
-    repeat = 1 if quick else 11
+    repeat = 1 if quick else 21
     load = os.getloadavg()
     Xa, ya = load_adult()
     Xa, Xa_test, ya, ya_test = train_test_split_std(Xa, ya, test_size=0.25, random_state=0)
