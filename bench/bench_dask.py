@@ -20,11 +20,10 @@ one.
 Both clusters run with Dask's own periodic work made rarer (:data:`QUIET`: the
 event-loop probe every scheduler, nanny and worker runs every 20 ms, the
 nannies' memory monitor every 100 ms, the system monitor every 500 ms, the
-workers' profiler every 10 ms). With the defaults, while both workers of a
-2-worker cluster compute, that work takes about a tenth of these two cores
-(:func:`quiet_ab` measures it), time a machine with a core to spare for the
-scheduler gives it from that core; what the fits gain from it here is within this
-host's noise (docs/scale-out.md).
+workers' profiler every 10 ms). With the defaults that work took about 7 % of the
+two cores while both workers of a 2-worker cluster computed (:func:`quiet_ab`
+measures it); a machine with a core to spare runs it there. What the fits gain
+from it here is within this host's noise (docs/scale-out.md).
 
 Bytes moved per fit, counted three ways and added:
 
@@ -396,7 +395,7 @@ def _both_busy(client, seconds):
                           for w in sorted(client.scheduler_info(n_workers=-1)["workers"])])
 
 
-def quiet_ab(pairs: int = 12, n: int = 20000) -> None:
+def quiet_ab(rounds: int = 12, n: int = 20000) -> None:
     """What Dask's own periodic work costs on these two cores, default against
     :data:`QUIET` (printed; docs/scale-out.md quotes it).
 
@@ -406,7 +405,7 @@ def quiet_ab(pairs: int = 12, n: int = 20000) -> None:
        other than the one computing (measured in the worker; clock ticks of 10 ms).
     2. CA-SVM P=16 ``partition="contiguous"`` on adult's first ``n`` rows on four
        clusters (1 and 2 workers, default and quiet) up at once, fits alternating
-       (the three others stopped), ``pairs`` rounds: medians and speed-ups.
+       (the three others stopped), ``rounds`` rounds: medians and speed-ups.
 
     Run: ``python -c "from bench.bench_dask import quiet_ab; quiet_ab()"``.
     """
@@ -443,7 +442,7 @@ def quiet_ab(pairs: int = 12, n: int = 20000) -> None:
             cluster, client = _cluster(key[0], quiet=key[1])
             clusters[key] = (cluster, client, *_spread(client, X, y))
             pids[key] = sorted(client.run(os.getpid).values())
-        for i in range(pairs + 1):
+        for i in range(rounds + 1):
             for key in (keys if i % 2 == 0 else keys[::-1]):
                 _, client, Xd, yd = clusters[key]
                 others = [p for k, v in pids.items() if k != key for p in v]
@@ -461,7 +460,7 @@ def quiet_ab(pairs: int = 12, n: int = 20000) -> None:
         paired = statistics.median(a / b for a, b in zip(times[1, quiet], times[2, quiet]))
         print(f"{'quiet  ' if quiet else 'default'} contiguous n={n}: 1 worker "
               f"{med[1, quiet]:.3f} s, 2 workers {med[2, quiet]:.3f} s, speed-up "
-              f"{med[1, quiet] / med[2, quiet]:.2f}x (paired {paired:.2f}x), {pairs} rounds")
+              f"{med[1, quiet] / med[2, quiet]:.2f}x (paired {paired:.2f}x), {rounds} rounds")
 
 
 def main(quick: bool = False, gpu: bool = False) -> None:
