@@ -70,6 +70,7 @@ draws as tasks (a :class:`RuntimeWarning` says so), with the same result.
 
 from __future__ import annotations
 
+import itertools
 import math
 import pickle
 import uuid
@@ -814,16 +815,11 @@ class _ActorSteps:
     def fill_chain(self, centers, c_norms, counts, caps):
         """The fill, chunk after chunk: one call per run of consecutive chunks on one
         worker, each handed the fill counts after the chunks before it."""
-        rows, out, k = self.rows, [], 0
-        while k < rows.n_chunks:
-            g = rows.where[k][0]
-            run = [k]
-            while run[-1] + 1 < rows.n_chunks and rows.where[run[-1] + 1][0] == g:
-                run.append(run[-1] + 1)
-            labels, counts = self._call("fill", [rows.where[j][1] for j in run], centers,
+        rows, out = self.rows, []
+        for g, run in itertools.groupby(range(rows.n_chunks), key=lambda k: rows.where[k][0]):
+            labels, counts = self._call("fill", [rows.where[k][1] for k in run], centers,
                                         c_norms, counts, caps, groups=[g])[0]
             out.extend(labels)
-            k = run[-1] + 1
         return out
 
 
@@ -859,10 +855,12 @@ class _ChunkPartitioner:
     def kmeans_pp(self, steps):
         """k-means++ seeding (Arthur & Vassilvitskii, 2007), D^2 sampling over the chunks.
 
-        One exchange with the workers per centre: the client needs the chunks' totals
-        of the distances to the nearest centre so far to draw the next row; those
-        distances stay on the workers. ``steps``: :class:`_ActorSteps` or
-        :class:`_TaskSteps`, the same draws and the same numbers.
+        Per centre, the client needs the chunks' totals of the distances to the
+        nearest centre so far to draw the next row; those distances stay on the
+        workers. The drawn row is picked on its chunk's worker, then every worker's
+        distances are updated with it: two actor calls (:class:`_ActorSteps`), or one
+        round trip of tasks that hand the row on as a future (:class:`_TaskSteps`),
+        the same draws and the same numbers.
         """
         rows, rng, K = self.rows, self.rng, self.rows.n_chunks
         centers = [steps.row(int(rng.randint(rows.n)))]
