@@ -95,9 +95,10 @@ def _cluster(n_workers, quiet=True):
 
     environ = dict(dask.config.get("distributed.nanny.pre-spawn-environ", {}), **THREAD_ENV)
     config = {"distributed.nanny.pre-spawn-environ": environ, **(QUIET if quiet else {})}
+    # dashboard_address=":0": a free port; None would still listen on 8787 (no dashboard pages).
     with dask.config.set(config):
         cluster = LocalCluster(n_workers=n_workers, threads_per_worker=1, processes=True,
-                               memory_limit="6GiB", dashboard_address=None, silence_logs=40)
+                               memory_limit="6GiB", dashboard_address=":0", silence_logs=40)
     return cluster, Client(cluster)
 
 

@@ -268,18 +268,6 @@ def placements(rank, world, port, q):
         "two_groups": refusal([distribute_tensor(full, mesh2, [Shard(0), Replicate()]),
                                distribute_tensor(full, mesh2, [Replicate(), Shard(0)])]),
     }
-    try:
-        from gpuml.optim import _triton  # noqa: F401
-    except ImportError:
-        errors["prepare"] = "TypeError: (no triton)"
-    else:
-        p = distribute_tensor(full, mesh, [Shard(0)])
-        try:
-            _triton.prepare("lamb", [p], [p], ([p], [p]), [None], [torch.zeros(())], [True],
-                            [True])
-            errors["prepare"] = "no error"
-        except TypeError as err:
-            errors["prepare"] = f"TypeError: {err}"
     sharded = distribute_tensor(full, mesh, [Shard(0)])
     opt = LAMB([torch.nn.Parameter(sharded)])
     opt.param_groups[0]["params"][0].grad = distribute_tensor(torch.ones(4, 6), mesh,

@@ -2,7 +2,9 @@
 protocol pieces: GradScaler, master weights, capturable, state_dict, NaN, bad input.
 
 The fused path runs on CUDA when there is a GPU, else in the Triton interpreter on CPU
-(``TRITON_INTERPRET=1``, set before the kernels are first imported).
+(``TRITON_INTERPRET=1``, set before the kernels are first imported). Without triton (the
+``test`` extra leaves it out; ``make test`` installs it) the fused cases skip, saying so, and
+the loop and foreach cases run.
 """
 
 import copy
@@ -15,11 +17,23 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
-from gpuml.optim import LAMB, LARS, FusedLAMB, FusedLARS, _triton  # noqa: E402
+from gpuml.optim import LAMB, LARS, FusedLAMB, FusedLARS  # noqa: E402
+from gpuml.optim._layout import triton_available  # noqa: E402
+
+if triton_available():
+    from gpuml.optim import _triton
+else:
+    _triton = None
+needs_triton = pytest.mark.skipif(
+    _triton is None, reason="triton is not installed: the fused path runs Triton's kernels "
+    "(on the CPU in its interpreter); `make test` installs it, the test extra does not")
+#: The fused case as a parameter: skipped, with the reason, where triton is missing.
+FUSED = pytest.param("fused", marks=needs_triton)
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 SHAPES = [(7, 5), (5,), (70, 100), (3, 1, 4), (1,)]
 IMPLS = {"loop": dict(foreach=False), "foreach": dict(foreach=True), "fused": dict(fused=True)}
+ALL_IMPLS = ["loop", "foreach", FUSED]
 
 # On CUDA where there is a GPU: part of the GPU selection (see tests/conftest.py).
 pytestmark = pytest.mark.cuda_also
@@ -28,6 +42,8 @@ pytestmark = pytest.mark.cuda_also
 @pytest.fixture(autouse=True)
 def small_chunks(monkeypatch):
     # several chunks per tensor, so the in-kernel per-tensor reductions are exercised
+    if _triton is None:
+        return
     monkeypatch.setattr(_triton, "INTERPRET_CHUNK", 1024)
     monkeypatch.setattr(_triton, "INTERPRET_BLOCK", 256)
 
@@ -77,7 +93,7 @@ LARS_OPTS = [
 ]
 
 
-@pytest.mark.parametrize("impl", ["foreach", "fused"])
+@pytest.mark.parametrize("impl", ["foreach", FUSED])
 @pytest.mark.parametrize("kw", LAMB_OPTS)
 def test_lamb_paths_agree(impl, kw):
     ref, _ = train(LAMB, "loop", kw=dict(lr=0.05, **kw))
@@ -85,7 +101,7 @@ def test_lamb_paths_agree(impl, kw):
     assert_same(got, ref)
 
 
-@pytest.mark.parametrize("impl", ["foreach", "fused"])
+@pytest.mark.parametrize("impl", ["foreach", FUSED])
 @pytest.mark.parametrize("kw", LARS_OPTS)
 def test_lars_paths_agree(impl, kw):
     kw = dict({"lr": 1.0}, **kw)
@@ -108,7 +124,7 @@ def test_default_is_the_loop_on_cpu_and_fused_classes_pin_fused():
 
 
 @pytest.mark.parametrize("cls", [LAMB, LARS])
-@pytest.mark.parametrize("impl", list(IMPLS))
+@pytest.mark.parametrize("impl", ALL_IMPLS)
 def test_grad_scale_unscales_on_the_fly(cls, impl):
     kw = {"lr": 0.05} if cls is LAMB else {"lr": 1.0, "weight_decay": 1e-4}
     ref, _ = train(cls, "loop", kw=kw)
@@ -123,7 +139,7 @@ def test_grad_scale_unscales_on_the_fly(cls, impl):
 
 
 @pytest.mark.parametrize("cls", [LAMB, LARS])
-@pytest.mark.parametrize("impl", list(IMPLS))
+@pytest.mark.parametrize("impl", ALL_IMPLS)
 def test_found_inf_skips_the_step(cls, impl):
     ps, opt = train(cls, impl, steps=2)
     before = [p.detach().clone() for p in ps]
@@ -138,7 +154,7 @@ def test_found_inf_skips_the_step(cls, impl):
             torch.testing.assert_close(after["state"][k][name].cpu(), v.cpu(), rtol=0, atol=0)
 
 
-@pytest.mark.parametrize("impl", list(IMPLS))
+@pytest.mark.parametrize("impl", ALL_IMPLS)
 @pytest.mark.parametrize("make", [
     lambda ps, impl: LAMB(ps, lr=0.01, eps=1e-2, max_grad_norm=None, **IMPLS[impl]),
     lambda ps, impl: LARS(ps, lr=1.0, weight_decay=0.1, **IMPLS[impl]),
@@ -173,19 +189,19 @@ def test_torch_grad_scaler_end_to_end(make, impl):
     assert_same(list(model.parameters()), list(ref.parameters()), rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("impl", ["foreach", FUSED])
 @pytest.mark.parametrize("cls", [LAMB, LARS])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-def test_master_weights_low_precision(cls, dtype):
+def test_master_weights_low_precision(cls, dtype, impl):
     kw = dict(lr=0.05, master_weights=True) if cls is LAMB else dict(lr=1.0, master_weights=True)
-    runs = {impl: train(cls, impl, dtype=dtype, kw=kw) for impl in IMPLS}
-    masters = {impl: [opt.state[p]["master_param"] for p in ps]
-               for impl, (ps, opt) in runs.items()}
+    runs = {name: train(cls, name, dtype=dtype, kw=kw) for name in ("loop", impl)}
+    masters = {name: [opt.state[p]["master_param"] for p in ps]
+               for name, (ps, opt) in runs.items()}
     assert all(m.dtype == torch.float32 for m in masters["loop"])
-    for impl in ("foreach", "fused"):
-        assert_same(masters[impl], masters["loop"], rtol=1e-5, atol=1e-6)
-        for p, q in zip(runs[impl][0], runs["loop"][0]):
-            assert p.dtype == dtype
-            torch.testing.assert_close(p.float(), q.float(), rtol=1e-2, atol=1e-2)
+    assert_same(masters[impl], masters["loop"], rtol=1e-5, atol=1e-6)
+    for p, q in zip(runs[impl][0], runs["loop"][0]):
+        assert p.dtype == dtype
+        torch.testing.assert_close(p.float(), q.float(), rtol=1e-2, atol=1e-2)
     # the masters follow the fp32 run on the same (low-precision) data
     ps32 = [torch.nn.Parameter(p.detach().float()) for p in params(dtype)]
     opt = cls(ps32, foreach=False, **{k: v for k, v in kw.items() if k != "master_weights"})
@@ -197,7 +213,7 @@ def test_master_weights_low_precision(cls, dtype):
 
 
 @pytest.mark.parametrize("cls", [LAMB, LARS])
-@pytest.mark.parametrize("impl", list(IMPLS))
+@pytest.mark.parametrize("impl", ALL_IMPLS)
 def test_low_precision_without_master(cls, impl):
     ref, _ = train(cls, "loop", dtype=torch.bfloat16)
     got, opt = train(cls, impl, dtype=torch.bfloat16)
@@ -207,7 +223,7 @@ def test_low_precision_without_master(cls, impl):
 
 
 @pytest.mark.parametrize("cls", [LAMB, LARS])
-@pytest.mark.parametrize("impl", list(IMPLS))
+@pytest.mark.parametrize("impl", ALL_IMPLS)
 def test_capturable_and_tensor_lr(cls, impl):
     lr = 0.05 if cls is LAMB else 1.0
     ref, _ = train(cls, "loop", kw={"lr": lr})
@@ -222,7 +238,7 @@ def test_capturable_and_tensor_lr(cls, impl):
 
 
 @pytest.mark.parametrize("cls", [LAMB, LARS])
-@pytest.mark.parametrize("impl", list(IMPLS))
+@pytest.mark.parametrize("impl", ALL_IMPLS)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_state_dict_round_trip(cls, impl, dtype):
     ps, opt = train(cls, impl, steps=2, dtype=dtype, kw={"master_weights": True})
@@ -244,7 +260,7 @@ def test_state_dict_round_trip(cls, impl, dtype):
     assert_same(ps2, ps, rtol=0, atol=0)
 
 
-@pytest.mark.parametrize("impl", list(IMPLS))
+@pytest.mark.parametrize("impl", ALL_IMPLS)
 def test_nan_gradients_without_scaler(impl):
     """Documented: gradients are not inspected. A NaN gradient makes its own tensor NaN;
     with global clipping (LAMB max_grad_norm) the NaN norm makes every tensor NaN."""
@@ -298,7 +314,7 @@ def test_bad_group_options_are_rejected_too():
 
 
 @pytest.mark.parametrize("cls", [LAMB, LARS])
-@pytest.mark.parametrize("impl", list(IMPLS))
+@pytest.mark.parametrize("impl", ALL_IMPLS)
 def test_sparse_gradients_are_rejected(cls, impl):
     emb = torch.nn.Embedding(10, 3, sparse=True).to(DEV)
     emb(torch.tensor([1, 2], device=DEV)).sum().backward()
@@ -333,6 +349,7 @@ def test_unsupported_dtype_is_rejected():
         LAMB([p]).step()
 
 
+@needs_triton
 @pytest.mark.parametrize("cls", [LAMB, LARS])
 def test_fused_channels_last_and_layout_mismatch(cls):
     def conv_params():
@@ -373,6 +390,7 @@ def offset_views(dtype=torch.float32, seed=0):
                                .view(s)) for s in SHAPES]
 
 
+@needs_triton
 @pytest.mark.parametrize("cls,kw", [(LAMB, {"lr": 0.05}), (LARS, {"lr": 1.0}),
                                     (LARS, {"lr": 1.0, "mode": "normalized"})])
 def test_fused_unaligned_tensors_take_the_path_without_alignment_claims(cls, kw):
@@ -388,6 +406,7 @@ def test_fused_unaligned_tensors_take_the_path_without_alignment_claims(cls, kw)
     assert kinds == {True, False}  # one launch per kind in each pass
 
 
+@needs_triton
 def test_fused_tables_are_cached_by_address():
     ps, opt = train(LAMB, "fused", steps=1)
     _triton._recent.clear()
@@ -478,7 +497,7 @@ def _added_group(ps, opt):
 @pytest.mark.parametrize("change", [_replace_state, _new_storage, _swap_param, _new_grads,
                                     _reset_state, _drop_grad, _flip_exclusion, _reload,
                                     _added_group])
-@pytest.mark.parametrize("impl", ["foreach", "fused"])
+@pytest.mark.parametrize("impl", ["foreach", FUSED])
 @pytest.mark.parametrize("cls", [LAMB, LARS])
 def test_cached_views_follow_changes_between_steps(cls, impl, change):
     kw = {"weight_decay": 1e-3} if cls is LARS else {}
@@ -493,6 +512,7 @@ def test_cached_views_follow_changes_between_steps(cls, impl, change):
             assert_same([got_opt.state[a][k]], [v])
 
 
+@needs_triton
 @pytest.mark.parametrize("cls", [LAMB, LARS])
 def test_tables_used_under_capture_are_held_while_the_state_lives(cls, monkeypatch):
     """A table used while a CUDA graph is captured must outlive the cache of recent
@@ -521,6 +541,7 @@ def test_tables_used_under_capture_are_held_while_the_state_lives(cls, monkeypat
     assert key not in _triton._captured
 
 
+@needs_triton
 def test_capture_with_unseen_tensors_is_a_clear_error(monkeypatch):
     ps, opt = train(LAMB, "fused", steps=1)
     monkeypatch.setattr(_triton, "_capturing", lambda device: True)
@@ -530,6 +551,7 @@ def test_capture_with_unseen_tensors_is_a_clear_error(monkeypatch):
         opt.step()
 
 
+@needs_triton
 def test_block_and_chunk_sizes_are_checked():
     with pytest.raises(ValueError, match="power of two"):
         _triton._sizes(1000, 100)

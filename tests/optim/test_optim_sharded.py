@@ -24,6 +24,8 @@ from _sharded_workers import (
 
 pytestmark = pytest.mark.skipif(gloo_missing() is not None, reason=str(gloo_missing()))
 
+NO_TRITON = ("triton is not installed: the fused kernels are Triton's (on the CPU in its "
+             "interpreter); `make test` installs it, the test extra does not")
 STEPS = 20
 TOL = 1e-6  # float32, max |difference| of any parameter over the 20 steps
 
@@ -158,7 +160,7 @@ def test_fused_path_under_fsdp2_in_the_triton_interpreter():
     """The fused kernels (Triton interpreter, CPU tensors, chunks of 32 elements): pass 1,
     per-tensor sums, one all-reduce, pass 2 with the sums over the ranks. A smaller case than
     the others (6 steps, not 20): the interpreter takes 1-2 s per step here."""
-    pytest.importorskip("triton")
+    pytest.importorskip("triton", reason=NO_TRITON)
     if torch.cuda.is_available():
         pytest.skip("the interpreter runs where there is no GPU (test_optim_gpu.py covers the "
                     "fused kernels on one)")
@@ -193,7 +195,6 @@ def test_placements_and_refusals():
             "grad_partial": "must be placed like its parameter",
             "plain_grad": "a plain tensor: the gradient must be placed like",
             "two_groups": "sharded over another process group",
-            "prepare": "the fused kernels take the local tensors",
             "state_shape": "has local shape (4, 6), its parameter's local shard (2, 6)",
         }
         for case, text in expected.items():
@@ -249,6 +250,22 @@ def world_of_one():
         dist.destroy_process_group()
 
 
+def test_fused_kernels_refuse_dtensors(world_of_one):
+    """The fused kernels take the local shards, which the optimizers hand them; a DTensor
+    reaching them directly is a clear error."""
+    pytest.importorskip("triton", reason=NO_TRITON)
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Shard, distribute_tensor
+
+    from gpuml.optim import _triton
+
+    mesh = init_device_mesh(world_of_one, (1,))
+    p = distribute_tensor(torch.randn(4, 6, device=world_of_one), mesh, [Shard(0)])
+    with pytest.raises(TypeError, match="the fused kernels take the local tensors"):
+        _triton.prepare("lamb", [p], [p], ([p], [p]), [None], [torch.zeros(())], [True],
+                        [True])
+
+
 @pytest.mark.cuda_also
 @pytest.mark.parametrize("config", ["lamb_clipping", "lars_normalized"])
 def test_fused_path_sharded_on_one_rank(world_of_one, config):
@@ -256,7 +273,7 @@ def test_fused_path_sharded_on_one_rank(world_of_one, config):
     kernels take their sharded branch (per-tensor sums, one all-reduce, pass 2 reading the
     sums) — on the GPU where there is one (compiled kernels, nccl), else in the interpreter.
     Must match the fused path on the plain model, and dispatch the counted collectives."""
-    pytest.importorskip("triton")
+    pytest.importorskip("triton", reason=NO_TRITON)
     from _sharded_workers import CollectiveCounter, batch, make_model, make_optimizer
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard

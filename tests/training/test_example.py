@@ -4,11 +4,16 @@ Tiny synthetic data (the example's fallback when Fashion-MNIST is absent), a few
 every optimizer and mode runs with 2 ranks; 2 ranks follow the one-process run (the
 global batches are the same); a run killed mid-epoch and resumed from its last checkpoint
 writes the same CSV, bit for bit, and ends with the same model as one never stopped; a
-killed or hung rank stops the other with a clear error within the group timeout.
+killed or hung rank stops the other with a clear error within the group timeout; bad settings
+end the command line with one line on stderr and exit status 2, once under ``torchrun``.
 """
 
 import csv
 import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -197,10 +202,82 @@ def test_resume_with_other_settings_is_an_error(tmp_path):
     (Config(copies=0), "--copies must be positive"),
     (Config(neighbourhoods=2), "need --households"),
     (Config(households=2, household_shards=1, scheme="fine", copies=2), "--household-shards"),
+    (Config(copies=2), "--scheme disjoint gives each sample to one rank"),
+    (Config(households=4, neighbourhoods=2), "go together"),
+    (Config(households=4, neighbourhoods=3, neighbourhood_period=2), "must divide --households"),
+    (Config(households=2, world_period=1), "--household-period 1 < --world-period 1 does not"),
 ])
 def test_wrong_use_is_a_clear_error(cfg, match):
     with pytest.raises(ValueError, match=match):
         cfg.check()
+
+
+@pytest.mark.parametrize("cfg,world,fits,match", [
+    (Config(scheme="coarse", copies=3, batch_size=1200), 4, 6,
+     "--copies must divide the number of ranks"),
+    (Config(scheme="fine", copies=3, batch_size=1200), 2, 4, "--copies 3 on 2 rank"),
+    (Config(batch_size=100), 3, 4, "--batch-size 100 must be a multiple of the 3 ranks"),
+    (Config(households=3, batch_size=1200), 4, 6, "--households must divide the number of ranks"),
+])
+def test_wrong_use_for_the_number_of_ranks_is_a_clear_error(cfg, world, fits, match):
+    cfg.check()
+    with pytest.raises(ValueError, match=match):
+        cfg.check_world(world, distributed=True)
+    cfg.check_world(fits, distributed=True)  # the same settings on `fits` ranks: no error
+
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "train_fashion_mnist.py"
+
+
+def _example_env(**extra):
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+        [str(EXAMPLE.parents[1])] + [p for p in [os.environ.get("PYTHONPATH")] if p]))
+    for name in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR",
+                 "MASTER_PORT", "TORCHELASTIC_RUN_ID"):
+        env.pop(name, None)
+    env.update(extra)
+    return env
+
+
+@pytest.mark.parametrize("argv,world,message", [
+    (["--copies", "0"], None, "--copies must be positive, got 0"),
+    (["--scheme", "bogus"], None, "argument --scheme: invalid choice: 'bogus'"),
+    # depends on the number of ranks: rank 0 of the 4 torchrun starts, found before it waits
+    # for the other 3 to join the process group
+    (["--scheme", "coarse", "--copies", "3"], 4,
+     "--scheme coarse --copies 3 on 4 ranks: the coarse scheme"),
+])
+def test_bad_settings_on_the_command_line_are_one_line_and_status_2(argv, world, message):
+    env = _example_env()
+    if world is not None:  # what torchrun gives rank 0 of `world` processes
+        env.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE=str(world), LOCAL_WORLD_SIZE=str(world),
+                   MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
+    proc = subprocess.run([sys.executable, str(EXAMPLE), *TINY, "--timeout", "5", *argv],
+                          env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"train_fashion_mnist.py: error: {message}"), \
+        proc.stderr
+    assert proc.stdout == ""
+
+
+@pytest.mark.skipif(not torch.distributed.is_available(),
+                    reason="torch.distributed is not available in this build of torch")
+def test_bad_settings_under_torchrun_are_printed_once():
+    """4 ranks under the real torchrun: the example's line once (local rank 0's), not a
+    traceback per rank; rank 0 exits with status 2 (torchrun's own report follows it)."""
+    argv = ["--standalone", "--nproc-per-node", "4", str(EXAMPLE), *TINY,
+            "--scheme", "coarse", "--copies", "3"]
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", *argv],
+                          env=_example_env(OMP_NUM_THREADS="1"), capture_output=True, text=True,
+                          timeout=180)
+    assert proc.returncode != 0
+    lines = [line for line in proc.stderr.splitlines() if "train_fashion_mnist.py: error:" in line]
+    assert lines == ["train_fashion_mnist.py: error: --scheme coarse --copies 3 on 4 ranks: the "
+                     "coarse scheme gives each shard of the data to a group of --copies ranks, "
+                     "so --copies must divide the number of ranks"], proc.stderr
+    assert "ValueError" not in proc.stderr and "[rank" not in proc.stderr, proc.stderr
+    assert "exitcode  : 2" in proc.stderr, proc.stderr  # torchrun's report names rank 0's status
 
 
 @pytest.mark.parametrize("flag", [["--sharded"], ["--households", "2"]])
