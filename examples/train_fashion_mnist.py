@@ -34,6 +34,10 @@ What it puts together:
   epoch's end) and appends it to the CSV ``--csv`` (columns ``step, epoch, loss, val_acc,
   test_acc, lr``: the mean training loss since the previous row over all ranks, accuracies
   in %, the learning rate of the row's step).
+* **Bad settings** (also those that depend on the number of ranks, such as ``--scheme coarse``
+  with a ``--copies`` that does not divide it) stop the run before the process group forms:
+  one line ``train_fashion_mnist.py: error: ...`` on stderr, from local rank 0 only, and exit
+  status 2, as argparse reports a bad option.
 * **Checkpoints**: with ``--checkpoint DIR`` every rank writes its model, optimizer,
   scheduler and sampler epoch (and the averager's step) after every epoch; ``--resume``
   continues from the last complete one, and the run then follows the trajectory of one that
@@ -66,6 +70,7 @@ import time
 from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
+from typing import NoReturn
 
 import numpy as np
 import torch
@@ -177,9 +182,27 @@ class Config:
             raise ValueError("--lr, --weight-decay, --warmup-epochs and --val-size must be >= 0")
         if self.eval_every < 0:
             raise ValueError(f"--eval-every must be >= 0, got {self.eval_every}")
+        if self.scheme == "disjoint" and self.copies != 1:
+            raise ValueError(f"--scheme disjoint gives each sample to one rank: --copies "
+                             f"{self.copies} needs --scheme coarse, medium_coarse or fine")
         if self.households is None and (self.neighbourhoods is not None
                                         or self.household_shards is not None):
             raise ValueError("--neighbourhoods and --household-shards need --households")
+        if (self.neighbourhoods is None) != (self.neighbourhood_period is None):
+            raise ValueError("--neighbourhoods and --neighbourhood-period go together")
+        if self.households is not None:
+            for name in ("neighbourhoods", "household_shards"):
+                value = getattr(self, name)
+                if value is not None and self.households % value:
+                    raise ValueError(f"--{name.replace('_', '-')} {value} must divide "
+                                     f"--households {self.households}")
+            periods = {name: getattr(self, name) for name in
+                       ("household_period", "neighbourhood_period", "world_period")
+                       if getattr(self, name) is not None}
+            if list(periods.values()) != sorted(set(periods.values())):
+                raise ValueError(
+                    " < ".join(f"--{k.replace('_', '-')} {v}" for k, v in periods.items())
+                    + " does not hold: a wider group averages less often")
         if self.household_shards is not None and (self.scheme != "disjoint" or self.copies != 1):
             raise ValueError("--household-shards assigns the data by household (the coarse "
                              "scheme over households); leave --scheme and --copies at their "
@@ -191,6 +214,27 @@ class Config:
                 "world; local SGD needs a replica per rank (leave out --sharded)")
         if self.resume and not self.checkpoint:
             raise ValueError("--resume needs --checkpoint DIR")
+
+    def check_world(self, world: int, distributed: bool) -> None:
+        """Errors that depend on the number of ranks ``world`` (``distributed``: the ranks
+        are, or will be, a process group)."""
+        if (self.sharded or self.households) and not distributed:
+            raise ValueError("--sharded and --households need a process group: launch with "
+                             "torchrun")
+        if self.batch_size % world:
+            raise ValueError(f"--batch-size {self.batch_size} must be a multiple of the {world} "
+                             "ranks: each rank takes an equal share of the global batch")
+        if self.copies > world:
+            raise ValueError(f"--copies {self.copies} on {world} rank(s): a sample cannot be "
+                             "held by more ranks than there are")
+        if self.scheme == "coarse" and world % self.copies:
+            raise ValueError(f"--scheme coarse --copies {self.copies} on {world} ranks: the "
+                             "coarse scheme gives each shard of the data to a group of --copies "
+                             "ranks, so --copies must divide the number of ranks")
+        if self.households is not None and world % self.households:
+            raise ValueError(f"--households {self.households} on {world} ranks: every household "
+                             "has the same number of ranks, so --households must divide the "
+                             "number of ranks")
 
 
 # ---- data ----------------------------------------------------------------------------------
@@ -451,12 +495,7 @@ def train(cfg: Config, callback: Callable[[dict], None] | None = None,
     cfg.check()
     distributed = dist.is_available() and dist.is_initialized()
     rank, world = (dist.get_rank(), dist.get_world_size()) if distributed else (0, 1)
-    if cfg.batch_size % world:
-        raise ValueError(f"--batch-size {cfg.batch_size} must be a multiple of the {world} "
-                         "ranks: each rank takes an equal share of the global batch")
-    if (cfg.sharded or cfg.households) and not distributed:
-        raise ValueError("--sharded and --households need a process group: launch with "
-                         "torchrun")
+    cfg.check_world(world, distributed)
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     if cfg.deterministic:
@@ -622,10 +661,33 @@ def train(cfg: Config, callback: Callable[[dict], None] | None = None,
 
 # ---- command line --------------------------------------------------------------------------
 
+#: How long a rank that leaves the error message to local rank 0 waits for torchrun to stop it.
+_SILENT_RANK_WAIT_S = 60.0
+
+
+def usage_error(message: str) -> NoReturn:
+    """Report bad settings as argparse does, on one line (``train_fashion_mnist.py: error:
+    ...``), and exit with status 2. Under ``torchrun`` every rank finds the same error; only
+    local rank 0 prints it. The other ranks print nothing and wait (at most
+    ``_SILENT_RANK_WAIT_S``) for torchrun to stop them when rank 0 exits: a rank that exited
+    first would make torchrun stop rank 0 before its line is out."""
+    silent = "TORCHELASTIC_RUN_ID" in os.environ and os.environ.get("LOCAL_RANK", "0") != "0"
+    if silent:
+        time.sleep(_SILENT_RANK_WAIT_S)
+    else:
+        print(f"{Path(__file__).name}: error: {message}", file=sys.stderr, flush=True)
+    sys.exit(2)
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        usage_error(message)
+
+
 def parse_args(argv=None) -> Config:
     defaults = Config()
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p = _Parser(prog=Path(__file__).name, description=__doc__.split("\n\n")[0],
+                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     a = p.add_argument
     a("--optimizer", choices=OPTIMIZERS, default=defaults.optimizer)
     a("--batch-size", type=int, default=defaults.batch_size, help="global batch B")
@@ -684,10 +746,24 @@ def parse_args(argv=None) -> Config:
 def main(argv=None, callback: Callable[[dict], None] | None = None) -> int:
     """The command line: join the process group ``torchrun`` describes in the environment
     (``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT``), if any, and train.
-    ``callback`` goes to :func:`train`. Returns the exit status: 1 when a peer failed."""
+    ``callback`` goes to :func:`train`. Returns the exit status: 1 when a peer failed.
+    Bad settings, also those that depend on the number of ranks (``WORLD_SIZE``), end the
+    process before it joins the group: one line on stderr, exit status 2 (:func:`usage_error`).
+    """
     cfg = parse_args(argv)
-    cfg.check()
-    launched = "RANK" in os.environ and "WORLD_SIZE" in os.environ and not dist.is_initialized()
+    initialized = dist.is_available() and dist.is_initialized()
+    launched = "RANK" in os.environ and "WORLD_SIZE" in os.environ and not initialized
+    if initialized:
+        world = dist.get_world_size()
+    elif launched:
+        world = int(os.environ["WORLD_SIZE"])
+    else:
+        world = 1
+    try:
+        cfg.check()
+        cfg.check_world(world, initialized or launched)
+    except ValueError as err:
+        usage_error(str(err))
     if launched:
         backend = cfg.backend
         if backend == "auto":
