@@ -1,6 +1,7 @@
 """BKRRRegressor: exactness vs KernelRidge, the paper's settings, bad input, sklearn API."""
 
 import pickle
+import re
 
 import numpy as np
 import pytest
@@ -218,7 +219,8 @@ def test_centring_is_kernel_ridge_on_centred_y(diabetes):
     est = BKRRRegressor(sigma=0.1, lam=1e-3, n_partitions=1, device="cpu").fit(
         X, Y, sample_weight=sw)
     mean = sw @ Y / sw.sum()
-    ref = KernelRidge(alpha=1e-3 * len(y), kernel="rbf", gamma=1 / (2 * 0.1**2)).fit(
+    # the part's size in the shift lam * m is its total weight
+    ref = KernelRidge(alpha=1e-3 * sw.sum(), kernel="rbf", gamma=1 / (2 * 0.1**2)).fit(
         X, Y - mean, sample_weight=sw)
     np.testing.assert_allclose(est.predict(X), ref.predict(X) + mean, rtol=1e-8, atol=1e-8)
     np.testing.assert_allclose(est.intercept_[0], mean, rtol=1e-12)
@@ -380,7 +382,7 @@ def test_kernel_ridge_arguments_map_one_to_one(diabetes, kernel):
                              **kw).fit(X, y)
         np.testing.assert_allclose(auto.predict(X), KernelRidge(**kw).fit(X, y).predict(X),
                                    rtol=1e-7, atol=1e-7)
-    assert ours.shifts_.tolist() == [0.5] and ours.lam_ == pytest.approx(0.5 / len(y))
+    assert ours.shifts_.tolist() == [0.5] and ours.lam_ == pytest.approx(0.5 / sw.sum())
 
 
 def test_precomputed_and_callable_kernels_as_kernel_ridge(diabetes):
@@ -441,12 +443,12 @@ def test_cuda_without_gpu_is_clear(diabetes):
 
 # -- scikit-learn citizenship -------------------------------------------------
 def _expected_failures(estimator):
-    if isinstance(estimator, BKRRRegressor) and estimator.alpha is None:
-        # The paper's shift lam * m_j (eq. 3.6) grows with the part size, so w
-        # copies of a sample change the system; with alpha= (KernelRidge's
-        # fixed shift) integer weights equal repeated samples, and that estimator
-        # passes the check below.
-        why = "lam is scaled by the part size m (eq. 3.6): repeating samples changes m"
+    if isinstance(estimator, BKRRRegressor) and estimator.n_partitions not in (1, "auto"):
+        # With one part (n_partitions="auto" is one part on the checks' data) a
+        # weight counts as that many copies everywhere (sigma="scale",
+        # lam="auto", the shift lam * m); with several the split is not.
+        why = ("with P >= 2, rows repeated may land in different parts while a weighted "
+               "row lands in one")
         return {"check_sample_weight_equivalence_on_dense_data": why,
                 "check_sample_weight_equivalence_on_sparse_data": why}
     return {}
@@ -454,12 +456,112 @@ def _expected_failures(estimator):
 
 @parametrize_with_checks([
     BKRRRegressor(device="cpu"),
+    BKRRRegressor(n_partitions=1, device="cpu"),
     BKRRRegressor(n_partitions=2, device="cpu", random_state=0),
     BKRRRegressor(alpha=1.0, n_partitions=1, device="cpu"),
     BKRRRegressorCV(device="cpu", sigmas=(0.5, 2.0), lams=(1e-4, 1e-2)),
 ], expected_failed_checks=_expected_failures)
 def test_sklearn_compatible(estimator, check):
     check(estimator)
+
+
+def run_unless_too_few_rows(check, estimator):
+    """Run a check; skip it when its data has fewer rows than ``n_partitions``.
+
+    The estimator must then refuse the fit with its clear error (a ValueError
+    naming ``n_partitions`` and the number of samples), whether the check
+    lets that error through, wraps it or chains it; any other failure fails.
+    """
+    try:
+        check(estimator)
+    except Exception as exc:
+        cause = exc
+        while cause is not None:
+            found = re.search(rf"n_partitions={estimator.n_partitions} is larger than the "
+                              r"number of samples \((\d+)\)", str(cause))
+            if isinstance(cause, ValueError) and found:
+                pytest.skip(f"the check fits {found.group(1)} samples, fewer than "
+                            f"n_partitions={estimator.n_partitions}")
+            cause = cause.__cause__ or cause.__context__
+        raise
+
+
+@parametrize_with_checks([BKRRRegressor(n_partitions=16, device="cpu", random_state=0)],
+                         expected_failed_checks=_expected_failures)
+def test_sklearn_compatible_sixteen_parts(estimator, check):
+    run_unless_too_few_rows(check, estimator)
+
+
+@pytest.mark.parametrize("n_partitions", ["auto", 1])
+@pytest.mark.parametrize("fit_intercept", [True, False])
+def test_integer_weights_are_repeated_rows_with_the_defaults(diabetes, n_partitions,
+                                                             fit_intercept):
+    """sigma="scale", lam="auto" and the shift lam * m count a weight w as w copies of the row."""
+    X, y = diabetes
+    X, y = X[:150], y[:150]
+    sw = np.random.default_rng(0).integers(0, 5, len(y))
+    kw = dict(n_partitions=n_partitions, fit_intercept=fit_intercept, device="cpu")
+    weighted = BKRRRegressor(**kw).fit(X, y, sample_weight=sw.astype(float))
+    repeated = BKRRRegressor(**kw).fit(X.repeat(sw, axis=0), y.repeat(sw))
+    assert weighted.lam_ == repeated.lam_
+    assert weighted.sigma_ == pytest.approx(repeated.sigma_, rel=1e-12)
+    assert weighted.gamma_ == pytest.approx(repeated.gamma_, rel=1e-12)
+    np.testing.assert_allclose(weighted.shifts_, repeated.shifts_, rtol=1e-12)
+    np.testing.assert_allclose(weighted.intercept_, repeated.intercept_, rtol=1e-12)
+    np.testing.assert_allclose(weighted.predict(X), repeated.predict(X), rtol=1e-9)
+
+
+def test_weighted_lam_auto_leaves_one_unit_of_weight_out(diabetes):
+    """lam="auto"'s losses with weights: the rows repeated's, and refits without one unit."""
+    X, y = diabetes
+    X, y = X[:60], y[:60]
+    est = BKRRRegressor(device="cpu")
+    lams = np.asarray(bkrr_module.AUTO_LAMS)
+    sigma = 3.0
+    # integer weights (zeros included): the unweighted losses of the rows repeated
+    sw = np.random.default_rng(0).integers(0, 5, len(y))
+    weighted = est._auto_lam_losses(_backend.CPU, X, y, sw.astype(float), sigma, lams)
+    repeated = est._auto_lam_losses(_backend.CPU, X.repeat(sw, axis=0), y.repeat(sw), None,
+                                    sigma, lams)
+    np.testing.assert_allclose(weighted, repeated, rtol=1e-10)
+    # any weights: row i's residual after refitting without min(w_i, 1) of its weight,
+    # at the full fit's shift lam * sum(w) and weighted mean; loss sum w_i e_i^2 / var_w
+    from sklearn.metrics.pairwise import rbf_kernel
+
+    sw = np.random.default_rng(1).uniform(0.1, 3.0, len(y))
+    K = rbf_kernel(X, gamma=1 / (2 * sigma**2))
+    total = sw.sum()
+    t = y - sw @ y / total
+    var = sw @ (t - sw @ t / total) ** 2 / total
+    by_refits = []
+    for lam in lams[::3]:
+        loss = 0.0
+        for i in range(len(y)):
+            w = sw.copy()
+            w[i] -= min(w[i], 1.0)
+            a = np.linalg.solve(w[:, None] * K + lam * total * np.eye(len(y)), w * t)
+            loss += sw[i] * (t[i] - K[i] @ a) ** 2
+        by_refits.append(loss / var)
+    np.testing.assert_allclose(
+        est._auto_lam_losses(_backend.CPU, X, y, sw, sigma, lams[::3]), by_refits, rtol=1e-10)
+
+
+def test_weighted_shift_is_lam_times_the_part_weight(diabetes):
+    """With sample_weight, m_j in lam * m_j is part j's total weight (row count if all zero)."""
+    X, y = diabetes
+    sw = np.random.default_rng(2).uniform(0.2, 2.0, len(y))
+    est = BKRRRegressor(sigma=3.0, lam=1e-3, n_partitions=3, random_state=0,
+                        device="cpu").fit(X, y, sample_weight=sw)
+    for j in range(3):
+        lo, hi = est.part_offsets_[j], est.part_offsets_[j + 1]
+        rows = [np.flatnonzero((X == r).all(axis=1))[0] for r in est.X_fit_[lo:hi]]
+        assert est.shifts_[j] == pytest.approx(1e-3 * sw[rows].sum(), rel=1e-12)
+        mean = sw[rows] @ y[rows] / sw[rows].sum()
+        ref = KernelRidge(alpha=1e-3 * sw[rows].sum(), kernel="rbf", gamma=est.gamma_).fit(
+            X[rows], y[rows] - mean, sample_weight=sw[rows])
+        np.testing.assert_allclose(est.dual_coef_[lo:hi], ref.dual_coef_, rtol=1e-8)
+    assert bkrr_module._part_masses([[0, 1], [2, 3, 4]],
+                                    [np.zeros(2), np.array([1.0, 2.0, 0.0])]) == [2, 3.0]
 
 
 def test_pipeline_clone_pickle_gridsearch(diabetes):

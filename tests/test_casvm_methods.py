@@ -144,6 +144,24 @@ def test_one_part_is_svc(method, wine):
     assert np.all(ours.predict(Xte) == svc.predict(Xte))
 
 
+@pytest.mark.parametrize("method", TREE_METHODS)
+def test_tree_n_iter_is_each_trained_pair_over_all_layers(method):
+    """The model is one SVM: n_iter_ has one entry (>= 1) per pair it trained, as SVC."""
+    from sklearn.datasets import load_iris
+
+    X, y = load_iris(return_X_y=True)
+    # FCFS parts of iris (sorted by class) miss classes: pairs start in later layers.
+    clf = cpu(n_partitions=4, method=method, partition="fcfs", random_state=0).fit(X, y)
+    assert clf.n_iter_.shape == (3,) and clf.n_iter_.dtype == np.int32
+    assert clf.n_iter_.min() >= 1 and clf.n_iter_.sum() == clf.layer_n_iter_.sum()
+    # A class without a sample of positive weight: its pairs ran nowhere and have no entry.
+    sw = np.where(y == 2, 0.0, 1.0)
+    clf = cpu(n_partitions=4, method=method, partition="fcfs", random_state=0).fit(
+        X, y, sample_weight=sw)
+    assert clf.n_iter_.shape == SVC().fit(X, y, sample_weight=sw).n_iter_.shape == (1,)
+    assert clf.n_iter_.min() >= 1 and clf.n_iter_.sum() == clf.layer_n_iter_.sum()
+
+
 def test_dcsvm_warm_start_reaches_the_exact_optimum_in_fewer_steps(cancer):
     """DC-SVM's last layer is the whole problem, warm-started: same optimum as a cold solve."""
     Xtr, Xte, ytr, _ = cancer

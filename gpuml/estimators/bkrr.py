@@ -220,6 +220,21 @@ def _take(xp, A, idx):
     return A[xp.asarray(idx)]
 
 
+def _part_masses(part_rows, weights=None) -> list:
+    """The size ``m_j`` of every part in the shift ``lam * m_j``: its rows, or its weight.
+
+    Without weights, the row counts (ints). With ``weights`` (one array per
+    part, on any device) the sum of the part's weights in float64, so that a
+    row of integer weight w counts as w repeated rows; a part whose weights
+    are all zero keeps its row count (its coefficients are zero whatever the
+    shift, and a zero shift would make its system singular).
+    """
+    if weights is None:
+        return [len(idx) for idx in part_rows]
+    masses = [float(np.sum(to_numpy(w), dtype=np.float64)) for w in weights]
+    return [m if m > 0 else len(idx) for m, idx in zip(masses, part_rows)]
+
+
 class _BKRRBase(RegressorMixin, BaseEstimator):
     """Validation, partitioning, memory check, prediction and pickling shared by both."""
 
@@ -357,9 +372,13 @@ class _BKRRBase(RegressorMixin, BaseEstimator):
                 for k, t in enumerate(targets)]
 
     def _shifts(self, sizes, lam):
-        """Each part's diagonal shift: ``lam * m_j`` (eq. 3.6), or ``alpha`` when given."""
+        """Each part's diagonal shift: ``lam * m_j`` (eq. 3.6), or ``alpha`` when given.
+
+        ``sizes`` are the parts' sizes ``m_j``: row counts, or with
+        ``sample_weight`` the parts' weights (:func:`_part_masses`).
+        """
         alpha = getattr(self, "alpha", None)
-        return [float(alpha) if alpha is not None else lam * int(m) for m in sizes]
+        return [float(alpha) if alpha is not None else lam * m for m in sizes]
 
     def _fit_parts(self, backend, X, y, part_rows, sigma, lam, part_ids=None,
                    sample_weight=None) -> list[KRRPartFit]:
@@ -381,7 +400,7 @@ class _BKRRBase(RegressorMixin, BaseEstimator):
                    [_take(xp, sample_weight, idx) for idx in part_rows])
         offsets = self._part_offsets(xp, targets, weights)
         targets = [t - b for t, b in zip(targets, offsets)]
-        shifts = self._shifts([len(idx) for idx in part_rows], lam)
+        shifts = self._shifts(_part_masses(part_rows, weights), lam)
         kernel = self._kernel(self._fit_gamma(sigma, X.shape[1]))
         try:
             alphas = krr_solve_parts(kernel, parts, targets, shifts, n_jobs=self.n_jobs,
@@ -405,15 +424,20 @@ class _BKRRBase(RegressorMixin, BaseEstimator):
                                                  None if wj is None else wj[0]))
         return [KRRPartFit(Xj, a, b) for Xj, a, b in zip(parts, alphas, offsets)]
 
-    def _store_fit(self, backend, partitioning, fits, sigma, lam):
+    def _store_fit(self, backend, partitioning, fits, sigma, lam, sample_weight=None):
         """The fitted attributes from the per-part fits (in part order) and the centres.
 
         Called by the thread that called ``fit``, after every part is solved (one
         batched direct solve: no iteration, so no convergence to report): with
         ``verbose``, one line per part is printed here, in part order.
+        ``sample_weight`` (the fit's, aligned with the rows the parts index)
+        gives the parts' weighted sizes in the shifts.
         """
         progress = Progress("BKRR", len(fits), getattr(self, "verbose", 0))
-        shifts = self._shifts(partitioning.sizes, lam)
+        masses = (partitioning.sizes.tolist() if sample_weight is None else _part_masses(
+            partitioning.parts, [to_numpy(sample_weight)[np.asarray(idx, dtype=np.int64)]
+                                 for idx in partitioning.parts]))
+        shifts = self._shifts(masses, lam)
         for j, (size, shift) in enumerate(zip(partitioning.sizes.tolist(), shifts)):
             progress.update(j, f"{size} rows, (K + {shift:.4g} I) a = y solved")
         progress.close()
@@ -428,8 +452,10 @@ class _BKRRBase(RegressorMixin, BaseEstimator):
         self.sigma_ = (float(sigma) if getattr(self, "gamma", None) in (None, "scale")
                        else 1.0 / math.sqrt(2.0 * self.gamma_))
         alpha = getattr(self, "alpha", None)
-        self.lam_ = float(lam) if alpha is None else float(alpha) / int(self.part_sizes_.sum())
-        self.shifts_ = np.array(self._shifts(self.part_sizes_, lam))
+        total = (sum(masses) if sample_weight is None
+                 else float(np.sum(to_numpy(sample_weight), dtype=np.float64)))
+        self.lam_ = float(lam) if alpha is None else float(alpha) / total
+        self.shifts_ = np.array(shifts)
         self.device_ = backend.device
 
     # -- prediction --------------------------------------------------------
@@ -593,7 +619,8 @@ class BKRRRegressor(_BKRRBase):
     **Mapping to scikit-learn.** With ``n_partitions=1`` (one part of
     ``m = n`` samples) and the Gaussian kernel, this is exactly
     ``sklearn.kernel_ridge.KernelRidge(alpha=lam * n, kernel="rbf",
-    gamma=1 / (2 * sigma**2))``; with P parts each part is that model with
+    gamma=1 / (2 * sigma**2))`` (``alpha=lam * sum(sample_weight)`` for a
+    weighted fit); with P parts each part is that model with
     ``alpha = lam * m_j``, fitted on ``y - y.mean()`` (``fit_intercept=False``:
     on y itself, as KernelRidge). ``KernelRidge(alpha=a, kernel=k, gamma=g,
     degree=d, coef0=c, kernel_params=p)`` itself maps, argument for argument and
@@ -630,11 +657,20 @@ class BKRRRegressor(_BKRRBase):
         wider, nearly linear kernel), so SVC's rule is kept as it is.
     lam : float >= 0 or "auto", default="auto"
         Regularisation λ; each part's system is shifted by ``lam * m_j``.
+        With ``sample_weight``, ``m_j`` is the part's total weight (a part
+        whose weights are all zero keeps its row count), so that a row of
+        integer weight w is w repeated rows and, at a given λ, scaling all
+        weights by one factor leaves the model unchanged.
         ``"auto"``: the λ of :data:`AUTO_LAMS` (1e-6 ... 1) with the smallest
         closed-form leave-one-out error of kernel ridge on
         :data:`AUTO_LAM_SAMPLES` (1,000) rows of the training set (a fixed
         random subset; all rows below that), at the fitted σ and centring —
-        one eigendecomposition of a 1,000 x 1,000 kernel block. No fixed λ
+        one eigendecomposition of a 1,000 x 1,000 kernel block. With
+        ``sample_weight`` the criterion is that of the rows repeated (each
+        row leaves out one unit of its weight, the whole row when that is
+        below one; :meth:`_auto_lam_losses`) on rows of positive weight, so
+        integer weights choose the λ of the repeated rows whenever those
+        number at most 1,000 (no subsample on either side). No fixed λ
         serves all three benchmark sets: noisy diabetes needs 1e-2 (R² 0.34;
         -0.04 at 1e-4), california and rf1 1e-4 or less (0.65 and 0.88 at
         1e-2). ``lam_`` holds the chosen value. With ``lam=0`` a part whose
@@ -737,7 +773,8 @@ default="kbalance"
     sigma_, lam_, gamma_ : float
         The fitted σ, λ, and ``gamma_ = 1 / (2 sigma_^2)`` (``"scale"`` and
         ``"auto"`` resolved). With ``alpha`` given, ``lam_ = alpha /
-        n_samples`` (one part's λ); with ``gamma`` given, ``sigma_ = 1 /
+        n_samples`` (one part's λ; the total of ``sample_weight`` in place of
+        ``n_samples`` when weighted); with ``gamma`` given, ``sigma_ = 1 /
         sqrt(2 gamma_)``.
     shifts_ : ndarray of shape (n_partitions_,)
         The diagonal shift of every part's system (``lam * m_j`` or ``alpha``).
@@ -836,7 +873,12 @@ default="kbalance"
         sample_weight : float or array-like of shape (n_samples,), default=None
             Weights of the samples' squared errors, as KernelRidge's: each
             part solves ``(S K_j S + shift I) b = S y`` with
-            ``S = diag(sqrt(w))`` and keeps ``a = S b``.
+            ``S = diag(sqrt(w))`` and keeps ``a = S b``. A weight counts as
+            that many copies of the row everywhere: in the shift
+            ``lam * m_j`` (``m_j`` the part's total weight), ``sigma="scale"``
+            and ``lam="auto"``. With one part, integer weights therefore give
+            the fit on the rows repeated; with several, the repeated rows
+            could fall in different parts.
 
         Returns
         -------
@@ -871,31 +913,66 @@ default="kbalance"
             self._check_memory(partitioning.sizes, X.dtype.itemsize, backend)
             fits = self._fit_parts(backend, X, y, partitioning.parts, sigma, lam,
                                    sample_weight=sample_weight)
-            self._store_fit(backend, partitioning, fits, sigma, lam)
+            self._store_fit(backend, partitioning, fits, sigma, lam, sample_weight)
         return self
 
     def _resolve_lam(self, backend, X, y, sample_weight, sigma) -> float:
         """λ as a number: ``lam="auto"`` by leave-one-out on a subsample (else ``lam``).
 
-        Kernel ridge on at most :data:`AUTO_LAM_SAMPLES` rows (a fixed random
-        subset, the same for every fit of the same data), with every λ of
-        :data:`AUTO_LAMS` scaled as in eq. 3.6 (shift ``lam * m``, m the
-        subsample's size). One eigendecomposition ``K_s = Q W Q^T`` of its
-        (weighted, ``S K_s S``) kernel block gives the leave-one-out residuals
-        ``e_i = a_i / [(K_s + lam m I)^{-1}]_ii`` of every λ at O(m^2) each
-        (Wahba 1990; Rifkin and Lippert 2007); the λ with the smallest sum of
-        squared residuals (each target's scaled by its variance) wins. With
-        ``alpha`` given, λ is not used and not searched.
+        The λ of :data:`AUTO_LAMS` with the smallest leave-one-out loss
+        (:meth:`_auto_lam_losses`). With ``alpha`` given, λ is not used and not
+        searched.
         """
         if self.lam != "auto":
             return float(self.lam)
         if getattr(self, "alpha", None) is not None:
             return 0.0
+        lams = np.asarray(AUTO_LAMS)
+        loss = self._auto_lam_losses(backend, X, y, sample_weight, sigma, lams)
+        return float(lams[int(np.argmin(loss))])
+
+    def _auto_lam_losses(self, backend, X, y, sample_weight, sigma, lams):
+        r"""The leave-one-out loss of kernel ridge at every λ of ``lams`` (host, inf if not finite).
+
+        Kernel ridge on at most :data:`AUTO_LAM_SAMPLES` rows (a fixed random
+        subset, the same for every fit of the same data; with
+        ``sample_weight``, of the rows of positive weight), at the fitted σ and
+        centring, with every λ scaled as in eq. 3.6: shift ``c = lam * m``, m
+        the subsample's size. One eigendecomposition of its kernel block gives
+        every λ at O(m^2) each (G. Wahba, "Spline Models for Observational
+        Data", 1990; R. Rifkin, R. Lippert, "Notes on regularized least
+        squares", 2007).
+
+        Without weights, ``a = (K + c I)^{-1} y``, ``e_i = a_i / [(K + c
+        I)^{-1}]_ii`` and the loss is ``sum_i e_i^2``, each target's divided
+        by its variance.
+
+        With weights ``w`` the rule is that of the rows repeated: a row of
+        integer weight w counts as w rows, so m is the subsample's total
+        weight ``sum_i w_i``, the loss ``sum_i w_i e_i^2`` divided by the
+        weighted variance, and ``e_i`` is the residual at row i of the model
+        fitted without one unit of its weight. With ``S = diag(sqrt w)``,
+        ``b = (S K S + c I)^{-1} S y`` and ``g_i = [(S K S + c I)^{-1}]_ii``,
+        the weighted fit's residual is ``y_i - f_i = c b_i / s_i`` and its hat
+        matrix's diagonal ``h_ii = 1 - c g_i``; removing weight 1 from row i
+        (Sherman-Morrison) divides the residual by ``1 - h_ii / w_i``:
+
+        .. math:: e_i = \frac{c\, b_i}{s_i}\,\frac{u_i}{u_i - 1 + c\, g_i},
+                  \qquad u_i = \max(w_i, 1),
+
+        a row of weight below one being left out whole (``u_i = 1``: the
+        residual divided by ``1 - h_ii``). For integer weights summing to at
+        most :data:`AUTO_LAM_SAMPLES` (the rows repeated are not subsampled)
+        these are the losses of the rows repeated, up to round-off; above
+        that one side or both are subsampled, and the subsamples differ.
+        """
         xp = backend.xp
-        n = X.shape[0]
-        rows = np.arange(n)
-        if n > AUTO_LAM_SAMPLES:
-            rows = np.sort(np.random.default_rng(0).choice(n, AUTO_LAM_SAMPLES, replace=False))
+        rows = np.arange(X.shape[0])
+        if sample_weight is not None:
+            rows = np.flatnonzero(to_numpy(sample_weight) > 0)
+        if rows.size > AUTO_LAM_SAMPLES:
+            rows = rows[np.sort(np.random.default_rng(0).choice(rows.size, AUTO_LAM_SAMPLES,
+                                                                 replace=False))]
         idx = xp.asarray(rows)
         kernel = self._kernel(self._fit_gamma(sigma, X.shape[1]))
         if self.kernel == "precomputed":
@@ -905,22 +982,35 @@ default="kbalance"
         t = _take(xp, y, rows)
         w = None if sample_weight is None else _take(xp, sample_weight, rows)
         t = t - self._part_offsets(xp, [t], None if w is None else [w])[0]
-        if w is not None:
-            s = xp.sqrt(w)
-            K *= s[:, None]
-            K *= s[None, :]
-            t = s * t if t.ndim == 1 else s[:, None] * t
-        form, = tridiagonal_batch([K], eigen=True, overwrite_a=True)
-        m, lams = len(rows), np.asarray(AUTO_LAMS)
+        m = len(rows)
         T = t.reshape(m, -1)
-        Z = form.solve(lams * m, form.project(T))  # (L, m, k)
-        alpha = form.expand(Z.transpose(1, 0, 2).reshape(m, -1))
-        alpha = alpha.reshape(m, lams.size, -1).transpose(1, 0, 2)
-        resid = alpha / form.inverse_diagonal(lams * m)[:, :, None]
-        scale = xp.where(T.var(axis=0) > 0, T.var(axis=0), 1.0)
-        loss = to_numpy(((resid**2).sum(axis=1) / scale).sum(axis=1))
-        loss = np.where(np.isfinite(loss), loss, np.inf)
-        return float(lams[int(np.argmin(loss))])
+        if w is None:
+            form, = tridiagonal_batch([K], eigen=True, overwrite_a=True)
+            Z = form.solve(lams * m, form.project(T))  # (L, m, k)
+            alpha = form.expand(Z.transpose(1, 0, 2).reshape(m, -1))
+            alpha = alpha.reshape(m, lams.size, -1).transpose(1, 0, 2)
+            resid = alpha / form.inverse_diagonal(lams * m)[:, :, None]
+            scale = xp.where(T.var(axis=0) > 0, T.var(axis=0), 1.0)
+            loss = to_numpy(((resid**2).sum(axis=1) / scale).sum(axis=1))
+            return np.where(np.isfinite(loss), loss, np.inf)
+        s = xp.sqrt(w)
+        K *= s[:, None]
+        K *= s[None, :]
+        form, = tridiagonal_batch([K], eigen=True, overwrite_a=True)
+        mass = float(np.sum(to_numpy(w), dtype=np.float64))
+        shifts = lams * mass
+        Z = form.solve(shifts, form.project(s[:, None] * T))  # (L, m, k)
+        b = form.expand(Z.transpose(1, 0, 2).reshape(m, -1))
+        b = b.reshape(m, lams.size, -1).transpose(1, 0, 2)
+        c = xp.asarray(shifts, dtype=K.dtype)[:, None]  # (L, 1)
+        u = xp.maximum(w, 1.0)
+        g = form.inverse_diagonal(shifts)  # (L, m)
+        resid = (c[:, :, None] * b / s[None, :, None]) * (u / (u - 1.0 + c * g))[:, :, None]
+        mean = (w @ T) / mass
+        scale = (w @ (T - mean) ** 2) / mass
+        scale = xp.where(scale > 0, scale, 1.0)
+        loss = to_numpy(((w[None, :, None] * resid**2).sum(axis=1) / scale).sum(axis=1))
+        return np.where(np.isfinite(loss), loss, np.inf)
 
     def _sample_weight(self, backend, sample_weight, X):
         """KernelRidge's ``sample_weight`` (None, a float, or one per sample) on the device."""
@@ -967,7 +1057,7 @@ default="kbalance"
         # Only the coefficients come back: the training rows are on the host already.
         host = [KRRPartFit(_take(np, X, rows), to_numpy(f.dual_coef), to_numpy(f.intercept))
                 for rows, f in zip(partitioning.parts, fits)]
-        self._store_fit(CPU, partitioning, host, sigma, lam)
+        self._store_fit(CPU, partitioning, host, sigma, lam, sample_weight)
         self.devices_ = group.devices
         self.part_device_ = part_device
         # The parts' arrays are already on their devices: keep them for prediction.

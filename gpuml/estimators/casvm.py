@@ -304,9 +304,11 @@ default="auto"
     coefficients come from its own part and ``support_part_`` says which);
     the per-model arrays ``intercept_`` and ``coef_`` gain a leading part
     axis, because each part has its own hyperplanes and a sample is scored
-    by the part it is routed to. gpuml's own layouts used by prediction are
-    kept as the extra attributes ``ovo_dual_coef_``, ``part_intercept_``,
-    ``part_n_iter_``, ``pair_status_`` and ``objective_``.
+    by the part it is routed to; ``n_iter_`` has one entry per SMO problem
+    solved (the parts' problems in turn). gpuml's own layouts used by
+    prediction are kept as the extra attributes ``ovo_dual_coef_``,
+    ``part_intercept_``, ``part_n_iter_``, ``pair_status_`` and
+    ``objective_``.
 
     classes_ : ndarray of shape (n_classes,)
     class_weight_ : ndarray of shape (n_classes,)
@@ -351,9 +353,17 @@ default="auto"
         ``(n_partitions, n_pairs)`` when ``n_partitions > 1``. A pair not
         trained in a part has intercept -1, +1 or 0 there (a constant vote
         for the class that is present, or none; see ``pair_status_``).
-    n_iter_ : ndarray of shape (n_pairs,), int32
-        SMO steps per pair, summed over the parts (and over every layer of
-        the tree methods).
+    n_iter_ : ndarray of shape (n_problems,), int32
+        SMO steps of every one-vs-one problem solved, one entry per problem:
+        ``part_n_iter_[pair_status_ == 2]``, i.e. part by part, and within a
+        part the pairs it trained in SVC's order. A pair that a part could not
+        train (one of its classes absent there) ran no problem and has no
+        entry, so every entry is at least 1 (unless ``max_iter=0``). With one
+        part this is SVC's ``(n_pairs,)`` layout (as SVC, a class left without
+        a sample of positive weight drops its pairs). For the tree methods the
+        model is one SVM: one entry per pair it trained, the steps of that
+        pair summed over every layer (``layer_n_iter_`` splits them by
+        layer).
     fit_status_ : int
         0 if every problem converged, 1 if ``max_iter`` stopped one (as SVC).
     support_part_ : ndarray of shape (n_SV,)
@@ -370,7 +380,9 @@ default="auto"
         2: the pair was trained in the part; 1: only one of its classes was
         there (constant vote); 0: neither (no vote).
     part_n_iter_ : ndarray of shape (n_partitions, n_pairs)
-        SMO steps per part and pair (0 when not trained).
+        SMO steps per part and pair, 0 where the pair was not trained
+        (``pair_status_ < 2``); for the tree methods, the last layer's steps
+        (one row).
     objective_ : ndarray of shape (n_partitions, n_pairs)
         LIBSVM's dual objective ``1/2 a'Qa - sum(a)`` per problem (NaN when
         not trained).
@@ -540,8 +552,9 @@ default="auto"
         else:
             final, final_fits, n_iter = tree
             self._assemble(final, final_fits, y_idx, progress)
-            # The model is the last layer's; the work and the split are the whole tree's.
-            self.n_iter_ = n_iter.astype(np.int32)
+            # The model is the last layer's; the work and the split are the whole tree's
+            # (the steps of each pair the model trained, summed over every layer).
+            self.n_iter_ = n_iter[self.pair_status_[0] == 2].astype(np.int32)
             self.partition_sizes_ = parts.sizes
         self._fit_probability(X, y, y_idx, sample_C, sample_weight)
         return self
@@ -790,7 +803,9 @@ default="auto"
         self.dual_coef_ = sp.csr_matrix(packed) if self._sparse else packed
         intercept = sign * self.part_intercept_
         self.intercept_ = intercept[0] if len(fits) == 1 else intercept
-        self.n_iter_ = self.part_n_iter_.sum(axis=0).astype(np.int32)
+        # The steps of every SMO problem solved, part by part: SVC's (n_pairs,) for one
+        # part, and never a zero for a pair that a part did not train.
+        self.n_iter_ = self.part_n_iter_[self.pair_status_ == 2].astype(np.int32)
         self._check_finite_model(self.part_intercept_, ovo_coef)
         converged = all(f.converged for f in fits)
         self.fit_status_ = 0 if converged else 1
