@@ -8,6 +8,7 @@ are in test_smo.py, test_partition.py and test_gcd_solver.py).
 
 import time
 import warnings
+from collections import Counter
 
 import numpy as np
 import pytest
@@ -80,6 +81,43 @@ def test_casvm_first_fit_by_the_twins_equals_the_compiled_fit(monkeypatch, backg
     np.testing.assert_array_equal(twin.intercept_, compiled.intercept_)
     np.testing.assert_array_equal(twin.support_, compiled.support_)
     np.testing.assert_array_equal(twin.decision_function(X), compiled.decision_function(X))
+
+
+@pytest.mark.parametrize("method", ["casvm", "cascade", "dcsvm", "dcfilter"])
+def test_fit_is_the_same_whether_the_compile_ends_before_during_or_after_it(method,
+                                                                             monkeypatch,
+                                                                             background):
+    """Every k-means pass and every SMO batch (one per layer of the tree methods) asks afresh
+    whether numba has compiled, so a compile that finishes mid-fit gives a fit that ran the
+    twins first and the compiled loops after. Every such fit is the compiled one."""
+    X, y = make_classification(600, 8, n_informative=5, n_classes=3, random_state=0)
+    make = lambda: CASVMClassifier(n_partitions=4, method=method, partition="kmeans",  # noqa: E731
+                                   device="cpu", random_state=0)
+    asked = Counter()
+
+    def not_before(calls, ready=_jit.ready):
+        """``_jit.ready`` answering False to its first ``calls[f]`` questions about each ``f``."""
+        def answer(dispatcher, *args):
+            asked[dispatcher] += 1
+            return asked[dispatcher] > calls.get(dispatcher, np.inf) and ready(dispatcher, *args)
+        return answer
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with _jit.synchronous():  # the real ready then answers True
+            compiled = make().fit(X, y)
+            monkeypatch.setattr(_jit, "ready", not_before({}))
+            twins = make().fit(X, y)
+            calls = dict(asked)
+            asked.clear()
+            monkeypatch.setattr(_jit, "ready", not_before({f: n // 2 for f, n in calls.items()}))
+            mixed = make().fit(X, y)
+    # k-means' sweep and the SMO, each asked often enough to switch midway.
+    assert len(calls) == 2 and min(calls.values()) >= 2 and asked == calls
+    for fit in (twins, mixed):
+        for name in ("support_", "dual_coef_", "intercept_", "n_iter_", "centers_"):
+            np.testing.assert_array_equal(getattr(fit, name), getattr(compiled, name), name)
+        np.testing.assert_array_equal(fit.decision_function(X), compiled.decision_function(X))
 
 
 def test_asygcd_first_fit_by_the_one_worker_twin_matches_within_tol(not_compiled):
