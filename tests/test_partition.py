@@ -225,6 +225,97 @@ def test_fused_nearest_matches_the_gemm_path_and_a_plain_loop(P, monkeypatch):
     assert nearest_centres(SMALL.astype(np.float32), centers.astype(np.float32)).dtype == np.int64
 
 
+def _rotated_lattice(side, d, seed=0):
+    """The points of a square lattice, turned by a random rotation. Many rows are exactly
+    as far from two others (or two means of others) but for rounding: any change in
+    how a distance is rounded gives some of them to the other centre."""
+    rotation, _ = np.linalg.qr(np.random.default_rng(seed).normal(size=(d, d)))
+    points = np.stack(np.meshgrid(*[np.arange(float(side))] * d, indexing="ij"), -1)
+    return points.reshape(-1, d) @ rotation
+
+
+def _fused_data(data, dtype):
+    # More rows than one sum block of the fused pass, so that partial sums are added.
+    if data == "lattice":
+        return _rotated_lattice(12, 4).astype(dtype)
+    return np.random.default_rng(5).normal(size=(40_000, 6)).astype(dtype)
+
+
+def _every_way(monkeypatch, run, switch=False):
+    """``run()`` by the compiled sweep on 1, 2 and 3 cores, by its NumPy twin (numba still
+    compiling), and with ``switch`` by the twin until the compile ends midway."""
+    from gpuml.kernels._cpu import _jit
+
+    # Threads from 2,000 rows, so that test-sized inputs are split among the cores.
+    monkeypatch.setattr(nearest_module, "MIN_ROWS_PER_THREAD", 1000)
+    results, real_ready = {}, _jit.ready
+    for cores in (1, 2, 3):
+        monkeypatch.setattr(nearest_module, "_cores", lambda cores=cores: cores)
+        results[f"compiled, {cores} cores"] = run()
+    asked = []
+    monkeypatch.setattr(_jit, "ready", lambda dispatcher, *args: asked.append(dispatcher) or False)
+    results["twin"] = run()
+    assert asked  # the twin ran (the input is under its size bound)
+    if switch:
+        passes = len(asked)
+        asked.clear()
+        monkeypatch.setattr(_jit, "ready", lambda dispatcher, *args: (
+            asked.append(dispatcher) or len(asked) > passes // 2) and real_ready(dispatcher, *args))
+        results["twin, then compiled"] = run()
+        assert passes >= 4 and len(asked) == passes
+    return results
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+@pytest.mark.parametrize("data", ["lattice", "random"])
+def test_fused_sweep_gives_the_same_bits_compiled_or_not_on_any_cores(data, dtype, monkeypatch):
+    # Which of the sweep and its NumPy twin runs depends on whether numba's background
+    # compile has ended, and the sweep's threads on the machine: neither may change a bit
+    # of the labels, the sums or the counts (the lattice's centres are rows of it: near-ties).
+    X = _fused_data(data, dtype)
+    centers = X[np.random.default_rng(1).choice(len(X), 16, replace=False)]
+    results = _every_way(monkeypatch, lambda: nearest_centres(X, centers, with_sums=True))
+    (_, (labels, sums, counts)), *others = results.items()
+    assert sums.dtype == dtype and len(np.unique(labels)) == 16
+    for way, (other_labels, other_sums, other_counts) in others:
+        np.testing.assert_array_equal(other_labels, labels, way)
+        np.testing.assert_array_equal(other_sums, sums, way)
+        np.testing.assert_array_equal(other_counts, counts, way)
+
+
+def test_fused_twin_passes_over_nan_distances_as_the_sweep(monkeypatch):
+    # Infinite coordinates make some distances NaN: argmin would pick a NaN, the sweep's
+    # strict < never does, and a row at NaN from every centre goes to centre 0.
+    X = np.random.default_rng(2).normal(size=(50, 3))
+    X[:5, 0] = np.inf  # NaN from centres 0 and 1, -inf from centre 2
+    X[5, 1] = np.nan
+    centers = np.array([[np.inf, 0.0, 0.0], [0.0, 0.0, 0.0], [1.0, 1.0, 1.0]])
+    with np.errstate(invalid="ignore"):
+        results = _every_way(monkeypatch, lambda: nearest_centres(X, centers, with_sums=True))
+    (_, (labels, sums, counts)), *others = results.items()
+    assert labels[:6].tolist() == [2] * 5 + [0] and set(labels[6:]) == {1, 2}
+    for way, (other_labels, other_sums, other_counts) in others:
+        np.testing.assert_array_equal(other_labels, labels, way)
+        np.testing.assert_array_equal(other_sums, sums, way)
+        np.testing.assert_array_equal(other_counts, counts, way)
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+@pytest.mark.parametrize("method, data", [("kmeans", "lattice"), ("kbalance", "lattice"),
+                                          ("bkm", "lattice"), ("kmeans", "random")])
+def test_kmeans_partitions_are_the_same_bits_compiled_or_not_on_any_cores(method, data, dtype,
+                                                                          monkeypatch):
+    # Every Lloyd pass asks afresh whether numba has compiled, so a compile ending midway
+    # mixes the twin's passes and the sweep's: the partition must not depend on it.
+    X = _fused_data(data, dtype)
+    results = _every_way(monkeypatch, lambda: partition(X, 16, method, random_state=0),
+                         switch=True)
+    (_, (labels, centers)), *others = results.items()
+    for way, (other_labels, other_centers) in others:
+        np.testing.assert_array_equal(other_labels, labels, way)
+        np.testing.assert_array_equal(other_centers, centers, way)
+
+
 def test_assign_nearest_routes_to_the_closest_centre():
     centers = np.array([[0.0, 0.0], [10.0, 0.0], [0.0, 10.0]])
     X = np.array([[1.0, 1.0], [9.0, -1.0], [-1.0, 8.0], [4.0, 0.0]])

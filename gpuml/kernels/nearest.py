@@ -1,12 +1,13 @@
 """Nearest-centre search and per-part sums: the inner steps of k-means and of routing.
 
-Two implementations with one result:
+Two implementations:
 
 * **fused** (host, dense, ``P * d <= FUSED_MAX_ENTRIES``): one numba sweep over
   X computes each row's nearest centre and, when asked, adds the row into its
-  centre's sum (``_cpu/partition.py``). Nothing of size n x P is written. From
-  ``2 * MIN_ROWS_PER_THREAD`` rows on, row chunks run on the cores at once
-  (the loop releases the GIL) and their partial sums are added.
+  centre's sum (``_cpu/partition.py``). Nothing of size n x P is written. Each
+  block of SUM_BLOCK_ROWS rows is added into its own partial sums and those
+  are added in block order; from ``2 * MIN_ROWS_PER_THREAD`` rows on, the
+  blocks run on the cores at once (the loop releases the GIL).
 * **blocked GEMM** (everything else: CuPy, CSR, many centres or features):
   row blocks of ``||c||^2 - 2 x.c`` by one GEMM each, an ``argmin`` per row.
   On the host and for CSR the sums are one sparse one-hot product. For dense
@@ -15,8 +16,16 @@ Two implementations with one result:
   builds no sparse matrix and reads nothing back to the host (building a
   sparse matrix and CuPy's ``bincount`` each synchronise with the device).
 
-Which one runs depends only on the type and the shapes of ``X`` and the
-centres, so k-means labels and later routing of the same rows always agree.
+The two find the same nearest centres but for rows equally near two of them
+within rounding, and their sums differ in the last bits (other orders of
+addition). Which one runs depends only on the type and the shapes of ``X``
+and the centres, so k-means labels and later routing of the same rows always
+agree. Within the fused path the result is the same bits whatever the timing
+and the machine's threads: while numba compiles the sweep in the background
+(a first fit or predict in a fresh install, see :mod:`._cpu._jit`), inputs of
+at most NUMPY_TWIN_MAX_ENTRIES ``n * P * d`` take its NumPy twin, which does
+the same arithmetic in the same order, block for block; and the order of the
+additions is fixed by the blocks, not by the threads that ran them.
 """
 
 from __future__ import annotations
@@ -47,8 +56,19 @@ def row_blocks(n_rows: int, n_cols: int, itemsize: int = 8):
         yield start, min(start + rows, n_rows)
 
 
+#: Rows whose sums the fused pass adds into one partial sum (in row order); the
+#: partial sums are then added in block order. Fixed, so that the sums do not
+#: depend on how many threads shared the blocks.
+SUM_BLOCK_ROWS = 16384
+
 #: Fewest rows per thread of the fused pass: below it, starting threads costs more than it saves.
 MIN_ROWS_PER_THREAD = 32768
+
+#: Largest ``n * P * d`` that the fused pass's NumPy twin takes while numba compiles the
+#: sweep: the twin's elementwise steps cost a few times a GEMM, so that a k-means of
+#: tens of passes on larger inputs would take longer than the compile, which then
+#: runs in the caller.
+NUMPY_TWIN_MAX_ENTRIES = 1 << 23
 
 
 @functools.lru_cache(maxsize=1)
@@ -60,12 +80,6 @@ def _cores() -> int:
 @functools.lru_cache(maxsize=1)
 def _pool() -> ThreadPoolExecutor:
     return ThreadPoolExecutor(max_workers=_cores(), thread_name_prefix="gpuml-nearest")
-
-
-def _thread_chunks(n_rows: int) -> list[int]:
-    """Row bounds of the fused pass's chunks: one per core, each at least MIN_ROWS_PER_THREAD."""
-    chunks = max(1, min(_cores(), n_rows // MIN_ROWS_PER_THREAD))
-    return [n_rows * c // chunks for c in range(chunks + 1)]
 
 
 def _fused_applies(X, centers) -> bool:
@@ -155,35 +169,10 @@ def nearest_centres(X, centers, *, with_sums: bool = False):
     >>> labels.tolist(), counts.tolist()
     ([0, 1, 0], [2, 1])
     """
+    if _fused_applies(X, centers):
+        labels, sums, counts = _fused_nearest_sums(X, centers)
+        return (labels, sums, counts) if with_sums else labels
     n_parts = centers.shape[0]
-    fused = _fused_applies(X, centers)
-    if fused:
-        from ._cpu import _jit
-        from ._cpu.partition import nearest_centre_sums
-
-        X = np.ascontiguousarray(X)
-        centers = np.ascontiguousarray(centers, dtype=X.dtype)
-        half_norms = 0.5 * squared_norms(centers)
-        labels = np.empty(X.shape[0], dtype=np.int64)
-        bounds = _thread_chunks(X.shape[0])
-        sums = np.zeros((len(bounds) - 1, n_parts, X.shape[1]), dtype=X.dtype)
-        counts = np.zeros((len(bounds) - 1, n_parts), dtype=np.int64)
-        # While numba compiles the sweep in the background (a first fit or predict in a
-        # fresh install, see gpuml.kernels._cpu._jit), the blocked GEMM pass below does
-        # the work: the same nearest centres but for rows equally near two of them
-        # within rounding, which the two passes may break differently.
-        fused = _jit.ready(nearest_centre_sums, X[:1], centers, half_norms, labels[:1],
-                           sums[0], counts[0])
-    if fused:
-        def sweep(c):
-            a, b = bounds[c], bounds[c + 1]
-            nearest_centre_sums(X[a:b], centers, half_norms, labels[a:b], sums[c], counts[c])
-
-        if len(bounds) == 2:
-            sweep(0)
-        else:  # the loop releases the GIL: row chunks on the cores, partial sums added
-            list(_pool().map(sweep, range(len(bounds) - 1)))
-        return (labels, sums.sum(axis=0), counts.sum(axis=0)) if with_sums else labels
     xp = namespace_of(centers)
     c_norms = squared_norms(centers)
     labels = xp.empty(X.shape[0], dtype=np.int64)
@@ -194,6 +183,45 @@ def nearest_centres(X, centers, *, with_sums: bool = False):
     if not with_sums:
         return labels
     return (labels, *part_sums(X, labels, n_parts))
+
+
+def _fused_nearest_sums(X, centers):
+    """The fused pass: numba's sweep, or its NumPy twin while numba compiles it.
+
+    Both add each block of SUM_BLOCK_ROWS rows into its own partial sums and
+    the partial sums in block order, whichever thread ran which block, and
+    the twin repeats the sweep's arithmetic: the result is the same bits.
+    """
+    from ._cpu import _jit
+    from ._cpu.partition import nearest_centre_sums, nearest_centre_sums_numpy
+
+    X = np.ascontiguousarray(X)
+    n, d = X.shape
+    n_parts = centers.shape[0]
+    centers = np.ascontiguousarray(centers, dtype=X.dtype)
+    half_norms = (0.5 * squared_norms(centers)).astype(X.dtype, copy=False)
+    centers_t = np.ascontiguousarray(centers.T)
+    labels = np.empty(n, dtype=np.int64)
+    n_blocks = max(1, -(-n // SUM_BLOCK_ROWS))
+    sums = np.zeros((n_blocks, n_parts, d), dtype=X.dtype)
+    counts = np.zeros((n_blocks, n_parts), dtype=np.int64)
+    args = (centers_t, half_norms, SUM_BLOCK_ROWS)
+    if (n * n_parts * d <= NUMPY_TWIN_MAX_ENTRIES
+            and not _jit.ready(nearest_centre_sums, X[:1], *args, labels[:1], sums[:1],
+                               counts[:1])):
+        nearest_centre_sums_numpy(X, *args, labels, sums, counts)
+    elif n < 2 * MIN_ROWS_PER_THREAD or _cores() == 1:
+        nearest_centre_sums(X, *args, labels, sums, counts)
+    else:  # the loop releases the GIL: blocks on the cores at once
+        def sweep(b):
+            rows = slice(b * SUM_BLOCK_ROWS, (b + 1) * SUM_BLOCK_ROWS)
+            nearest_centre_sums(X[rows], *args, labels[rows], sums[b:b + 1], counts[b:b + 1])
+
+        list(_pool().map(sweep, range(n_blocks)))
+    total = sums[0].copy()
+    for b in range(1, n_blocks):  # in block order, whatever the threads
+        total += sums[b]
+    return labels, total, counts.sum(axis=0)
 
 
 def _blocked_nearest_sums(X, centers, c_norms, labels):

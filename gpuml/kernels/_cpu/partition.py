@@ -2,6 +2,7 @@
 
 import numpy as np
 from numba import njit
+from scipy import sparse
 
 from . import _jit
 
@@ -58,29 +59,103 @@ def fill_nearest_open(D, counts, caps, labels):
         labels[i] = best
 
 
-@njit(nogil=True, cache=True, fastmath=True)
-def nearest_centre_sums(X, centers, half_norms, labels, sums, counts):
-    """One Lloyd pass fused: nearest centre of every row, and per-centre sums and counts.
+#: Entries (rows x P) of a distance block of :func:`nearest_centre_sums_numpy`: small
+#: enough to stay in cache while each feature's column is subtracted, large enough
+#: that NumPy's per-call cost is spread over many entries.
+NUMPY_TWIN_BLOCK_ENTRIES = 1 << 16
+
+
+@njit(nogil=True, cache=True)
+def nearest_centre_sums(X, centers_t, half_norms, block_rows, labels, sums, counts):
+    """One Lloyd pass fused: nearest centre of every row, and per-block sums and counts.
 
     The nearest centre minimises ``||c||^2 / 2 - x.c`` (the squared distance
-    halved, less the row's own norm); ties go to the lowest index, as
-    ``argmin``. ``sums`` and ``counts`` are accumulated into (zero them
-    first). One sweep over X, nothing of size n x P is written: for small
-    ``P * d`` this beats a GEMM followed by an argmin and a separate sum.
+    halved, less the row's own norm): ``s = half_norms[j]``, then
+    ``s -= X[i, k] * centers_t[k, j]`` for k in order, each product rounded
+    (no fastmath, so no reassociation and no fused multiply-add: the order is
+    the one :func:`nearest_centre_sums_numpy` repeats with NumPy, and the
+    loop over the centres still vectorises). Ties go to the lowest index, a
+    NaN is never nearest (the strict ``<``). Rows ``[b * block_rows,
+    (b + 1) * block_rows)`` are added, in row order, into ``sums[b]`` and
+    counted in ``counts[b]`` (zero them first). One sweep over X, nothing of
+    size n x P is written: for small ``P * d`` this beats a GEMM followed by
+    an argmin and a separate sum.
     """
     n, d = X.shape
-    p = centers.shape[0]
-    for i in range(n):
-        best = 0
-        best_s = np.inf
-        for j in range(p):
-            s = half_norms[j]
-            for k in range(d):
-                s -= X[i, k] * centers[j, k]
-            if s < best_s:
-                best_s = s
-                best = j
-        labels[i] = best
-        counts[best] += 1
+    p = centers_t.shape[1]
+    s = np.empty((4, p), dtype=half_norms.dtype)
+    for b in range((n + block_rows - 1) // block_rows):
+        stop = min((b + 1) * block_rows, n)
+        # Four rows at a time: each centre column loaded once serves four rows.
+        for i0 in range(b * block_rows, stop, 4):
+            m = min(4, stop - i0)
+            for r in range(4):
+                for j in range(p):
+                    s[r, j] = half_norms[j]
+            if m == 4:
+                for k in range(d):
+                    x0, x1, x2, x3 = X[i0, k], X[i0 + 1, k], X[i0 + 2, k], X[i0 + 3, k]
+                    for j in range(p):
+                        c = centers_t[k, j]
+                        s[0, j] -= x0 * c
+                        s[1, j] -= x1 * c
+                        s[2, j] -= x2 * c
+                        s[3, j] -= x3 * c
+            else:
+                for r in range(m):
+                    for k in range(d):
+                        xk = X[i0 + r, k]
+                        for j in range(p):
+                            s[r, j] -= xk * centers_t[k, j]
+            for r in range(m):
+                best = 0
+                best_s = np.inf
+                for j in range(p):
+                    if s[r, j] < best_s:
+                        best_s = s[r, j]
+                        best = j
+                labels[i0 + r] = best
+                counts[b, best] += 1
+                for k in range(d):
+                    sums[b, best, k] += X[i0 + r, k]
+
+
+def nearest_centre_sums_numpy(X, centers_t, half_norms, block_rows, labels, sums, counts):
+    """:func:`nearest_centre_sums` in NumPy, bit for bit: labels, sums and counts.
+
+    The same arithmetic, elementwise over a block of rows at a time: each
+    product rounded, then subtracted, feature after feature (a GEMM would add
+    the products in its own order and could break near-ties otherwise). Each
+    row block's sums are a sparse one-hot product, which adds each part's rows
+    one after another in row order, as the loop.
+    """
+    n, d = X.shape
+    p = centers_t.shape[1]
+    rows = max(1, min(NUMPY_TWIN_BLOCK_ENTRIES // p, n))
+    # Centres by rows, so that each elementwise step runs along the block's rows
+    # (contiguous, however few the centres and however many the features).
+    s = np.empty((p, rows), dtype=half_norms.dtype)
+    product = np.empty_like(s)
+    nan = np.empty(s.shape, dtype=bool)
+    column = half_norms[:, None]
+    for a in range(0, n, rows):
+        z = min(a + rows, n) - a
+        sz, pz, nz = s[:, :z], product[:, :z], nan[:, :z]
+        block_t = np.ascontiguousarray(X[a:a + z].T)
+        sz[...] = column
         for k in range(d):
-            sums[best, k] += X[i, k]
+            np.multiply(centers_t[k, :, None], block_t[k], out=pz)
+            np.subtract(sz, pz, out=sz)
+        np.isnan(sz, out=nz)
+        sz[nz] = np.inf  # argmin would pick a NaN; the loop's strict < passes over it
+        np.argmin(sz, axis=0, out=labels[a:a + z])
+    for b in range(sums.shape[0]):
+        a, z = b * block_rows, min((b + 1) * block_rows, n)
+        sizes = np.bincount(labels[a:z], minlength=p)
+        counts[b] += sizes
+        # Part j's row of the one-hot matrix lists its rows in order, and the
+        # product adds 1.0 * x for each in that order, as the loop's sums[b, j] += x.
+        onehot = sparse.csr_matrix(
+            (np.ones(z - a, dtype=X.dtype), np.argsort(labels[a:z], kind="stable"),
+             np.concatenate(([0], np.cumsum(sizes)))), shape=(p, z - a))
+        sums[b] = onehot @ X[a:z]
