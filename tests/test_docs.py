@@ -9,11 +9,13 @@ that says so and why::
 
 A marker without a reason in parentheses is an error, and so is a marker that is not
 followed by a Python block. Skipped blocks are still compiled, so a syntax error in one
-fails too.
+fails too. A block that imports an optional dependency that is not installed skips,
+naming it.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import re
 from pathlib import Path
 
@@ -21,6 +23,9 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 FILES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+#: Optional dependencies (the extras in pyproject.toml): a block that needs one that is not
+#: installed skips, saying which; any other missing module fails.
+OPTIONAL = {"torch", "triton", "dask", "distributed", "cupy", "tqdm", "matplotlib"}
 MARKER = re.compile(r"^<!--\s*docs-test:\s*skip\s*(?:\((?P<reason>[^)]+)\))?\s*-->\s*$")
 
 
@@ -74,4 +79,11 @@ def test_python_blocks_run(path, tmp_path, monkeypatch):
     for line, code, reason in found:
         compiled = compile(code, f"{path.name}:{line}", "exec")
         if reason is None:
-            exec(compiled, namespace)
+            try:
+                exec(compiled, namespace)
+            except ModuleNotFoundError as err:
+                missing = (err.name or "").partition(".")[0]
+                if missing not in OPTIONAL or importlib.util.find_spec(missing) is not None:
+                    raise
+                pytest.skip(f"{path.name}:{line} needs {missing} (an optional dependency), "
+                            "which is not installed here")
