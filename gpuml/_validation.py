@@ -13,9 +13,23 @@ import numbers
 import numpy as np
 from sklearn.utils.validation import check_array, validate_data
 
-from ._backend import is_cupy_array
+from ._backend import is_cupy_array, is_dask_collection
 
 FLOAT_DTYPES = (np.float64, np.float32)
+
+
+def refuse_dask(estimator, *values):
+    """Refuse Dask input to a ``fit`` that runs in one process, before any work.
+
+    Such a fit would gather every row into the client, which is what Dask
+    input says the user cannot or does not want to do.
+    """
+    if any(is_dask_collection(v) for v in values):
+        raise TypeError(
+            f"{type(estimator).__name__}.fit does not take Dask input: it fits in one process "
+            "and would gather every row into it. Compute the data first (X.compute()) if it "
+            "fits in memory, or use CASVMClassifier / BKRRRegressor, which fit on the Dask "
+            "workers")
 
 
 def _check_cupy_2d(X, name="X"):

@@ -41,7 +41,7 @@ def _bounded():
 def client():
     faulthandler.dump_traceback_later(TEST_LIMIT, exit=True)
     cluster = distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
-                                       memory_limit="1GiB", dashboard_address=None,
+                                       memory_limit="1GiB", dashboard_address=":0",
                                        silence_logs=40)
     c = distributed.Client(cluster)
     faulthandler.cancel_dump_traceback_later()
@@ -416,6 +416,129 @@ def test_grid_search_on_the_dask_joblib_backend(client, classification):
     np.testing.assert_allclose(on_dask.cv_results_["mean_test_score"],
                                local.cv_results_["mean_test_score"])
     assert on_dask.best_params_ == local.best_params_
+
+
+def _frame(X, columns="abcdefghij"):
+    import pandas as pd
+
+    return pd.DataFrame(X, columns=list(columns[:X.shape[1]]))
+
+
+@pytest.mark.parametrize("kind", ["casvm", "bkrr"])
+def test_feature_names_are_checked_on_dask_input(client, classification, regression, kind):
+    """Columns in another order are refused as scikit-learn refuses them in memory, before
+    any computation; a Dask array after a fit on names warns as a NumPy array does."""
+    import pandas as pd
+
+    X, y = classification if kind == "casvm" else regression
+    frame = _frame(X)
+    est = (CASVMClassifier(n_partitions=2, random_state=0) if kind == "casvm"
+           else BKRRRegressor(sigma=2.0, n_partitions=2, random_state=0))
+    est.fit(dd.from_pandas(frame, npartitions=3), da.from_array(y, chunks=800))
+    assert list(est.feature_names_in_) == list(frame.columns)
+    shuffled = frame[list(frame.columns[::-1])]
+    with pytest.raises(ValueError, match="feature names should match") as in_memory:
+        est.predict(shuffled)
+    with pytest.raises(ValueError, match="feature names should match") as on_dask:
+        est.predict(dd.from_pandas(shuffled, npartitions=3))
+    assert str(on_dask.value) == str(in_memory.value)
+    with pytest.warns(UserWarning, match="does not have valid feature names"):
+        est.predict(da.from_array(X, chunks=800))
+    texts = frame.astype({"b": str})
+    with pytest.raises(ValueError, match=r"non-numeric columns .*'b'"):
+        est.predict(dd.from_pandas(texts, npartitions=3))
+    with pytest.raises(ValueError, match=r"non-numeric columns .*'b'"):
+        type(est)(**est.get_params()).fit(dd.from_pandas(texts, npartitions=3),
+                                          dd.from_pandas(pd.Series(y), npartitions=3))
+
+
+def _predict_tasks(stream):
+    return sum(1 for t in stream.data if str(t["key"]).startswith("('gpuml-predict"))
+
+
+@pytest.mark.parametrize("kind", ["casvm", "bkrr"])
+def test_score_on_dask_is_one_pass_and_equals_in_memory(client, classification, regression,
+                                                        kind):
+    """score takes Dask arrays, dataframes and series for X, y and sample_weight, computes
+    each block's predictions once, and gives scikit-learn's number."""
+    import pandas as pd
+
+    X, y = classification if kind == "casvm" else regression
+    w = np.random.default_rng(1).uniform(0.0, 2.0, size=len(y))
+    est = (CASVMClassifier(n_partitions=2, random_state=0) if kind == "casvm"
+           else BKRRRegressor(sigma=2.0, n_partitions=2, random_state=0)).fit(X, y)
+    expected, weighted = est.score(X, y), est.score(X, y, sample_weight=w)
+    frame = dd.from_pandas(_frame(X), npartitions=3)
+    est.fit(_frame(X), y)
+    series = dd.from_pandas(pd.Series(y), npartitions=3)
+    weights = dd.from_pandas(pd.Series(w), npartitions=3)
+    assert est.score(frame, series) == pytest.approx(expected, rel=1e-12)
+    assert est.score(frame, series, sample_weight=weights) == pytest.approx(weighted, rel=1e-12)
+    assert est.score(frame, y) == pytest.approx(expected, rel=1e-12)
+    est.fit(X, y)
+    Xd, yd = _dask(X, y)
+    with distributed.get_task_stream(client) as stream:
+        got = est.score(Xd, yd, sample_weight=w)
+    assert got == pytest.approx(weighted, rel=1e-12)
+    assert _predict_tasks(stream) == Xd.numblocks[0]
+    # y chunked unlike X is rechunked like it, not refused
+    assert est.score(Xd, da.from_array(y, chunks=700)) == pytest.approx(expected, rel=1e-12)
+    with pytest.raises(ValueError, match="inconsistent numbers of samples"):
+        est.score(Xd, da.from_array(y[:-1], chunks=400))
+
+
+def test_score_on_a_multi_output_regression(client, regression):
+    X, y = regression
+    Y = np.column_stack([y, np.sin(y)])
+    est = BKRRRegressor(sigma=2.0, n_partitions=2, random_state=0).fit(X, Y)
+    Xd = da.from_array(X, chunks=(400, X.shape[1]))
+    got = est.score(Xd, da.from_array(Y, chunks=(400, 1)))
+    assert got == pytest.approx(est.score(X, Y), rel=1e-12)
+
+
+def test_worker_list_is_asked_of_the_scheduler(client, classification, monkeypatch):
+    """distributed's periodic refresh replaces the client's cached scheduler info with one
+    that has no per-worker entries, at any moment; a fit must not read that cache."""
+    async def refresh_without_workers(self, n_workers=0):
+        self._scheduler_identity = {"type": "Scheduler", "workers": {}}
+
+    monkeypatch.setattr(type(client), "_update_scheduler_info", refresh_without_workers)
+    X, y = classification
+    on_dask = CASVMClassifier(n_partitions=4, random_state=0).fit(*_dask(X, y))
+    local = CASVMClassifier(n_partitions=4, random_state=0).fit(X, y)
+    np.testing.assert_array_equal(on_dask.support_, local.support_)
+
+
+def test_in_process_estimators_refuse_dask_input_and_predict_lazily(client, classification,
+                                                                    regression):
+    """AsyGCDSVC and BKRRRegressorCV fit in one process: Dask input to fit is refused, not
+    gathered. Fitted, they predict Dask input lazily, each block where it lies."""
+    from gpuml import AsyGCDSVC, BKRRRegressorCV
+
+    X, y = classification
+    Xd, yd = _dask(X, y)
+    with pytest.raises(TypeError, match="AsyGCDSVC.fit does not take Dask input"):
+        AsyGCDSVC(n_workers=1).fit(Xd, yd)
+    with pytest.raises(TypeError, match="AsyGCDSVC.fit does not take Dask input"):
+        AsyGCDSVC(n_workers=1).fit(X, yd)
+    svc = AsyGCDSVC(n_workers=1, random_state=0).fit(X[:600], y[:600])
+    lazy = svc.predict(Xd)
+    assert isinstance(lazy, da.Array)
+    np.testing.assert_array_equal(lazy.compute(), svc.predict(X))
+    lazy = svc.decision_function(Xd)
+    assert isinstance(lazy, da.Array)
+    # blocks of 400 rows: BLAS may round the kernel rows of another shape differently
+    np.testing.assert_allclose(lazy.compute(), svc.decision_function(X), rtol=1e-12,
+                               atol=1e-13)
+    assert svc.score(Xd, yd) == pytest.approx(svc.score(X, y), rel=1e-12)
+    Xr, yr = _dask(*regression)
+    with pytest.raises(TypeError, match="BKRRRegressorCV.fit does not take Dask input"):
+        BKRRRegressorCV(sigmas=(1.0,), lams=(1e-3,)).fit(Xr, yr)
+    cv = BKRRRegressorCV(sigmas=(1.0, 2.0), lams=(1e-3,), n_partitions=2,
+                         random_state=0).fit(*regression)
+    lazy = cv.predict(Xr)
+    assert isinstance(lazy, da.Array)
+    np.testing.assert_allclose(lazy.compute(), cv.predict(regression[0]), rtol=1e-12)
 
 
 def test_import_gpuml_does_not_import_dask():

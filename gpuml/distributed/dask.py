@@ -64,8 +64,11 @@ A worker lost mid-fit: every task here is a pure function of its inputs, so
 the scheduler recomputes what was on the lost worker and runs the lost tasks
 again elsewhere, with the same result. A task whose workers keep dying ends
 the fit with a :class:`RuntimeError` that says so. The k-means actors are not
-retried by Dask; when one is lost, k-means runs again from the same random
-draws as tasks (a :class:`RuntimeWarning` says so), with the same result.
+retried by Dask; when one is lost (a call waits only while the actor's worker
+runs), k-means runs again from the same random draws as tasks (a
+:class:`RuntimeWarning` says so), with the same result. Input that Dask cannot
+compute again (scattered rows) lost with its worker ends the fit with
+:class:`LostData`, naming that worker.
 """
 
 from __future__ import annotations
@@ -83,11 +86,15 @@ import numpy as np
 from dask.base import is_dask_collection
 from dask.core import flatten
 from dask.sizeof import sizeof
-from distributed import KilledWorker, as_completed, futures_of, get_client, wait
+from distributed import KilledWorker, as_completed, futures_of, get_client, get_worker, wait
+from distributed.utils import CancelledError
 from joblib import effective_n_jobs
+from sklearn.base import is_classifier
+from sklearn.exceptions import UndefinedMetricWarning
+from sklearn.metrics import accuracy_score, r2_score
 from sklearn.utils import check_random_state
 from sklearn.utils.class_weight import compute_class_weight
-from sklearn.utils.validation import check_array
+from sklearn.utils.validation import check_array, validate_data
 
 from .._backend import CPU, resolve, to_numpy
 from .._validation import check_n_partitions
@@ -129,6 +136,18 @@ def fills_on_client(n_parts: int, n_features: int) -> bool:
 #: less than this fraction of the data's variance (as :func:`gpuml.partition.partition`).
 LLOYD_MAX_ITER, LLOYD_TOL = 100, 1e-4
 
+#: Seconds between the checks, while a k-means actor computes, that its worker still runs.
+ACTOR_POLL_S = 1.0
+
+
+class LostWorker(RuntimeError):
+    """The Dask worker running a k-means actor was lost (k-means then runs as tasks)."""
+
+
+class LostData(RuntimeError):
+    """A Dask worker was lost holding input rows that Dask cannot compute again."""
+
+
 #: The greedy fill gathers the distance blocks of consecutive chunks up to this many
 #: bytes at a time (the client's memory for them).
 FILL_BATCH_BYTES = 256 * 2**20
@@ -164,6 +183,42 @@ class _Driver:
         self.token = uuid.uuid4().hex[:8]
         self.traffic = Traffic()
         self._count = 0
+        #: the input's own futures (scattered or persisted data): key -> (future, holders)
+        self.inputs = {}
+
+    def watch(self, *collections):
+        """Note where the input's futures are held, to name a lost worker if one goes."""
+        futures = [f for c in collections if c is not None for f in futures_of(c)]
+        if futures:
+            # The scheduler's record as it is now (Client.who_has would wait for them).
+            where = self.client.sync(self.client.scheduler.who_has, keys=[f.key for f in futures])
+            self.inputs = {f.key: (f, sorted(where.get(f.key, ()))) for f in futures}
+
+    def lost_data(self, err) -> Exception:
+        """The error to raise for a cancelled future: :class:`LostData` naming the lost
+        workers when input data Dask cannot compute again is gone, else ``err``."""
+        lost = {}
+        for future, holders in self.inputs.values():
+            if future.status in ("cancelled", "lost"):
+                for holder in holders or ["a worker lost before the fit began"]:
+                    lost[holder] = lost.get(holder, 0) + 1
+        if not lost:
+            return err
+        where = "; ".join(f"{a}, holding {k} of the input's pieces"
+                          for a, k in sorted(lost.items()))
+        return LostData(
+            f"a Dask worker was lost ({where}) with input data that Dask cannot compute again "
+            "(scattered, or loaded by a task whose inputs are gone), so the fit cannot go on. "
+            "Build the input from a source Dask can read again (dask.array.from_array, "
+            "dask.dataframe.read_parquet, ...) or replicate it (client.replicate) to survive a "
+            "lost worker")
+
+    def wait(self, futures):
+        """``distributed.wait``, with a lost input named (:meth:`lost_data`)."""
+        try:
+            wait(futures)
+        except CancelledError as err:
+            raise self.lost_data(err) from err
 
     def key(self, step: str) -> str:
         self._count += 1
@@ -184,6 +239,8 @@ class _Driver:
                     values[where[future.key]] = value
             else:
                 values = self.client.gather(futures)
+        except CancelledError as err:
+            raise self.lost_data(err) from err
         except KilledWorker as err:
             raise RuntimeError(
                 f"a Dask worker died each time it ran one of gpuml's tasks ({err}); the "
@@ -243,15 +300,43 @@ def _unknown(chunks) -> bool:
     return any(isinstance(c, float) and math.isnan(c) for c in chunks)
 
 
+def _is_frame(value) -> bool:
+    return hasattr(value, "columns") and hasattr(value, "_meta")
+
+
+def check_features(estimator, X, *, reset: bool):
+    """scikit-learn's feature-name and feature-count rules for Dask ``X``, from its metadata.
+
+    A Dask dataframe is checked through its ``_meta`` (an empty pandas frame
+    with its columns and dtypes), a Dask array through its shape: the same
+    errors and warnings as in-memory input (``validate_data``), computing
+    nothing. ``reset=True`` (fit) sets ``n_features_in_`` and
+    ``feature_names_in_``; ``reset=False`` (predict) checks them. A dataframe's
+    columns must all be numeric or boolean.
+    """
+    if _is_frame(X):
+        meta = X._meta
+        bad = {str(c): str(t) for c, t in meta.dtypes.items() if t.kind not in "biuf"}
+        if bad:
+            raise ValueError(f"X has non-numeric columns (name: dtype) {bad}; a numeric dtype "
+                             "is required")
+        validate_data(estimator, meta, skip_check_array=True, reset=reset)
+        return
+    if getattr(X, "ndim", 2) == 2 and X.dtype.kind not in "biuf":
+        raise ValueError(f"X has dtype {X.dtype}; a numeric dtype is required")
+    validate_data(estimator, X, skip_check_array=True, reset=reset)
+
+
 def check_dask_input(X, y, sample_weight=None, *, multi_output=False):
     """Validate the layout of Dask training data before any computation.
 
-    Returns ``(X, y, sample_weight, feature_names)`` as Dask arrays with one
-    chunk along the columns and the same row chunks. Raises ValueError for
-    unknown chunk sizes and for ``y``/``sample_weight`` chunked unlike ``X``.
+    Returns ``(X, y, sample_weight)`` as Dask arrays with one chunk along the
+    columns and the same row chunks (feature names: :func:`check_features`).
+    Raises ValueError for unknown chunk sizes and for ``y``/``sample_weight``
+    chunked unlike ``X``.
     NumPy ``y`` or ``sample_weight`` are chunked like ``X``.
     """
-    X, names = _as_array(X, "X", lengths=True)
+    X, _ = _as_array(X, "X", lengths=True)
     if X.ndim != 2:
         raise ValueError(f"X must be 2-D (rows, features), got a {X.ndim}-D Dask array")
     if _unknown(X.chunks[0]) or _unknown(X.chunks[1]):
@@ -298,10 +383,7 @@ def check_dask_input(X, y, sample_weight=None, *, multi_output=False):
         if value.ndim == 2 and value.numblocks[1] > 1:
             value = value.rechunk({1: -1})
         out.append(value)
-    feature_names = None
-    if names is not None and all(isinstance(c, str) for c in names):
-        feature_names = np.asarray(names, dtype=object)
-    return (*out, feature_names)
+    return tuple(out)
 
 
 @dataclass
@@ -533,7 +615,8 @@ def load_rows(driver, X, y, w, *, dtype, classification: bool, split=None) -> Da
     xs, ys = _block_futures(client, X), _block_futures(client, y)
     ws = _block_futures(client, w) if w is not None else [None] * len(xs)
     n_chunks = len(xs)
-    wait(xs)  # no round trip when the chunks are persisted already
+    driver.watch(X, y, w)
+    driver.wait(xs)  # no round trip when the chunks are persisted already
     groups = []
     for address, ks in _locate(client, xs):
         held = driver.submit("load", _load, [xs[k] for k in ks], [ys[k] for k in ks],
@@ -752,14 +835,27 @@ class _RowsActor:
 class _ActorSteps:
     """k-means' small steps on one :class:`_RowsActor` per worker (a context manager:
     the actors and the distances they hold are released at its end). The same
-    per-chunk functions and the same order of sums as :class:`_TaskSteps`."""
+    per-chunk functions and the same order of sums as :class:`_TaskSteps`.
+
+    Each actor starts on the worker holding its chunks, or on another if that one
+    is gone (Dask then moves the chunks there). A call waits for its answer only
+    while the actor's worker runs: a lost worker ends the wait with an error
+    (:class:`LostWorker`), upon which :meth:`_ChunkPartitioner.clustered` runs
+    k-means again as tasks.
+    """
 
     def __init__(self, rows: DaskRows):
         self.rows, self.driver = rows, rows.driver
-        self.futures = [self.driver.submit("actor", _RowsActor, held, actor=True,
-                                           workers=[address], allow_other_workers=False)
+        client = self.driver.client
+        self.futures = [self.driver.submit("actor", _RowsActor, held, actor=True, **_on(address))
                         for address, _, held in rows.groups]
-        self.actors = [f.result() for f in self.futures]
+        try:
+            self.actors = self.driver.gather(self.futures)
+            where = client.who_has(self.futures)
+            self.addresses = [sorted(where.get(f.key, ()))[:1] for f in self.futures]
+        except BaseException:
+            client.cancel(self.futures)
+            raise
 
     def __enter__(self):
         return self
@@ -770,19 +866,31 @@ class _ActorSteps:
         self.futures = None
         return False
 
+    def _result(self, g, pending):
+        """The value of a call to actor ``g``, waited for while its worker runs."""
+        while True:
+            try:
+                return pending.result(timeout=ACTOR_POLL_S)
+            except TimeoutError:
+                address = self.addresses[g]
+                if not address or address[0] not in live_workers(self.driver.client):
+                    raise LostWorker(
+                        f"the Dask worker {address[0] if address else '?'} holding a k-means "
+                        "actor was lost") from None
+
     def _call(self, method, *args, groups=None):
         """``method(*args)`` on the actors of ``groups`` (all: their chunks' results in
         chunk order), all at once, waiting for each."""
         traffic = self.driver.traffic
         traffic.sent += sum(_nbytes(a) for a in args) * len(groups or self.actors)
         if groups is not None:
-            values = [getattr(self.actors[g], method)(*args).result() for g in groups]
+            values = [self._result(g, getattr(self.actors[g], method)(*args)) for g in groups]
             traffic.gathered += _nbytes(values)
             return values
         pending = [getattr(actor, method)(*args) for actor in self.actors]
         out = [None] * self.rows.n_chunks
-        for (_, ks, _), future in zip(self.rows.groups, pending):
-            for k, value in zip(ks, future.result()):
+        for g, ((_, ks, _), future) in enumerate(zip(self.rows.groups, pending)):
+            for k, value in zip(ks, self._result(g, future)):
                 out[k] = value
         traffic.gathered += _nbytes(out)
         return out
@@ -895,6 +1003,8 @@ class _ChunkPartitioner:
         try:
             with _ActorSteps(self.rows) as steps:
                 return self._clustered(method, steps)
+        except LostData:
+            raise
         except Exception as err:  # an actor's worker lost, or no actor could start
             warnings.warn(f"k-means on Dask actors failed ({type(err).__name__}: {err}); "
                           "running it again as tasks", RuntimeWarning, stacklevel=4)
@@ -1127,17 +1237,19 @@ def _pieces(part_ids, classes, sources):
 
 
 def _fit_svm_group(estimator, part_ids, classes, sources):
-    """CA-SVM parts of one group on this worker (its GPU when it has one), and their sums."""
+    """CA-SVM parts of one group on this worker (its GPU when it has one), their sums and
+    this worker's address."""
     pieces = _pieces(part_ids, classes, sources)
     X, y_idx, sample_C, local = _group_rows(pieces, len(part_ids))
     backend = resolve(estimator.device)
     with backend.use():
         fits = estimator._fit_parts(backend.asarray(X), local, y_idx, sample_C)
-    return fits, _group_sums(pieces, len(part_ids))
+    return fits, _group_sums(pieces, len(part_ids)), get_worker().address
 
 
 def _fit_krr_group(estimator, part_ids, classes, sources):
-    """Kernel ridge parts of one group on this worker, checked against its memory first."""
+    """Kernel ridge parts of one group on this worker, checked against its memory first
+    (the fits, their sums and this worker's address)."""
     from ..estimators.bkrr import KRRPartFit
 
     pieces = _pieces(part_ids, classes, sources)
@@ -1149,7 +1261,19 @@ def _fit_krr_group(estimator, part_ids, classes, sources):
         fits = estimator._fit_parts(backend, backend.asarray(X), backend.asarray(y), local,
                                     estimator.sigma, estimator.lam, part_ids=part_ids)
     return ([KRRPartFit(to_numpy(f.X), to_numpy(f.dual_coef), to_numpy(f.intercept))
-             for f in fits], _group_sums(pieces, len(part_ids)))
+             for f in fits], _group_sums(pieces, len(part_ids)), get_worker().address)
+
+
+def live_workers(client) -> dict:
+    """The running workers, ``{address: info}``, as the scheduler answers now.
+
+    Asked of the scheduler directly: ``client.scheduler_info()`` returns the
+    client's cached copy, which distributed's periodic refresh (without
+    per-worker entries) may replace between the call and its return.
+    """
+    info = client.sync(client.scheduler.identity, n_workers=-1)
+    return {a: w for a, w in info.get("workers", {}).items()
+            if w.get("status", "running") == "running"}
 
 
 def _workers(client):
@@ -1159,9 +1283,10 @@ def _workers(client):
     (``distributed.worker.memory.pause``, 0.8 by default; at 0.95 the nanny
     kills it): unmanaged memory such as a solver's kernel blocks counts there.
     """
-    info = client.scheduler_info(n_workers=-1)["workers"]
+    info = live_workers(client)
     if not info:
-        raise RuntimeError("the Dask cluster has no workers")
+        raise RuntimeError("the Dask cluster has no running workers: start some "
+                           "(cluster.scale(n)) or wait for them (client.wait_for_workers(n))")
     addresses = sorted(info)
     limits = [int(info[a].get("memory_limit") or 0) for a in addresses]
     fraction = dask.config.get("distributed.worker.memory.pause", 0.8) or \
@@ -1243,8 +1368,9 @@ def ship_and_fit(rows, labels, sizes, costs, group_fn, estimator, addresses, cen
                  classes=None):
     """Steps 3-4: parts placed on workers by cost; each group's rows shipped and fitted there.
 
-    Returns the per-part fits in part order (gathered), each part's worker and the
-    centres: ``centers`` as given, or when None the parts' means from the sums the
+    Returns the per-part fits in part order (gathered), the worker each part was
+    fitted on (where its task ran, which is not the planned one when that worker
+    was lost) and the centres: ``centers`` as given, or when None the parts' means from the sums the
     fit tasks return with the fits (no pass of their own). ``classes``: see
     :func:`_take_parts`.
     """
@@ -1279,14 +1405,14 @@ def ship_and_fit(rows, labels, sizes, costs, group_fn, estimator, addresses, cen
                                      priority=1, **_on(holder))
                 sources.append((ks, None, None, take))
         groups.append((ids_list, address, sources))
-    futures = [(ids, address, driver.submit("fit-parts", group_fn, estimator, ids, classes,
-                                             sources, **_on(address)))
+    futures = [driver.submit("fit-parts", group_fn, estimator, ids, classes, sources,
+                             **_on(address))
                for ids, address, sources in groups]
-    results = driver.gather([f for _, _, f in futures], as_they_finish=True)
+    results = driver.gather(futures, as_they_finish=True)
     fits = [None] * len(sizes)
     part_worker = [None] * len(sizes)
     sums = None
-    for (ids, address, _), (group, pack) in zip(futures, results):
+    for (ids, _, _), (group, pack, address) in zip(groups, results):
         if sums is None:
             sums = np.zeros((len(sizes), pack.shape[1]), dtype=np.float64)
         sums[ids] = pack
@@ -1296,14 +1422,6 @@ def ship_and_fit(rows, labels, sizes, costs, group_fn, estimator, addresses, cen
     if centers is None:
         centers = _divide(*_unpack(sums, rows.dtype))
     return fits, part_worker, centers
-
-
-def _set_features(estimator, X, feature_names):
-    estimator.n_features_in_ = int(X.shape[1])
-    if feature_names is not None:
-        estimator.feature_names_in_ = feature_names
-    else:
-        estimator.__dict__.pop("feature_names_in_", None)
 
 
 def fit_casvm(estimator, X, y, sample_weight=None):
@@ -1324,7 +1442,8 @@ def fit_casvm(estimator, X, y, sample_weight=None):
     if y is None:
         raise ValueError("requires y to be passed, but the target y is None")
     client = _client()
-    X, y, w, names = check_dask_input(X, y, sample_weight)
+    check_features(estimator, X, reset=True)
+    X, y, w = check_dask_input(X, y, sample_weight)
     n, d = X.shape
     P = check_n_partitions(estimator.n_partitions, n)
     addresses, budget = _workers(client)
@@ -1361,7 +1480,6 @@ def fit_casvm(estimator, X, y, sample_weight=None):
     estimator._kernel = Kernel(estimator.kernel, gamma, int(estimator.degree),
                                float(estimator.coef0))
     estimator._gamma = gamma
-    _set_features(estimator, X, names)
     for name in ("devices_", "part_device_", "_device_cache"):
         estimator.__dict__.pop(name, None)
     estimator.partition_ = split.method
@@ -1396,7 +1514,8 @@ def fit_bkrr(estimator, X, y, sample_weight=None):
     if y is None:
         raise ValueError("requires y to be passed, but the target y is None")
     client = _client()
-    X, y, _, names = check_dask_input(X, y, multi_output=True)
+    check_features(estimator, X, reset=True)
+    X, y, _ = check_dask_input(X, y, multi_output=True)
     n, d = X.shape
     dtype = np.dtype(estimator.dtype) if estimator.dtype is not None else (
         np.dtype(np.float32) if X.dtype == np.float32 and y.dtype == np.float32
@@ -1408,7 +1527,6 @@ def fit_bkrr(estimator, X, y, sample_weight=None):
     driver = _Driver(client)
     estimator._dask_traffic = driver.traffic
     rows = load_rows(driver, X, y, None, dtype=dtype, classification=False)
-    _set_features(estimator, X, names)
     for name in ("devices_", "part_device_", "_device_cache"):
         estimator.__dict__.pop(name, None)
     sigma, lam = _krr_width_and_lam(estimator, X, y, dtype)
@@ -1502,34 +1620,150 @@ def predict_blocks(estimator, X, method, *, out_columns, dtype):
     The fitted model travels once to each worker as one ``dask.delayed``
     object; each chunk's rows are predicted where they are (routed to their
     part's model inside the chunk). ``out_columns`` is None for a 1-D result.
+    Feature names, their number and the dtypes are checked first
+    (:func:`check_features`), as for in-memory input.
     """
+    check_features(estimator, X, reset=False)
     names = getattr(estimator, "feature_names_in_", None)
     X, _ = _as_array(X, "X", lengths=False)
     if X.ndim != 2:
         raise ValueError(f"X must be 2-D (rows, features), got a {X.ndim}-D Dask array")
-    if not _unknown(X.chunks[1]) and X.shape[1] != estimator.n_features_in_:
-        raise ValueError(f"X has {X.shape[1]} features, but {type(estimator).__name__} is "
-                         f"expecting {estimator.n_features_in_} features as input.")
     if X.numblocks[1] > 1:
         X = X.rechunk({1: -1})
     model = dask.delayed(estimator, pure=True, traverse=False)
+    token = f"{KEY_PREFIX}-{method.replace('_', '-')}"
     if out_columns is None:
         return X.map_blocks(_apply, model, method, names, drop_axis=1, dtype=dtype,
-                            meta=np.empty((0,), dtype=dtype))
+                            meta=np.empty((0,), dtype=dtype), token=token)
     return X.map_blocks(_apply, model, method, names, dtype=dtype,
                         chunks=(X.chunks[0], (out_columns,)),
-                        meta=np.empty((0, 0), dtype=dtype))
+                        meta=np.empty((0, 0), dtype=dtype), token=token)
+
+
+def score(estimator, X, y, sample_weight=None) -> float:
+    """``estimator.score`` on Dask input, in one pass over the rows.
+
+    Accuracy for a classifier, R² for a regressor, with ``sample_weight``, as
+    scikit-learn's ``accuracy_score`` and ``r2_score`` (uniform average over
+    targets) compute them. ``X``, ``y`` and ``sample_weight`` may each be a Dask
+    array, dataframe or series, or in memory. When ``y`` is in memory the
+    predictions (one value per row) come back and scikit-learn scores them;
+    otherwise each block's predictions are compared with its targets where
+    they lie and a few sums per block come back (for R², each block's weighted
+    mean and sum of squares about it, merged as Chan, Golub and LeVeque,
+    "Algorithms for computing the sample variance", 1983).
+    """
+    if y is None:
+        raise ValueError("score requires y to be passed, but the target y is None")
+    predicted = estimator.predict(X)
+    classifier = is_classifier(estimator)
+    if not is_dask(y, sample_weight):
+        y_pred = predicted.compute()
+        metric = accuracy_score if classifier else r2_score
+        return float(metric(y, y_pred, sample_weight=sample_weight))
+    blocks = predicted.to_delayed().ravel().tolist()
+    targets = _blocks_like(y, predicted, "y")
+    weights = (_blocks_like(sample_weight, predicted, "sample_weight")
+               if sample_weight is not None else [None] * len(blocks))
+    stats = dask.compute(*[dask.delayed(_score_sums)(p, t, w, classifier)
+                           for p, t, w in zip(blocks, targets, weights)])
+    if classifier:
+        hits = math.fsum(h for h, _ in stats)
+        total = math.fsum(t for _, t in stats)
+        return hits / total if total else float("nan")
+    return _r2_of(stats)
+
+
+def _blocks_like(value, predicted, what) -> list:
+    """``value``'s row blocks, one per block of ``predicted`` (delayed or in memory)."""
+    n_blocks = predicted.numblocks[0]
+    if is_dask_collection(value):
+        arr, _ = _as_array(value, what, lengths=False)
+        if arr.ndim == 2 and arr.numblocks[1] > 1:
+            arr = arr.rechunk({1: -1})
+        known = not _unknown(arr.chunks[0]) and not _unknown(predicted.chunks[0])
+        if known and arr.shape[0] != predicted.shape[0]:
+            raise ValueError(f"Found input variables with inconsistent numbers of samples: "
+                             f"[{predicted.shape[0]}, {arr.shape[0]}] (X and {what})")
+        if known and arr.chunks[0] != predicted.chunks[0]:
+            arr = arr.rechunk({0: predicted.chunks[0]})
+        elif arr.numblocks[0] != n_blocks:
+            raise ValueError(
+                f"X and {what} are partitioned differently ({n_blocks} and "
+                f"{arr.numblocks[0]} row blocks, lengths unknown): repartition one like the "
+                "other")
+        return arr.to_delayed().reshape(n_blocks, -1)[:, 0].tolist()
+    value = np.asarray(value)
+    if _unknown(predicted.chunks[0]):
+        raise ValueError(
+            f"{what} is in memory but X's row blocks have unknown lengths (a Dask dataframe): "
+            f"pass {what} as a Dask series partitioned like X, or X with known lengths "
+            "(X.to_dask_array(lengths=True))")
+    if value.shape[0] != predicted.shape[0]:
+        raise ValueError(f"Found input variables with inconsistent numbers of samples: "
+                         f"[{predicted.shape[0]}, {value.shape[0]}] (X and {what})")
+    ends = np.cumsum((0,) + predicted.chunks[0]).tolist()
+    return [value[a:b] for a, b in zip(ends[:-1], ends[1:])]
+
+
+def _score_sums(y_pred, y, w, classifier: bool):
+    """One block's sums for :func:`score`: ``(hits, weight)`` for a classifier; for a
+    regressor per target ``(weight, mean, squares about the mean, squared errors)``."""
+    y = np.asarray(y)
+    if y.shape[0] != y_pred.shape[0]:
+        raise ValueError(f"Found input variables with inconsistent numbers of samples in a "
+                         f"block: [{y_pred.shape[0]}, {y.shape[0]}] (predictions and y)")
+    w = np.ones(y.shape[0]) if w is None else np.asarray(w, dtype=np.float64)
+    if classifier:
+        return float(np.dot(w, (y_pred == y).astype(np.float64))), float(w.sum())
+    y = y.reshape(y.shape[0], -1).astype(np.float64)
+    y_pred = y_pred.reshape(y.shape).astype(np.float64)
+    total = float(w.sum())
+    mean = (w @ y) / total if total else np.zeros(y.shape[1])
+    squares = w @ (y - mean) ** 2
+    errors = w @ (y - y_pred) ** 2
+    return total, mean, squares, errors, y.shape[0]
+
+
+def _r2_of(stats) -> float:
+    """R² from the blocks' sums (:func:`_score_sums`), as ``r2_score`` forces it finite."""
+    if sum(s[4] for s in stats) < 2:
+        warnings.warn("R^2 score is not well-defined with less than two samples.",
+                      UndefinedMetricWarning, stacklevel=3)
+        return float("nan")
+    weight, mean, squares, errors = 0.0, 0.0, 0.0, 0.0
+    for w, m, sq, err, _ in stats:
+        errors = errors + err
+        if w == 0:
+            continue
+        total = weight + w
+        delta = m - mean
+        mean = mean + delta * (w / total)
+        squares = squares + sq + delta**2 * (weight * w / total)
+        weight = total
+    numerator = np.atleast_1d(errors)
+    denominator = np.atleast_1d(squares)
+    scores = np.ones(numerator.shape)
+    valid = (denominator != 0) & (numerator != 0)
+    scores[valid] = 1.0 - numerator[valid] / denominator[valid]
+    scores[(numerator != 0) & (denominator == 0)] = 0.0
+    return float(scores.mean())
 
 
 __all__ = [
     "DASK_PARTITIONERS",
     "KEY_PREFIX",
+    "LostData",
+    "LostWorker",
     "DaskRows",
     "Traffic",
     "check_dask_input",
+    "check_features",
     "fit_bkrr",
     "fit_casvm",
+    "live_workers",
     "is_dask",
     "partition_chunks",
     "predict_blocks",
+    "score",
 ]

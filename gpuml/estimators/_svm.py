@@ -32,7 +32,7 @@ from sklearn.utils.validation import (
     check_is_fitted,
 )
 
-from .._backend import namespace_of, to_numpy, to_output
+from .._backend import dask_module, is_dask_collection, namespace_of, to_numpy, to_output
 from .._validation import validate_X_y
 from ..kernels import make_kernel, squared_norms
 
@@ -291,6 +291,39 @@ class KernelSVMMixin:
     def _kernel_name(self) -> str:
         """The kernel the solver sees: a callable kernel is a precomputed matrix to it."""
         return "precomputed" if callable(self.kernel) else self.kernel
+
+    def score(self, X, y, sample_weight=None):
+        """Mean accuracy on ``X`` and ``y`` (scikit-learn's ``ClassifierMixin.score``).
+
+        On Dask input (``X``, ``y`` or ``sample_weight``: arrays, dataframes or
+        series) the predictions are computed once, each block where it lies, and
+        compared with its targets there: one pass over the rows.
+
+        Parameters
+        ----------
+        X : array-like, sparse matrix or Dask collection of shape (n_samples, n_features)
+        y : array-like or Dask collection of shape (n_samples,)
+        sample_weight : array-like or Dask collection of shape (n_samples,), default=None
+
+        Returns
+        -------
+        float
+        """
+        if any(is_dask_collection(v) for v in (X, y, sample_weight)):
+            return dask_module().score(self, X, y, sample_weight)
+        return super().score(X, y, sample_weight)
+
+    def _lazy(self, X, method):
+        """``method`` (``"predict"`` or ``"decision_function"``) over Dask ``X``, lazily:
+        each block predicted on the worker holding it."""
+        if method == "predict":
+            columns, dtype = None, self.classes_.dtype
+        else:
+            k = len(self.classes_)
+            columns = (None if k == 2 else k if self.decision_function_shape == "ovr"
+                       else k * (k - 1) // 2)
+            dtype = value_dtype(X)
+        return dask_module().predict_blocks(self, X, method, out_columns=columns, dtype=dtype)
 
     def _check_predict_input(self, X):
         """SVC's checks before prediction; returns the matrix the model is evaluated on."""

@@ -13,9 +13,9 @@ from sklearn.utils import check_random_state
 from sklearn.utils._param_validation import Interval, StrOptions
 from sklearn.utils.validation import check_is_fitted
 
-from .._backend import resolve, to_numpy, to_output
+from .._backend import is_dask_collection, resolve, to_numpy, to_output
 from .._progress import Progress
-from .._validation import validate_X
+from .._validation import refuse_dask, validate_X
 from ..kernels import GCDProblem, compile_after_fit, gcd_plan, gcd_solve_batch
 from ..partition import assign_nearest, kmeans, partition
 from ._partitioned import KERNEL_CONSTRAINTS
@@ -305,6 +305,7 @@ class AsyGCDSVC(KernelSVMMixin, ClassifierMixin, BaseEstimator):
         -------
         self
         """
+        refuse_dask(self, X, y, sample_weight)
         self._warn_probability()
         backend = resolve(self.device, X, y)
         X, y_idx, sample_C = self._validate_targets(X, y, sample_weight)
@@ -467,8 +468,12 @@ class AsyGCDSVC(KernelSVMMixin, ClassifierMixin, BaseEstimator):
         -------
         ndarray of shape (n_samples,), (n_samples, n_classes) or (n_samples, n_pairs)
             float32 for float32 ``X``, else float64 (computed with float64
-            accumulation either way).
+            accumulation either way). A lazy Dask array for Dask input (each
+            chunk computed on its worker).
         """
+        if is_dask_collection(X):
+            check_is_fitted(self)
+            return self._lazy(X, "decision_function")
         dtype = value_dtype(X)
         values = self._pair_values(X)
         n_classes = len(self.classes_)
@@ -489,10 +494,13 @@ class AsyGCDSVC(KernelSVMMixin, ClassifierMixin, BaseEstimator):
         Returns
         -------
         ndarray of shape (n_samples,)
+            A lazy Dask array for Dask input (each chunk predicted on its worker).
         """
         check_is_fitted(self)
         if self.break_ties and self.decision_function_shape == "ovo":
             raise ValueError("break_ties must be False when decision_function_shape is 'ovo'")
+        if is_dask_collection(X):
+            return self._lazy(X, "predict")
         if self.break_ties and len(self.classes_) > 2:
             decision = to_numpy(self.decision_function(X))
             return to_output(self.classes_[np.argmax(decision, axis=1)], X)

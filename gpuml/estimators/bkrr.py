@@ -33,7 +33,7 @@ from .._backend import (
     to_output,
 )
 from .._progress import Progress
-from .._validation import check_n_partitions, validate_X, validate_X_y
+from .._validation import check_n_partitions, refuse_dask, validate_X, validate_X_y
 from ..distributed import balance, cholesky_cost
 from ..kernels import (
     HOST_KERNELS,
@@ -245,6 +245,27 @@ class _BKRRBase(RegressorMixin, BaseEstimator):
         tags.input_tags.sparse = not precomputed
         tags.target_tags.multi_output = True
         return tags
+
+    def score(self, X, y, sample_weight=None):
+        """R² of the predictions (scikit-learn's ``RegressorMixin.score``).
+
+        On Dask input (``X``, ``y`` or ``sample_weight``: arrays, dataframes or
+        series) the predictions are computed once, each block where it lies, and
+        compared with its targets there: one pass over the rows.
+
+        Parameters
+        ----------
+        X : array-like, sparse matrix or Dask collection of shape (n_samples, n_features)
+        y : array-like or Dask collection of shape (n_samples,) or (n_samples, n_targets)
+        sample_weight : array-like or Dask collection of shape (n_samples,), default=None
+
+        Returns
+        -------
+        float
+        """
+        if any(is_dask_collection(v) for v in (X, y, sample_weight)):
+            return dask_module().score(self, X, y, sample_weight)
+        return super().score(X, y, sample_weight)
 
     # -- fitting helpers -------------------------------------------------
     def _prepare(self, X, y, backend=None):
@@ -1364,6 +1385,7 @@ class BKRRRegressorCV(_BKRRBase):
         self
         """
         self._validate_params()
+        refuse_dask(self, X, y)
         sigmas, lams = self._grid()
         if self.cv is None and self.combine != "nearest":
             raise ValueError("cv=None scores by leave-one-out within each part, which only "

@@ -1010,11 +1010,7 @@ default="auto"
         """
         if is_dask_collection(X):
             check_is_fitted(self)
-            k = len(self.classes_)
-            columns = (None if k == 2 else k if self.decision_function_shape == "ovr"
-                       else k * (k - 1) // 2)
-            return dask_module().predict_blocks(self, X, "decision_function",
-                                                out_columns=columns, dtype=value_dtype(X))
+            return self._lazy(X, "decision_function")
         dtype = value_dtype(X)
         votes, confidence, values = self._votes(X, zero_votes_first=True)
         if len(self.classes_) == 2:
@@ -1043,8 +1039,7 @@ default="auto"
         if self.break_ties and self.decision_function_shape == "ovo":
             raise ValueError("break_ties must be False when decision_function_shape is 'ovo'")
         if is_dask_collection(X):
-            return dask_module().predict_blocks(self, X, "predict", out_columns=None,
-                                                dtype=self.classes_.dtype)
+            return self._lazy(X, "predict")
         if self.break_ties and len(self.classes_) > 2:
             decision = to_numpy(self.decision_function(X))
             return to_output(self.classes_[np.argmax(decision, axis=1)], X)

@@ -1,0 +1,316 @@
+"""A Dask worker lost at each phase of a fit or a prediction: the same model, or a clear error.
+
+A real two-worker ``LocalCluster`` (worker processes under nannies). Each case
+persists fresh data over both workers, then loses one worker at a chosen moment
+in one of two ways:
+
+* ``kill``: the worker process is killed (SIGKILL); its nanny starts a new one;
+* ``close``: the worker closes for good, nanny and all; a new worker process
+  (``python -m distributed.cli.dask_worker``) joins after the case, so that the
+  next case starts with two workers again.
+
+The moments: before the partitioner's first step (``start``), during k-means++
+seeding (``seeding``), during the Lloyd steps (``lloyd``), at the greedy fill
+(``fill``), while the fit tasks run (``fit``) and while a lazy prediction is
+computed (``predict``), for every partitioner that has that phase and for both
+estimators. Each run must end within :data:`RUN_LIMIT` seconds (else the test
+reports a hang) with the model an undisturbed fit of the same data gives.
+"""
+
+import contextlib
+import faulthandler
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import warnings
+
+import numpy as np
+import pytest
+from sklearn.datasets import make_classification, make_regression
+
+distributed = pytest.importorskip("distributed")
+da = pytest.importorskip("dask.array")
+
+from gpuml import BKRRRegressor, CASVMClassifier  # noqa: E402
+from gpuml.distributed import dask as gd  # noqa: E402
+
+#: Seconds a disturbed fit and its prediction may take before the test calls it a hang.
+RUN_LIMIT = 120
+#: Seconds the whole module may take before every thread's stack is dumped and the run ends.
+MODULE_LIMIT = 1800
+
+PHASES = {
+    "random": ("start", "fit", "predict"),
+    "contiguous": ("start", "fit", "predict"),
+    "fcfs": ("start", "fill", "fit", "predict"),
+    "kmeans": ("start", "seeding", "lloyd", "fit", "predict"),
+    "kbalance": ("start", "seeding", "lloyd", "fill", "fit", "predict"),
+}
+CASES = [(est, method, phase, how)
+         for est in ("casvm", "bkrr")
+         for method, phases in PHASES.items()
+         for phase in phases
+         for how in ("kill", "close")]
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    import cloudpickle
+
+    faulthandler.dump_traceback_later(MODULE_LIMIT, exit=True)
+    # The workers import gpuml, not this test module: its functions and plugin go by value.
+    cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    cluster = distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
+                                       memory_limit="1GiB", dashboard_address=":0",
+                                       silence_logs=50)
+    client = distributed.Client(cluster)
+    joined = []
+    yield cluster, client, joined
+    client.close()
+    cluster.close()
+    for proc in joined:
+        proc.kill()
+        proc.wait()
+    cloudpickle.unregister_pickle_by_value(sys.modules[__name__])
+    faulthandler.cancel_dump_traceback_later()
+
+
+def _data(estimator):
+    if estimator == "casvm":
+        return make_classification(2400, 10, n_informative=6, n_classes=3, random_state=0)
+    X, y = make_regression(2400, 8, noise=1.0, random_state=0)
+    return X / X.std(axis=0), y / y.std()
+
+
+def _estimator(estimator, method):
+    if estimator == "casvm":
+        return CASVMClassifier(n_partitions=8, partition=method, random_state=0)
+    return BKRRRegressor(n_partitions=8, partition=method, random_state=0)
+
+
+_reference = {}
+
+
+def _undisturbed(client, estimator, method):
+    """The model and predictions of an undisturbed fit on the same data (once per case kind)."""
+    key = (estimator, method)
+    if key not in _reference:
+        X, y = _data(estimator)
+        Xd, yd = client.persist([da.from_array(X, chunks=(300, X.shape[1])),
+                                 da.from_array(y, chunks=300)])
+        est = _estimator(estimator, method).fit(Xd, yd)
+        _reference[key] = est, est.predict(Xd).compute()
+    return _reference[key]
+
+
+def _live(client):
+    """The running workers' addresses, as the scheduler answers now."""
+    info = client.sync(client.scheduler.identity, n_workers=-1)["workers"]
+    return {a for a, w in info.items() if w["status"] == "running"}
+
+
+def _close_for_good(dask_worker):
+    """Close this worker and its nanny (run in the worker): it does not come back."""
+    dask_worker.loop.add_callback(dask_worker.close, nanny=True, executor_wait=False,
+                                  reason="closed by test_dask_faults")
+
+
+class _LoseOnTask(distributed.WorkerPlugin):
+    """Loses its worker when a task whose key starts with ``prefix`` starts executing there.
+
+    Once in all: the first worker to create ``flag`` (a file, which it writes its address
+    into) is lost; the others, and the workers that join later with the plugin, leave their
+    tasks alone.
+    """
+
+    def __init__(self, prefix, how, flag):
+        self.prefix, self.how, self.flag = prefix, how, str(flag)
+
+    def setup(self, worker):
+        self.worker = worker
+
+    def transition(self, key, start, finish, **kwargs):
+        name = key[0] if isinstance(key, tuple) else key
+        if not (finish == "executing" and isinstance(name, str) and name.startswith(self.prefix)):
+            return
+        try:
+            fd = os.open(self.flag, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+        except FileExistsError:
+            return
+        os.write(fd, self.worker.address.encode())
+        os.close(fd)
+        if self.how == "kill":
+            os.kill(os.getpid(), signal.SIGKILL)
+        _close_for_good(self.worker)
+
+
+class _Loser:
+    """Loses one worker, once, from the test's side (the fit's driver thread)."""
+
+    def __init__(self, client, how):
+        self.client, self.how, self.lost = client, how, []
+
+    def __call__(self, address=None):
+        if self.lost:
+            return
+        workers = _live(self.client)
+        address = address if address in workers else sorted(workers)[0]
+        self.lost.append(address)
+        if self.how == "kill":
+            pid = self.client.run(os.getpid, workers=[address])[address]
+            os.kill(pid, signal.SIGKILL)
+        else:
+            self.client.run(_close_for_good, workers=[address])
+        deadline = time.monotonic() + 30
+        while address in _live(self.client):
+            assert time.monotonic() < deadline, f"the worker {address} was not lost"
+            time.sleep(0.05)
+
+
+def _on_driver(monkeypatch, phase, lose):
+    """Patch the step where ``phase`` begins so that it first loses a worker holding rows."""
+    def holder(rows):
+        return rows.groups[0][0]
+
+    if phase == "start":
+        original = gd.partition_chunks
+
+        def start(rows, *args, **kwargs):
+            lose(holder(rows))
+            return original(rows, *args, **kwargs)
+
+        monkeypatch.setattr(gd, "partition_chunks", start)
+    elif phase == "seeding":
+        for steps in (gd._ActorSteps, gd._TaskSteps):
+            monkeypatch.setattr(steps, "first", _before(steps.first, lose))
+    elif phase == "lloyd":
+        for steps in (gd._ActorSteps, gd._TaskSteps):
+            monkeypatch.setattr(steps, "assign", _before(steps.assign, lose, skip=1))
+    elif phase == "fill":
+        monkeypatch.setattr(gd._ChunkPartitioner, "fill", _before(gd._ChunkPartitioner.fill,
+                                                                  lose))
+
+
+def _before(method, lose, skip=0):
+    calls = []
+
+    def patched(self, *args, **kwargs):
+        calls.append(1)
+        if len(calls) > skip:
+            lose(self.rows.groups[0][0])
+        return method(self, *args, **kwargs)
+
+    return patched
+
+
+def _bounded(fn):
+    """``fn()`` in a thread, failing the test if it has not ended after RUN_LIMIT seconds."""
+    out = {}
+
+    def run():
+        try:
+            out["value"] = fn()
+        except BaseException as err:  # noqa: BLE001 - handed to the test's thread
+            out["error"] = err
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    thread.join(RUN_LIMIT)
+    assert not thread.is_alive(), f"the fit or prediction hung (over {RUN_LIMIT} s)"
+    if "error" in out:
+        raise out["error"]
+    return out["value"]
+
+
+def _restore(cluster, client, joined, how):
+    """Two running workers again: the nanny's restart, or a new worker after a close."""
+    if how == "close":
+        joined.append(subprocess.Popen(
+            [sys.executable, "-m", "distributed.cli.dask_worker", cluster.scheduler_address,
+             "--nthreads", "1", "--memory-limit", "1GiB", "--no-dashboard"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+    client.wait_for_workers(2, timeout=90)
+
+
+def _same_model(ours, ref):
+    np.testing.assert_allclose(ours.centers_, ref.centers_, rtol=1e-12, atol=1e-12)
+    if isinstance(ref, CASVMClassifier):
+        np.testing.assert_array_equal(ours.partition_sizes_, ref.partition_sizes_)
+        np.testing.assert_array_equal(ours.support_, ref.support_)
+    else:
+        np.testing.assert_array_equal(ours.part_sizes_, ref.part_sizes_)
+        np.testing.assert_array_equal(ours.X_fit_, ref.X_fit_)
+    np.testing.assert_allclose(ours.dual_coef_, ref.dual_coef_, rtol=1e-9, atol=1e-12)
+
+
+@pytest.mark.parametrize(("estimator", "method", "phase", "how"), CASES)
+def test_lost_worker_gives_the_same_model(cluster, monkeypatch, tmp_path, estimator, method,
+                                          phase, how):
+    cluster, client, joined = cluster
+    client.wait_for_workers(2, timeout=90)
+    ref, ref_pred = _undisturbed(client, estimator, method)
+    X, y = _data(estimator)
+    Xd, yd = client.persist([da.from_array(X, chunks=(300, X.shape[1])),
+                             da.from_array(y, chunks=300)])
+    distributed.wait([Xd, yd])
+    assert len(_live(client)) == 2
+    lose = _Loser(client, how)
+    plugin = None
+    if phase in ("fit", "predict"):
+        prefix = "gpuml-fit-parts" if phase == "fit" else "gpuml-predict"
+        flag = tmp_path / "lost"
+        plugin = client.register_plugin(_LoseOnTask(prefix, how, flag), name="lose-on-task")
+    else:
+        _on_driver(monkeypatch, phase, lose)
+    try:
+        with warnings.catch_warnings():
+            # k-means on actors whose worker was lost runs again as tasks, and says so
+            warnings.filterwarnings("ignore", "k-means on Dask actors failed",
+                                    RuntimeWarning)
+            est = _bounded(lambda: _estimator(estimator, method).fit(Xd, yd))
+            predicted = _bounded(lambda: est.predict(Xd).compute())
+    finally:
+        if plugin is not None:
+            with contextlib.suppress(Exception):
+                client.unregister_worker_plugin("lose-on-task")
+        monkeypatch.undo()
+    if plugin is None:
+        assert lose.lost, f"no worker was lost at phase {phase!r}"
+        assert not set(lose.lost) & set(est.part_worker_), \
+            "part_worker_ names a worker lost before the parts were fitted"
+    else:
+        assert flag.exists(), f"no worker was lost at phase {phase!r}"
+    _same_model(est, ref)
+    if estimator == "casvm":
+        np.testing.assert_array_equal(predicted, ref_pred)
+    else:
+        np.testing.assert_allclose(predicted, ref_pred, rtol=1e-9, atol=1e-12)
+    if phase == "fit" and how == "kill":
+        # killed as its fit task started: that task never returned a part
+        assert flag.read_text() not in set(est.part_worker_), \
+            "part_worker_ names the worker killed before it fitted a part"
+    _restore(cluster, client, joined, how)
+
+
+def test_lost_scattered_rows_name_the_worker(cluster, monkeypatch):
+    """Rows scattered onto a worker that is then lost cannot be computed again: the fit ends
+    at once with an error naming that worker, not Dask's "already forgotten"."""
+    cluster, client, joined = cluster
+    client.wait_for_workers(2, timeout=90)
+    X, y = _data("casvm")
+    xs = client.scatter([X[i:i + 300] for i in range(0, len(X), 300)])
+    ys = client.scatter([y[i:i + 300] for i in range(0, len(y), 300)])
+    Xd = da.concatenate([da.from_delayed(f, (300, X.shape[1]), X.dtype) for f in xs])
+    yd = da.concatenate([da.from_delayed(f, (300,), y.dtype) for f in ys])
+    lose = _Loser(client, "kill")
+    _on_driver(monkeypatch, "start", lose)
+    try:
+        with pytest.raises(gd.LostData, match="cannot compute again") as err:
+            _bounded(lambda: _estimator("casvm", "kbalance").fit(Xd, yd))
+    finally:
+        monkeypatch.undo()
+    assert lose.lost and lose.lost[0] in str(err.value)
+    _restore(cluster, client, joined, "kill")
