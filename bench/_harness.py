@@ -19,7 +19,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 # Benchmarks time warm, compiled code: numba compiles in the calling thread, as before
-# the background compiler (gpuml.kernels._cpu._jit), so that no NumPy twin serves a
+# the background compiler (gpuml.kernels._jit), so that no NumPy twin serves a
 # timed fit and no compile thread runs beside one. bench_first_fit turns it back on in
 # its child processes, where the first fit a user gets is what it measures.
 os.environ.setdefault("GPUML_JIT_BACKGROUND", "0")

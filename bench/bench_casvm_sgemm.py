@@ -1,7 +1,7 @@
 """CA-SVM with float32 kernel matrices by one SGEMM against the same fits in the data's dtype.
 
 rbf parts of 2,048+ rows build their kernel matrix in float32 on centred rows
-(``gpuml.kernels._cpu.smo.sgemm_matrix``, as LIBSVM stores its values in
+(``gpuml.kernels.smo.cpu.sgemm_matrix``, as LIBSVM stores its values in
 float); this runs the same fits with that switched off (every matrix in
 float64, as before), interleaved in one process, BLAS on one thread: adult
 (36,631 x 108, standardised) with P=16 (parts of ~2,290 rows) and one part of
@@ -23,7 +23,7 @@ from bench.datasets import load_adult, train_test_split_std
 def main(quick: bool = False, gpu: bool = False) -> None:
     from threadpoolctl import threadpool_limits
 
-    import gpuml.kernels._cpu.smo as smo
+    import gpuml.kernels.smo.cpu as smo
     from gpuml import CASVMClassifier
 
     X, y = load_adult()

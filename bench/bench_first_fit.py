@@ -12,7 +12,7 @@ compile (single-threaded Python) stretches with the load, its CPU time much less
 
 Small fits no longer wait for the compile: while numba compiles in a background
 thread, the first fit runs NumPy twins of the solvers (the dense SMO, bit for bit the
-same steps; Asy-GCD's one-worker case; ``gpuml.kernels._cpu._jit``), and the compile
+same steps; Asy-GCD's one-worker case; ``gpuml.kernels._jit``), and the compile
 starts when the fit returns. ``second_fit_s`` is then usually a twin fit too, sharing
 the interpreter with that compile; and a child that exits before the compile is done
 leaves the cache without it, so a ``warm`` row can take the twins as well.
@@ -107,7 +107,7 @@ def main(quick: bool = False, gpu: bool = False) -> None:
                  f"{os.cpu_count()} CPU cores, shared with other jobs (run at raised "
                  "priority: own scheduler group, nice -15), so wall times stretch with the "
                  "load; *_cpu_s: CPU seconds of the process, much less sensitive to it. "
-                 "Since the NumPy twins (gpuml.kernels._cpu._jit), a small first fit runs "
+                 "Since the NumPy twins (gpuml.kernels._jit), a small first fit runs "
                  "them while numba compiles in a background thread started after the fit: "
                  "the second fit shares the interpreter with that compile, and a child that "
                  "exits before it ends writes no cache for the solvers, so its warm child "

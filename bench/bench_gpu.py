@@ -236,14 +236,14 @@ class _CountedKernel:
 def count_launches(gpu: bool):
     """Count the launches of gpuml's CUDA kernels (by kernel name) inside the block.
 
-    Every kernel is fetched through ``gpuml.kernels._cuda.loader.get_kernel``; the
+    Every kernel is fetched through ``gpuml.kernels._cuda.get_kernel``; the
     functions it returns are wrapped while the block runs (also where a module
     imported the function by name). Yields None without a GPU.
     """
     if not gpu:
         yield None
         return
-    from gpuml.kernels._cuda import loader
+    from gpuml.kernels import _cuda as loader
 
     counts: Counter = Counter()
     original = loader.get_kernel
@@ -252,7 +252,7 @@ def count_launches(gpu: bool):
         return _CountedKernel(original(name, kernel, *args, **kwargs), counts, kernel)
 
     holders = [m for m in list(sys.modules.values())
-               if getattr(m, "__name__", "").startswith("gpuml.kernels._cuda")
+               if getattr(m, "__name__", "").startswith("gpuml.kernels")
                and getattr(m, "get_kernel", None) is original]
     for m in holders:
         m.get_kernel = counting
@@ -943,7 +943,7 @@ NOTES = {
            "Agreement: same predicted class on the test rows. Objectives: LIBSVM's dual "
            "1/2 a'Qa - sum(a) of both solutions.",
     "casvm_p16": "Random split, random_state=0. Launches counted by wrapping the kernels "
-                 "gpuml.kernels._cuda.loader.get_kernel returns. smo_batch_s: the solver on the "
+                 "gpuml.kernels._cuda.get_kernel returns. smo_batch_s: the solver on the "
                  "16 parts' binary problems in one call; smo_alone_sum_s: the sum of its "
                  "times on each problem alone (same gamma, same iterations). A batch time "
                  "near the largest single problem, far below the sum, means the problems ran "

@@ -31,7 +31,7 @@ from sklearn.svm import SVC
 from bench.datasets import load_adult, load_letter, load_magic, train_test_split_std
 from gpuml.estimators._partitioned import PartitionWarning, neighbor_weights, split
 from gpuml.estimators.casvm import CASVMClassifier
-from gpuml.kernels.pairwise import sq_distances
+from gpuml.pairwise import sq_distances
 
 SETS = {"adult": (load_adult, 20000, 10000), "magic": (load_magic, 14000, 5020),
         "letter": (load_letter, 15000, 5000)}

@@ -19,12 +19,20 @@ Rules
   and float16 become float64 (float16 has too little precision for kernel
   sums). Mixed float32/float64 inputs are computed in float64.
 
+Memory and readback
+-------------------
+* :func:`available_bytes`: memory that can be allocated now, on the host or
+  the device (the solvers size their caches and chunks by it).
+* :func:`read_lag`, :func:`read_later`: when a device scalar is read back, so
+  that an iterative loop never drains the GPU's queue to decide whether to go on.
+
 Importing this module never imports CuPy, never touches a GPU, never prints.
 """
 
 from __future__ import annotations
 
 import functools
+import os
 import re
 from dataclasses import dataclass
 from types import ModuleType
@@ -308,3 +316,77 @@ def float_dtype(*arrays) -> np.dtype:
     if kinds and all(k == np.float32 for k in kinds):
         return np.dtype(np.float32)
     return np.dtype(np.float64)
+
+
+def available_bytes(xp) -> int:
+    """Memory that can be allocated now: free device memory for CuPy, free RAM for NumPy."""
+    if xp is not np:
+        free, _ = xp.cuda.runtime.memGetInfo()
+        return int(free + xp.get_default_memory_pool().free_bytes())
+    try:
+        return int(os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
+    except (ValueError, OSError, AttributeError):  # not POSIX: no cheap answer
+        return 1 << 62
+
+
+# Reading device scalars back to the host without draining the GPU's queue.
+#
+# An iterative method that decides on the host whether to go on (k-means'
+# centre shift) would, read naively, stop the host at every step until the GPU
+# has finished everything queued so far: ``float(x)`` copies on the current
+# stream, behind all the work queued after ``x`` was computed. Here a loop
+# instead takes a *reader* of the value when it is computed and calls it one
+# step later, after queueing the next step: the reader waits only for the work
+# that computed the value (an event) and copies it on a side stream, so the GPU
+# always has the next step queued while the host waits. On the host the value
+# is read at once and the loop runs no step ahead (:func:`read_lag` is 0), so
+# the NumPy path runs exactly as a plain loop would.
+
+
+def read_lag(like) -> int:
+    """Steps a loop should run ahead of its readings where ``like`` lives (host 0, GPU 1).
+
+    A loop that runs ``k`` steps ahead may have computed up to ``k`` steps it
+    then throws away (their result is not wanted once the reading says stop),
+    so a GPU loop keeps the results of its unread steps and goes back to the
+    one its stopping rule picks.
+    """
+    return 1 if is_cupy_array(like) else 0
+
+
+def read_later(x):
+    """A callable returning ``float(x)`` for a scalar (0-d or 1-element) array ``x``.
+
+    On the host the value is read now. On a GPU the call waits for the work
+    queued before this function was called (not for work queued since) and
+    copies the value on a non-blocking side stream, which the legacy default
+    stream does not synchronise with.
+    """
+    if not is_cupy_array(x):
+        value = float(x)
+        return lambda: value
+    return _DeviceRead(x)
+
+
+class _DeviceRead:
+    __slots__ = ("_x", "_event")
+
+    def __init__(self, x):
+        import cupy
+
+        self._x = x  # held until read: the pool must not hand its memory to later work
+        self._event = cupy.cuda.Event(disable_timing=True)
+        self._event.record()
+
+    def __call__(self) -> float:
+        self._event.synchronize()
+        stream = _side_stream(self._x.device.id)
+        return float(self._x.reshape(1).get(stream=stream)[0])
+
+
+@functools.cache
+def _side_stream(device_id: int):
+    import cupy
+
+    with cupy.cuda.Device(device_id):
+        return cupy.cuda.Stream(non_blocking=True)

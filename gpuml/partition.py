@@ -38,19 +38,10 @@ from collections import deque
 import numpy as np
 from sklearn.utils import check_random_state
 
-from ._backend import namespace_of, to_numpy
+from ._backend import namespace_of, read_lag, read_later, to_numpy
 from ._validation import as_float_matrix, check_n_partitions
-from .kernels import (
-    fill_nearest_open,
-    nearest_centres,
-    part_sums,
-    read_lag,
-    read_later,
-    row_blocks,
-    shifted_sq_distances,
-    sq_distances,
-    squared_norms,
-)
+from .kernels import fill_nearest_open, nearest_centres, part_sums, row_blocks
+from .pairwise import shifted_sq_distances, sq_distances, squared_norms
 
 
 def _means(X, labels, n_parts, fallback=None):

@@ -11,7 +11,7 @@ Docker image build, a CI setup step, ``make install``) so that no user-facing fi
 meets the compile. It fits each estimator on a small synthetic problem, which
 compiles exactly the specialisations a fit uses, with both dtypes a user may pass.
 Without it, a small first fit no longer waits for the compile: it runs NumPy twins of
-the solvers while numba compiles in a background thread (``gpuml.kernels._cpu._jit``);
+the solvers while numba compiles in a background thread (``gpuml.kernels._jit``);
 here everything compiles in the calling thread, so the cache is complete on return.
 """
 
@@ -53,7 +53,7 @@ def precompile(verbose: bool = True) -> dict:
         "BKRRRegressor": lambda X: BKRRRegressor(n_partitions=2, device="cpu",
                                                  random_state=0).fit(X, yr),
     }
-    from gpuml.kernels._cpu import _jit
+    from gpuml.kernels import _jit
 
     with _jit.synchronous():  # compile in this thread, into the cache, before returning
         return _precompile(fits, X, Xr, verbose)

@@ -212,11 +212,12 @@ def test_bad_data():
 
 
 def test_default_cache_and_update_cap(monkeypatch):
-    from gpuml.kernels import _cpu, gcd_default_cache_bytes
+    from gpuml.kernels import gcd_default_cache_bytes
+    from gpuml.kernels.gcd import cpu as cpu_gcd
 
     assert AsyGCDSVC().cache_size is None and gcd_default_cache_bytes(X_BC) == 1 << 30
     # No cap given: the solver's default cap ends the fit, which warns.
-    monkeypatch.setattr(_cpu.gcd, "default_max_updates", lambda n: 7)
+    monkeypatch.setattr(cpu_gcd, "default_max_updates", lambda n: 7)
     with pytest.warns(ConvergenceWarning, match="stopped 6 of 6 binary problems"):
         clf = AsyGCDSVC(n_workers=1, tol=1e-6, device="cpu").fit(X_DIG, Y_DIG)
     assert np.all(clf.n_updates_ == 7)

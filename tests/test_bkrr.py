@@ -668,7 +668,7 @@ def test_batched_cholesky_names_the_failing_part():
 
 
 def test_available_bytes_is_positive():
-    assert krr.available_bytes(np) > 0
+    assert _backend.available_bytes(np) > 0
 
 
 def test_gpu_fitted_pickle_loads_on_cpu(monkeypatch, diabetes):

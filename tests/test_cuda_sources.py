@@ -5,7 +5,7 @@ import subprocess
 
 import pytest
 
-from gpuml.kernels._cuda import loader
+from gpuml.kernels import _cuda as loader
 
 NVCC = shutil.which("nvcc")
 
@@ -18,8 +18,13 @@ def test_sources_ship_as_package_data():
 
     import tomllib
 
-    pyproject = tomllib.loads((Path(__file__).parents[1] / "pyproject.toml").read_text())
-    assert "*.cu" in pyproject["tool"]["setuptools"]["package-data"]["gpuml.kernels._cuda"]
+    root = Path(__file__).parents[1]
+    package_data = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"][
+        "package-data"]
+    assert loader.sources()
+    for source in loader.sources():  # each beside its solver, in that concept's package
+        package = ".".join(source.parent.relative_to(root).parts)
+        assert "*.cu" in package_data[package], source
 
 
 @pytest.mark.skipif(NVCC is None, reason="nvcc is not installed")

@@ -16,7 +16,7 @@ from numba import njit
 from sklearn.datasets import make_classification
 
 from gpuml import AsyGCDSVC, CASVMClassifier
-from gpuml.kernels._cpu import _jit
+from gpuml.kernels import _jit
 
 
 @pytest.fixture

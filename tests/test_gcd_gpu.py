@@ -110,7 +110,7 @@ def test_gpu_max_updates_and_default_workers():
 def test_gpu_default_update_cap_ends_the_run_and_the_fit_warns(monkeypatch):
     import cupy as cp
 
-    from gpuml.kernels._cuda import gcd as cuda_gcd
+    from gpuml.kernels.gcd import cuda as cuda_gcd
 
     monkeypatch.setattr(cuda_gcd, "default_max_updates", lambda n: 50)
     X, y = _data()
@@ -151,7 +151,7 @@ def test_gpu_batch_of_pairs_equals_cpu_pairs(pairs_serial, monkeypatch, capacity
     # the fly; or (capacity 16) twelve launches of at most 4 problems, one after another.
     import cupy as cp
 
-    from gpuml.kernels._cuda import gcd as cuda_gcd
+    from gpuml.kernels.gcd import cuda as cuda_gcd
 
     X, kernel, refs = pairs_serial
     _, problems = _pairs(4)
@@ -177,7 +177,7 @@ def test_gpu_batch_of_pairs_equals_cpu_pairs(pairs_serial, monkeypatch, capacity
 def test_gpu_multiclass_fit_in_one_launch_equals_cpu(monkeypatch):
     import cupy as cp
 
-    from gpuml.kernels._cuda import gcd as cuda_gcd
+    from gpuml.kernels.gcd import cuda as cuda_gcd
 
     X, digit = load_digits(return_X_y=True)
     X = (X - X.mean(0)) / np.where(X.std(0) > 0, X.std(0), 1.0)
@@ -198,15 +198,15 @@ def test_gpu_multiclass_fit_in_one_launch_equals_cpu(monkeypatch):
 def test_gpu_memory_is_checked_before_the_work(monkeypatch):
     import cupy as cp
 
-    from gpuml.kernels import krr
-    from gpuml.kernels._cuda import gcd as cuda_gcd
+    from gpuml import _backend
+    from gpuml.kernels.gcd import cuda as cuda_gcd
 
     X, y = _data()
     n = len(y)
     kernel = make_kernel("rbf", "scale", 3, 0.0, X)
     K = cp.asarray(kernel.matrix(X))
     free = cuda_gcd.BUILD_BYTES + (16 << 20)  # the 25.8 MB kernel matrix does not fit
-    monkeypatch.setattr(krr, "available_bytes", lambda xp: free)
+    monkeypatch.setattr(_backend, "available_bytes", lambda xp: free)
     with pytest.raises(MemoryError, match=rf"MiB of GPU .* {n} x {n} kernel matrix"):
         gcd_solve(K, cp.asarray(y), cp.ones(n), Kernel("precomputed"), _blocks(n, 4))
     # Features to fall back on: Q would fit the cache but not the memory, so the kernel
@@ -218,7 +218,7 @@ def test_gpu_memory_is_checked_before_the_work(monkeypatch):
                     cache_bytes=1 << 30)
     assert res.converged and built == []
     monkeypatch.undo()
-    assert gcd_default_cache_bytes(cp.zeros(1)) >= 0.2 * krr.available_bytes(cp)
+    assert gcd_default_cache_bytes(cp.zeros(1)) >= 0.2 * _backend.available_bytes(cp)
 
 
 def test_estimator_on_gpu_follows_cupy_input():

@@ -168,14 +168,14 @@ class _ModelKernel:
 
 @pytest.fixture
 def host(monkeypatch):
-    """``_cuda.gcd`` with NumPy for CuPy, the model kernel, and a given resident capacity."""
-    from gpuml.kernels import krr
-    from gpuml.kernels._cuda import gcd as cuda_gcd
+    """``gcd.cuda`` with NumPy for CuPy, the model kernel, and a given resident capacity."""
+    from gpuml import _backend
+    from gpuml.kernels.gcd import cuda as cuda_gcd
 
     monkeypatch.setitem(sys.modules, "cupy", _fake_cupy())
     model = _ModelKernel()
     monkeypatch.setattr(cuda_gcd, "get_kernel", lambda *a, **k: model)
-    monkeypatch.setattr(krr, "available_bytes", lambda xp: 1 << 30)
+    monkeypatch.setattr(_backend, "available_bytes", lambda xp: 1 << 30)
     monkeypatch.setattr(cuda_gcd, "resident_blocks", lambda fn, device: 1000)
     monkeypatch.setattr(cuda_gcd, "model", model, raising=False)
     return cuda_gcd
@@ -240,11 +240,11 @@ def test_precomputed_kernel_rows_are_gathered_per_problem(host):
 
 
 def test_memory_refusal_names_the_bytes(host, monkeypatch):
-    from gpuml.kernels import krr
+    from gpuml import _backend
 
     X, kernel, problems = _pairs([(0, 1)], [1])
     n = len(problems[0].rows)
-    monkeypatch.setattr(krr, "available_bytes", lambda xp: host.BUILD_BYTES + (n * n * 4))
+    monkeypatch.setattr(_backend, "available_bytes", lambda xp: host.BUILD_BYTES + (n * n * 4))
     with pytest.raises(MemoryError, match=rf"needs [0-9.]+ MiB of GPU 0 .* {n} x {n} kernel"):
         host.solve_batch(_on_device(kernel.matrix(X)), Kernel("precomputed"), problems)
     assert host.model.grids == []

@@ -9,8 +9,8 @@ from scipy.optimize import minimize
 from sklearn.datasets import load_breast_cancer, load_digits
 
 from gpuml.kernels import Kernel, gcd_gradient, gcd_objectives, gcd_solve, make_kernel
-from gpuml.kernels._cpu import gcd as cpu_gcd
-from gpuml.kernels._cpu._atomics import atomic_add, atomic_add_seq, atomic_load, atomic_store
+from gpuml.kernels.gcd import cpu as cpu_gcd
+from gpuml.kernels.gcd.atomics import atomic_add, atomic_add_seq, atomic_load, atomic_store
 
 
 def _standardise(X):
@@ -101,7 +101,7 @@ def test_columns_match_pairwise_kernels(name):
 
 
 def test_vectorised_exp_is_within_two_ulps_of_libm():
-    from gpuml.kernels._cpu._vexp import XMIN, exp_nonpositive
+    from gpuml.kernels.gcd.vexp import XMIN, exp_nonpositive
 
     rng = np.random.default_rng(0)
     x = np.concatenate([[0.0, -0.0, -1e-300, XMIN, -745.0, -1e4, -np.inf],
@@ -532,7 +532,7 @@ def test_numpy_twin_is_the_one_worker_run(kernel):
 def test_numpy_twin_serves_small_multi_worker_runs_only(monkeypatch):
     """Not compiled: a small run asked for 2 workers goes to the twin (one worker); one
     worker, random selection and watched runs keep the compiled workers."""
-    from gpuml.kernels._cpu import _jit
+    from gpuml.kernels import _jit
 
     X, y = load_breast_cancer(return_X_y=True)
     X = _standardise(X)

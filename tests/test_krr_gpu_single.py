@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from sklearn.kernel_ridge import KernelRidge
 
-from gpuml._backend import cuda_available
+from gpuml._backend import available_bytes, cuda_available
 from gpuml.estimators import bkrr as bkrr_module
 from gpuml.estimators.bkrr import BKRRRegressor
 from gpuml.kernels import (
@@ -109,7 +109,7 @@ def test_exact_krr_on_gpu_equals_kernel_ridge(cp, diabetes, n):
 
 def test_gpu_memory_refusal_before_work(cp, diabetes, monkeypatch):
     X, y = diabetes
-    free = krr.available_bytes(cp)
+    free = available_bytes(cp)
     total = cp.cuda.runtime.memGetInfo()[1]
     assert 0 < free <= total + cp.get_default_memory_pool().total_bytes()
     # room for the headroom and a few small blocks: refused at P=1, some larger P fits

@@ -4,7 +4,7 @@ import scipy.sparse as sp
 from sklearn.datasets import load_breast_cancer
 from sklearn.metrics import pairwise as skp
 
-from gpuml.kernels.pairwise import Kernel, kernel_matrix, make_kernel, resolve_gamma
+from gpuml.pairwise import Kernel, kernel_matrix, make_kernel, resolve_gamma
 
 X_REAL = load_breast_cancer().data[:120]
 X_STD = (X_REAL - X_REAL.mean(0)) / X_REAL.std(0)

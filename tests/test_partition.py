@@ -10,7 +10,7 @@ from sklearn.utils import check_random_state
 import gpuml.partition as partition_module
 from gpuml.kernels import fill_nearest_open, nearest_centres, part_sums, read_lag, read_later
 from gpuml.kernels import nearest as nearest_module
-from gpuml.kernels.pairwise import squared_norms
+from gpuml.pairwise import squared_norms
 from gpuml.partition import PARTITIONERS, assign_nearest, kmeans, partition
 
 _BC = load_breast_cancer().data[:540]
@@ -100,7 +100,7 @@ def test_fill_reproduces_the_papers_worked_example():
 
 def test_fill_numpy_twin_takes_the_compiled_loops_decisions():
     """The twin that fills while numba compiles: same labels and counts, ties included."""
-    from gpuml.kernels._cpu import _jit
+    from gpuml.kernels import _jit
     from gpuml.kernels._cpu.partition import _fill_nearest_open_numpy
     from gpuml.kernels._cpu.partition import fill_nearest_open as compiled
 
@@ -244,7 +244,7 @@ def _fused_data(data, dtype):
 def _every_way(monkeypatch, run, switch=False):
     """``run()`` by the compiled sweep on 1, 2 and 3 cores, by its NumPy twin (numba still
     compiling), and with ``switch`` by the twin until the compile ends midway."""
-    from gpuml.kernels._cpu import _jit
+    from gpuml.kernels import _jit
 
     # Threads from 2,000 rows, so that test-sized inputs are split among the cores.
     monkeypatch.setattr(nearest_module, "MIN_ROWS_PER_THREAD", 1000)

@@ -9,9 +9,12 @@ from gpuml.precompile import precompile
 
 def _numba_functions():
     """Every numba dispatcher of gpuml's CPU kernels."""
-    from gpuml.kernels._cpu import _vexp, gcd, partition, smo
+    from gpuml.kernels._cpu import partition
+    from gpuml.kernels.gcd import cpu as gcd
+    from gpuml.kernels.gcd import vexp
+    from gpuml.kernels.smo import cpu as smo
 
-    return {f"{mod.__name__}.{name}": obj for mod in (_vexp, gcd, partition, smo)
+    return {f"{mod.__name__}.{name}": obj for mod in (vexp, gcd, partition, smo)
             for name, obj in vars(mod).items() if hasattr(obj, "overloads")}
 
 

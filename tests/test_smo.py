@@ -8,7 +8,7 @@ from sklearn.preprocessing import StandardScaler
 from sklearn.svm import SVC
 
 from gpuml.kernels import Kernel, SMOProblem, make_kernel, smo_solve, smo_solve_batch
-from gpuml.kernels._cpu.smo import sgemm_applies, sgemm_matrix
+from gpuml.kernels.smo.cpu import sgemm_applies, sgemm_matrix
 
 
 @pytest.fixture(scope="module")
@@ -174,7 +174,7 @@ def test_kernel_matrices_held_at_most_one_per_thread(monkeypatch):
     n_jobs, not of all."""
     import weakref
 
-    import gpuml.kernels._cpu.smo as cpu_smo
+    import gpuml.kernels.smo.cpu as cpu_smo
 
     X, y = load_digits(return_X_y=True)
     X, y = StandardScaler().fit_transform(X)[:600], y[:600]
@@ -265,7 +265,7 @@ def test_batch_rejects_a_bad_problem_among_good_ones(cancer):
 
 def test_iteration_limit_is_libsvms_cap():
     """max_iter=-1 stops at max(10^7, 100 n) steps, as LIBSVM (CPU and GPU solvers alike)."""
-    from gpuml.kernels._cpu.smo import ITER_CAP_MIN, ITER_CAP_PER_VARIABLE, iteration_limit
+    from gpuml.kernels.smo import ITER_CAP_MIN, ITER_CAP_PER_VARIABLE, iteration_limit
 
     assert ITER_CAP_MIN == 10**7 and ITER_CAP_PER_VARIABLE == 100
     assert iteration_limit(-1, 10) == 10**7
@@ -336,7 +336,8 @@ def test_solution_on_float32_kernel_matches_svc():
 
 def _dense_batch(dtype, max_iter=-1, C=None, warm=False):
     """One-vs-one problems on digits (whole and gathered), laid out as solve_batch does."""
-    from gpuml.kernels._cpu.smo import _check_flat, _DenseRun
+    from gpuml.kernels.smo import check_flat
+    from gpuml.kernels.smo.cpu import _DenseRun
 
     X, y = load_digits(return_X_y=True)
     X = StandardScaler().fit_transform(X)[:400].astype(dtype)
@@ -358,7 +359,7 @@ def _dense_batch(dtype, max_iter=-1, C=None, warm=False):
             start = np.zeros(yw.size)
             start[np.flatnonzero(yw > 0)[0]] = start[np.flatnonzero(yw < 0)[0]] = 0.1
             alpha0s[w] = start
-    checked = _check_flat(ys, Cs, alpha0s)
+    checked = check_flat(ys, Cs, alpha0s)
     whole = np.array([i.size == len(y) for i in idxs])
     return K, _DenseRun(whole, np.concatenate(idxs), checked, 1e-3, max_iter, False)
 
@@ -368,8 +369,8 @@ def _dense_batch(dtype, max_iter=-1, C=None, warm=False):
 def test_numpy_twin_equals_compiled_dense_solver_bit_for_bit(dtype, case):
     """The NumPy twin that serves small fits while numba compiles is the same solver:
     identical dual variables, gradient, steps, intercepts and objectives."""
-    from gpuml.kernels._cpu import _jit
-    from gpuml.kernels._cpu.smo import _solve_dense_problems_numpy
+    from gpuml.kernels import _jit
+    from gpuml.kernels.smo.cpu import _solve_dense_problems_numpy
 
     K, compiled = _dense_batch(dtype, **case)
     _, twin = _dense_batch(dtype, **case)
@@ -386,7 +387,8 @@ def test_numpy_twin_equals_compiled_dense_solver_bit_for_bit(dtype, case):
 
 def test_small_batch_takes_the_twin_while_numba_compiles(monkeypatch):
     """Not compiled yet: the batch goes to the twin; large problems and shrinking never do."""
-    from gpuml.kernels._cpu import _jit, smo
+    from gpuml.kernels import _jit
+    from gpuml.kernels.smo import cpu as smo
 
     K, run = _dense_batch(np.float64)
     K_ref, ref = _dense_batch(np.float64)

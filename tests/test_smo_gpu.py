@@ -1,4 +1,4 @@
-"""GPU SMO (gpuml/kernels/_cuda/smo.cu) against the CPU solver; skipped without a CUDA device."""
+"""GPU SMO (gpuml/kernels/smo/smo.cu) against the CPU solver; skipped without a CUDA device."""
 
 import pickle
 
@@ -24,7 +24,7 @@ def cancer():
 def test_single_problem_matches_cpu(cancer, dtype, grid, monkeypatch):
     import cupy as cp
 
-    from gpuml.kernels._cuda import smo as gpu_smo
+    from gpuml.kernels.smo import cuda as gpu_smo
 
     # The cooperative grid kernel or one block, on the same problem.
     monkeypatch.setattr(gpu_smo, "GRID_MIN_SIZE", 0 if grid else 1 << 30)
@@ -128,7 +128,7 @@ def test_rows_on_the_fly_match_cpu(cancer, name, monkeypatch):
     """The path for kernel matrices that do not fit: rows computed in the kernel each step."""
     import cupy as cp
 
-    from gpuml.kernels._cuda import smo as gpu_smo
+    from gpuml.kernels.smo import cuda as gpu_smo
 
     monkeypatch.setattr(gpu_smo, "_matrix_budget", lambda cp, reserved: 0)
     X, y = cancer
@@ -162,7 +162,7 @@ def test_float32_state_in_double_matches_float64_oracle(cancer, grid, monkeypatc
     """float32 data: the kernel matrix in float32, alpha and G in double, as LIBSVM."""
     import cupy as cp
 
-    from gpuml.kernels._cuda import smo as gpu_smo
+    from gpuml.kernels.smo import cuda as gpu_smo
 
     monkeypatch.setattr(gpu_smo, "GRID_MIN_SIZE", 0 if grid else 1 << 30)
     X, y = cancer
@@ -193,7 +193,7 @@ def test_chunks_and_on_the_fly_match_cpu(dtype, monkeypatch):
     """Matrices that do not fit together: chunks of groups, and one group on the fly."""
     import cupy as cp
 
-    from gpuml.kernels._cuda import smo as gpu_smo
+    from gpuml.kernels.smo import cuda as gpu_smo
 
     itemsize = np.dtype(dtype).itemsize
     # Group 0 (600 rows) does not fit alone; groups 1 and 2 fit together, 3 goes alone.
@@ -219,7 +219,7 @@ def test_chunks_and_on_the_fly_match_cpu(dtype, monkeypatch):
 
 
 def test_chunked_estimator_matches_cpu(monkeypatch):
-    from gpuml.kernels._cuda import smo as gpu_smo
+    from gpuml.kernels.smo import cuda as gpu_smo
 
     X, y = load_digits(return_X_y=True)
     X = StandardScaler().fit_transform(X)
@@ -234,7 +234,7 @@ def test_chunked_estimator_matches_cpu(monkeypatch):
 def test_warm_start_in_a_later_chunk(monkeypatch):
     import cupy as cp
 
-    from gpuml.kernels._cuda import smo as gpu_smo
+    from gpuml.kernels.smo import cuda as gpu_smo
 
     X, Xs, problems = digits_parts([450, 450, 450, 447])
     kernel = make_kernel("rbf", "scale", X=X)
@@ -250,7 +250,7 @@ def test_warm_start_in_a_later_chunk(monkeypatch):
 def test_precomputed_matrix_too_large_is_refused(cancer, monkeypatch):
     import cupy as cp
 
-    from gpuml.kernels._cuda import smo as gpu_smo
+    from gpuml.kernels.smo import cuda as gpu_smo
 
     X, y = cancer
     monkeypatch.setattr(gpu_smo, "_matrix_budget", lambda cp, reserved: 0)
@@ -263,7 +263,7 @@ def test_precomputed_matrix_too_large_is_refused(cancer, monkeypatch):
 def test_iteration_cap_stops_like_cpu(cancer, grid, monkeypatch):
     import cupy as cp
 
-    from gpuml.kernels._cuda import smo as gpu_smo
+    from gpuml.kernels.smo import cuda as gpu_smo
 
     monkeypatch.setattr(gpu_smo, "GRID_MIN_SIZE", 0 if grid else 1 << 30)
     X, y = cancer
@@ -281,7 +281,7 @@ def test_iteration_cap_on_the_fly_and_estimator_warning(cancer, monkeypatch):
     import cupy as cp
     from sklearn.exceptions import ConvergenceWarning
 
-    from gpuml.kernels._cuda import smo as gpu_smo
+    from gpuml.kernels.smo import cuda as gpu_smo
 
     X, y = cancer
     kernel = make_kernel("rbf", "scale", X=X)

@@ -1,6 +1,6 @@
 """The host side of the GPU SMO solver, run without a GPU.
 
-``gpuml.kernels._cuda.smo.solve_batch`` is run against a stand-in for CuPy
+``gpuml.kernels.smo.cuda.solve_batch`` is run against a stand-in for CuPy
 (NumPy arrays) and for the three kernels of ``smo.cu`` (a NumPy transcription
 of ``smo_core``, step for step, ties to the larger index). This checks what
 the host decides and passes: the chunk plan and launch layout, offsets and
@@ -20,7 +20,7 @@ from sklearn.datasets import load_breast_cancer, load_digits
 from sklearn.preprocessing import StandardScaler
 
 from gpuml.kernels import SMOProblem, make_kernel, smo_solve_batch
-from gpuml.kernels._cuda import smo as gpu_smo
+from gpuml.kernels.smo import cuda as gpu_smo
 
 
 class _DeviceArray(np.ndarray):
@@ -203,7 +203,7 @@ def _smo_grid_rows(T):
 
 
 class _Loader:
-    """Stands in for ``gpuml.kernels._cuda.loader``; records the kernels launched."""
+    """Stands in for ``gpuml.kernels._cuda`` (the loader); records the kernels launched."""
 
     launched: list = []
 

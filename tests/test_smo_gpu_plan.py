@@ -5,7 +5,7 @@ import itertools
 import numpy as np
 import pytest
 
-from gpuml.kernels._cuda.smo import launch_order, plan_chunks
+from gpuml.kernels.smo.cuda import launch_order, plan_chunks
 
 
 def test_everything_fits_in_one_chunk():

@@ -99,15 +99,8 @@ from sklearn.utils.validation import check_array, validate_data
 from .._backend import CPU, resolve, to_numpy
 from .._validation import check_n_partitions
 from ..estimators._partitioned import Partitioning
-from ..kernels import (
-    Kernel,
-    fill_nearest_open,
-    nearest_centres,
-    part_sums,
-    row_blocks,
-    shifted_sq_distances,
-    squared_norms,
-)
+from ..kernels import fill_nearest_open, nearest_centres, part_sums, row_blocks
+from ..pairwise import Kernel, shifted_sq_distances, squared_norms
 from ..partition import (
     PARTITIONERS,
     _capacities,

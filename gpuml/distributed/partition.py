@@ -30,15 +30,8 @@ import numpy as np
 from sklearn.utils import check_random_state
 
 from .._backend import namespace_of, to_numpy
-from ..kernels import (
-    fill_nearest_open,
-    nearest_centres,
-    part_sums,
-    row_blocks,
-    shifted_sq_distances,
-    sq_distances,
-    squared_norms,
-)
+from ..kernels import fill_nearest_open, nearest_centres, part_sums, row_blocks
+from ..pairwise import shifted_sq_distances, sq_distances, squared_norms
 from ..partition import (
     _capacities,
     _contiguous_labels,

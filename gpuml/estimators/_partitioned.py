@@ -36,8 +36,7 @@ from .._backend import namespace_of, resolve_devices, sparse_module, to_numpy
 from .._validation import check_n_partitions
 from ..distributed import DeviceGroup, partition_on_devices
 from ..distributed.placement import shard_bounds
-from ..kernels import KERNELS
-from ..kernels.pairwise import sq_distances, squared_norms
+from ..pairwise import KERNELS, sq_distances, squared_norms
 from ..partition import PARTITIONERS, assign_nearest, partition
 
 #: ``_parameter_constraints`` entries for the kernel parameters (names as sklearn.svm.SVC).

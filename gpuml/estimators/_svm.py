@@ -34,7 +34,7 @@ from sklearn.utils.validation import (
 
 from .._backend import dask_module, is_dask_collection, namespace_of, to_numpy, to_output
 from .._validation import validate_X_y
-from ..kernels import make_kernel, squared_norms
+from ..pairwise import make_kernel, squared_norms
 
 
 def value_dtype(X):

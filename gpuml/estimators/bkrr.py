@@ -24,6 +24,7 @@ from sklearn.utils.validation import check_is_fitted
 from .._backend import (
     CPU,
     Backend,
+    available_bytes,
     dask_module,
     float_dtype,
     is_cupy_array,
@@ -36,21 +37,16 @@ from .._progress import Progress
 from .._validation import check_n_partitions, refuse_dask, validate_X, validate_X_y
 from ..distributed import balance, cholesky_cost
 from ..kernels import (
-    HOST_KERNELS,
-    Kernel,
     NotPositiveDefiniteError,
-    PairwiseKernel,
-    available_bytes,
     cholesky_solve_batch,
     compile_after_fit,
     gpu_solve_bytes,
     krr_lstsq_part,
     krr_solve_parts,
-    resolve_gamma,
-    sq_distances,
     tridiagonal_batch,
 )
 from ..kernels.krr import GPU_HEADROOM_BYTES
+from ..pairwise import HOST_KERNELS, Kernel, PairwiseKernel, resolve_gamma, sq_distances
 from ._partitioned import (
     PARTITION_CONSTRAINTS,
     device_group,

@@ -1,8 +1,15 @@
 """Everything hardware-specific in gpuml lives in this package.
 
 Estimators and partitioners call the functions exported here; each takes
-arrays of either namespace (NumPy or CuPy) and dispatches to the numba loop
-in ``_cpu`` or the CUDA code in ``_cuda``. Nothing outside this package
+arrays of either namespace (NumPy or CuPy) and dispatches to the CPU or the
+CUDA half of a solver. The package is cut by concept: ``smo/`` and ``gcd/``
+each hold their neutral types (``__init__.py``), their numba half
+(``cpu.py``), their CuPy half (``cuda.py``) and its CUDA C (``<name>.cu``);
+``krr.py`` the batched Cholesky and eigen solves of kernel ridge, host and
+device; ``nearest.py`` the nearest-centre sweep. ``_jit.py`` compiles the
+numba halves in the background and ``_cuda.py`` loads the CUDA sources. The
+kernel functions themselves are :mod:`gpuml.pairwise` (re-exported here), memory
+probing and readback :mod:`gpuml._backend`. Nothing outside this package
 branches on the device.
 """
 
@@ -10,24 +17,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from .._backend import is_cupy_array, namespace_of, to_numpy
-from ._cpu._jit import deferring as compile_after_fit
-from ._cpu.gcd import GCDProblem, GCDResult
-from ._cpu.smo import SMOProblem, SMOResult
-from .krr import (
-    NotPositiveDefiniteError,
-    available_bytes,
-    cholesky_solve_batch,
-    eigh_batch,
-    gpu_solve_bytes,
-    gpu_solve_plan,
-    gram_batch,
-    krr_lstsq_part,
-    krr_solve_parts,
-    tridiagonal_batch,
-)
-from .nearest import nearest_centres, part_sums, row_blocks
-from .pairwise import (
+from .._backend import available_bytes, is_cupy_array, namespace_of, read_lag, read_later, to_numpy
+from ..pairwise import (
     HOST_KERNELS,
     KERNELS,
     Kernel,
@@ -39,7 +30,21 @@ from .pairwise import (
     sq_distances,
     squared_norms,
 )
-from .readback import read_lag, read_later
+from ._jit import deferring as compile_after_fit
+from .gcd import GCDProblem, GCDResult
+from .krr import (
+    NotPositiveDefiniteError,
+    cholesky_solve_batch,
+    eigh_batch,
+    gpu_solve_bytes,
+    gpu_solve_plan,
+    gram_batch,
+    krr_lstsq_part,
+    krr_solve_parts,
+    tridiagonal_batch,
+)
+from .nearest import nearest_centres, part_sums, row_blocks
+from .smo import SMOProblem, SMOResult
 
 __all__ = [
     "GCDProblem",
@@ -124,7 +129,7 @@ def smo_solve_batch(kernel, Xs, problems, *, tol=1e-3, max_iter=-1, cache_size=1
     """
     cache_bytes = int(float(cache_size) * (1 << 20))
     if any(is_cupy_array(X) for X in Xs):
-        from ._cuda.smo import solve_batch as _gpu
+        from .smo.cuda import solve_batch as _gpu
 
         results = _gpu(kernel, Xs, problems, tol=tol, max_iter=max_iter,
                        cache_bytes=cache_bytes, shrinking=shrinking)
@@ -133,7 +138,7 @@ def smo_solve_batch(kernel, Xs, problems, *, tol=1e-3, max_iter=-1, cache_size=1
             for g in dict.fromkeys(groups):
                 progress(g, [r for r, h in zip(results, groups) if h == g])
         return results
-    from ._cpu.smo import solve_batch as _cpu
+    from .smo.cpu import solve_batch as _cpu
 
     return _cpu(kernel, Xs, problems, tol=tol, max_iter=max_iter, cache_bytes=cache_bytes,
                 shrinking=shrinking, n_jobs=n_jobs, progress=progress)
@@ -208,7 +213,7 @@ def gcd_solve(X, y, C, kernel, blocks, *, selection="greedy", tol=1e-3, max_upda
     runs on CPU threads (numba, outside the GIL); CuPy input runs one persistent
     CUDA thread block per worker on X's device. Each worker damps its steps
     when the others' concurrent steps overshoot its coordinate (our addition to
-    Alg 14, see :mod:`gpuml.kernels._cpu.gcd`); one worker is exactly Alg 13.
+    Alg 14, see :mod:`gpuml.kernels.gcd.cpu`); one worker is exactly Alg 13.
 
     Parameters
     ----------
@@ -268,11 +273,11 @@ def gcd_solve(X, y, C, kernel, blocks, *, selection="greedy", tol=1e-3, max_upda
     if cache_bytes is None:
         cache_bytes = gcd_default_cache_bytes(X)
     if is_cupy_array(X):
-        from ._cuda.gcd import solve as solve_cuda
+        from .gcd.cuda import solve as solve_cuda
 
         return solve_cuda(X, y, C, kernel, blocks, selection=selection, tol=tol,
                           max_updates=max_updates, cache_bytes=cache_bytes, random_state=seed)
-    from ._cpu.gcd import solve as solve_cpu
+    from .gcd.cpu import solve as solve_cpu
 
     return solve_cpu(to_numpy(X), to_numpy(y), to_numpy(C), kernel, to_numpy(blocks),
                      selection=selection, tol=tol, max_updates=max_updates,
@@ -322,14 +327,14 @@ def gcd_solve_batch(X, kernel, problems, *, selection="greedy", tol=1e-3, max_up
     if cache_bytes is None:
         cache_bytes = gcd_default_cache_bytes(X)
     if on_gpu:
-        from ._cuda.gcd import solve_batch as solve_cuda
+        from .gcd.cuda import solve_batch as solve_cuda
 
         results = solve_cuda(X, kernel, problems, selection=selection, tol=tol,
                              max_updates=max_updates, cache_bytes=cache_bytes, seeds=seeds)
         for k, res in enumerate(results if progress is not None else ()):
             progress(k, res)
         return results
-    from ._cpu.gcd import solve_batch as solve_cpu
+    from .gcd.cpu import solve_batch as solve_cpu
 
     seeded = [dataclasses.replace(p, random_state=s) for p, s in zip(problems, seeds)]
     return solve_cpu(X, kernel, seeded, n_jobs=n_jobs, cache_bytes=cache_bytes,
@@ -340,7 +345,7 @@ def gcd_default_cache_bytes(like=None) -> int:
     """Asy-GCD's default kernel cache where ``like`` lives: 1 GiB on the CPU; on a GPU a
     quarter of the free device memory (free plus CuPy's pool), so it scales with the card."""
     if like is not None and is_cupy_array(like):
-        from ._cuda.gcd import default_cache_bytes
+        from .gcd.cuda import default_cache_bytes
 
         return default_cache_bytes(like.device.id)
     return 1 << 30
@@ -429,7 +434,7 @@ def gcd_plan(like, n_problems: int, n_workers=None) -> tuple[int, int]:
 def gcd_default_workers(like=None) -> int:
     """Asy-GCD's default worker count where ``like`` lives: usable CPU cores, or the GPU's SMs."""
     if like is not None and is_cupy_array(like):
-        from ._cuda.gcd import default_workers
+        from .gcd.cuda import default_workers
 
         return default_workers(like.device.id)
     import os

@@ -25,18 +25,16 @@ lists in the same order, on the same device.
 from __future__ import annotations
 
 import functools
-import os
 
 import numpy as np
 import scipy.linalg
 
 from .._backend import is_cupy_array, namespace_of
-from .pairwise import Kernel
+from ..pairwise import Kernel
 
 __all__ = [
     "NotPositiveDefiniteError",
     "Tridiagonal",
-    "available_bytes",
     "cholesky_solve_batch",
     "eigh_batch",
     "gpu_solve_bytes",
@@ -87,17 +85,6 @@ class NotPositiveDefiniteError(np.linalg.LinAlgError):
         self.part = part
         where = "one of the systems" if part is None else f"system {part}"
         super().__init__(f"{where} is not positive definite (Cholesky failed)")
-
-
-def available_bytes(xp) -> int:
-    """Memory that can be allocated now: free device memory for CuPy, free RAM for NumPy."""
-    if xp is not np:
-        free, _ = xp.cuda.runtime.memGetInfo()
-        return int(free + xp.get_default_memory_pool().free_bytes())
-    try:
-        return int(os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
-    except (ValueError, OSError, AttributeError):  # not POSIX: no cheap answer
-        return 1 << 62
 
 
 def _map(fn, items, n_jobs):
@@ -180,7 +167,7 @@ def _rbf_from_gram_kernel():
 
     The five NumPy-style passes it replaces each read and write every value of
     the ``g m^2`` stack (for one 18,432 block in float64, 2.7 GB per pass). The
-    arithmetic is that of :func:`gpuml.kernels.pairwise.sq_distances` and
+    arithmetic is that of :func:`gpuml.pairwise.sq_distances` and
     :meth:`Kernel.matrix` in the same order (``-2 g`` is exact), so the blocks
     agree with the CPU's to rounding.
     """
@@ -214,7 +201,7 @@ def gram_batch(kernel: Kernel, parts: list, *, n_jobs=None) -> list:
     --------
     >>> import numpy as np
     >>> from gpuml.kernels.krr import gram_batch
-    >>> from gpuml.kernels.pairwise import Kernel
+    >>> from gpuml.pairwise import Kernel
     >>> parts = [np.zeros((2, 3)), np.ones((3, 3))]
     >>> [K.shape for K in gram_batch(Kernel("rbf", gamma=0.5), parts)]
     [(2, 2), (3, 3)]
@@ -473,7 +460,7 @@ def krr_solve_parts(kernel: Kernel, parts: list, targets: list, shifts, *, n_job
     --------
     >>> import numpy as np
     >>> from gpuml.kernels.krr import krr_solve_parts
-    >>> from gpuml.kernels.pairwise import Kernel
+    >>> from gpuml.pairwise import Kernel
     >>> X = np.array([[0.0], [1.0]])
     >>> a, = krr_solve_parts(Kernel("linear"), [X], [np.array([0.0, 2.0])], [1.0])
     >>> np.round(a, 12).tolist()

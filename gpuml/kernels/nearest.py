@@ -22,7 +22,7 @@ addition). Which one runs depends only on the type and the shapes of ``X``
 and the centres, so k-means labels and later routing of the same rows always
 agree. Within the fused path the result is the same bits whatever the timing
 and the machine's threads: while numba compiles the sweep in the background
-(a first fit or predict in a fresh install, see :mod:`._cpu._jit`), inputs of
+(a first fit or predict in a fresh install, see :mod:`._jit`), inputs of
 at most NUMPY_TWIN_MAX_ENTRIES ``n * P * d`` take its NumPy twin, which does
 the same arithmetic in the same order, block for block; and the order of the
 additions is fixed by the blocks, not by the threads that ran them.
@@ -37,7 +37,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 
 from .._backend import is_cupy_array, namespace_of, sparse_module
-from .pairwise import shifted_sq_distances, squared_norms
+from ..pairwise import shifted_sq_distances, squared_norms
 
 #: Bound on each temporary (rows x P) distance block of the GEMM path.
 BLOCK_BYTES = 8 << 20
@@ -192,7 +192,7 @@ def _fused_nearest_sums(X, centers):
     the partial sums in block order, whichever thread ran which block, and
     the twin repeats the sweep's arithmetic: the result is the same bits.
     """
-    from ._cpu import _jit
+    from . import _jit
     from ._cpu.partition import nearest_centre_sums, nearest_centre_sums_numpy
 
     X = np.ascontiguousarray(X)

@@ -4,7 +4,7 @@ import numpy as np
 from numba import njit
 from scipy import sparse
 
-from . import _jit
+from .. import _jit
 
 #: Largest distance block (rows x parts) the NumPy twin of :func:`fill_nearest_open`
 #: takes while numba compiles it (a Python step per row: ~5 us each).

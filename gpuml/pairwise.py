@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .._backend import namespace_of
+from ._backend import namespace_of
 
 KERNELS = ("linear", "poly", "rbf", "sigmoid", "precomputed")
 
@@ -95,7 +95,7 @@ class Kernel:
     Examples
     --------
     >>> import numpy as np
-    >>> from gpuml.kernels.pairwise import Kernel
+    >>> from gpuml.pairwise import Kernel
     >>> k = Kernel("rbf", gamma=0.5)
     >>> X = np.array([[0.0, 0.0], [1.0, 0.0]])
     >>> np.round(k.matrix(X), 4)
@@ -221,12 +221,12 @@ def kernel_matrix(X, Y=None, kernel="rbf", *, gamma=None, degree=3, coef0=1.0,
     --------
     >>> import numpy as np
     >>> from sklearn.metrics.pairwise import rbf_kernel
-    >>> from gpuml.kernels.pairwise import kernel_matrix
+    >>> from gpuml.pairwise import kernel_matrix
     >>> X = np.random.default_rng(0).normal(size=(5, 3))
     >>> bool(np.allclose(kernel_matrix(X, gamma=0.3), rbf_kernel(X, gamma=0.3)))
     True
     """
-    from .._validation import as_float_matrix
+    from ._validation import as_float_matrix
 
     X = as_float_matrix(X)
     Y = X if Y is None else as_float_matrix(Y, "Y")

@@ -13,7 +13,7 @@ per step; rows live in a bounded LRU cache; optional shrinking keeps only
 the variables that may still move active; the stop is the KKT gap
 ``max_{I_up} -y G - min_{I_low} -y G < tol``.
 
-Kernel rows come from :class:`gpuml.kernels.pairwise.Kernel` (BLAS). The
+Kernel rows come from :class:`gpuml.pairwise.Kernel` (BLAS). The
 iteration itself is a numba state machine (:func:`_run`) that runs until it
 needs a row that is not cached, then returns to Python, which computes that
 row over the active variables and re-enters. When the whole kernel matrix
@@ -40,70 +40,22 @@ that code is compiled only by a fit that uses it.
 from __future__ import annotations
 
 from contextlib import nullcontext
-from dataclasses import dataclass
 
 import numpy as np
 from joblib import effective_n_jobs
 from numba import njit
 from threadpoolctl import ThreadpoolController, threadpool_limits
 
-from ..pairwise import squared_norms
-from . import _jit
+from ...pairwise import squared_norms
+from .. import _jit
+from . import Checked, SMOResult, check_flat, iteration_limit
 
 #: Smallest curvature used for a non-positive-definite pair (LIBSVM's TAU).
 TAU = 1e-12
-#: With ``max_iter=-1`` a problem of n variables stops after ``max(ITER_CAP_MIN,
-#: ITER_CAP_PER_VARIABLE * n)`` steps, LIBSVM's cap (Chang & Lin, "LIBSVM: a library for
-#: support vector machines", 2011, Solver::Solve): rounding can keep a problem from ever
-#: reaching the tolerance, and a solver that never returns is worse than one that says so.
-ITER_CAP_MIN = 10_000_000
-ITER_CAP_PER_VARIABLE = 100
 
 _CONVERGED, _NEED_ROWS, _MAX_ITER, _UNSHRINK = 0, 1, 2, 3
 # Slots of the integer state vector shared by Python and the numba loop.
 _ITER, _MAX, _ACTIVE, _CLOCK, _COUNTER, _UNSHRUNK, _NEED, _VERSION = range(8)
-
-
-@dataclass
-class SMOResult:
-    """The solution of one SVM dual problem.
-
-    Attributes
-    ----------
-    alpha : ndarray of shape (n,)
-        Dual variables, ``0 <= alpha_i <= C_i`` and ``y @ alpha == 0``.
-    intercept : float
-        ``b`` of the decision function ``sum_i alpha_i y_i K(x_i, x) + b``
-        (LIBSVM's ``-rho``).
-    n_iter : int
-        SMO steps taken.
-    objective : float
-        ``1/2 a^T Q a - sum(a)`` at the solution (LIBSVM's ``obj``; the dual
-        of You 2020's eq. 2.1 is its negative).
-    gradient : ndarray of shape (n,)
-        ``Q a - e`` at the solution (warm starts and diagnostics).
-    converged : bool
-        False when ``max_iter`` (or, with ``max_iter=-1``, LIBSVM's cap of
-        ``max(10**7, 100 n)`` steps, see :func:`iteration_limit`) stopped the
-        solver first.
-    """
-
-    alpha: np.ndarray
-    intercept: float
-    n_iter: int
-    objective: float
-    gradient: np.ndarray
-    converged: bool
-
-
-def iteration_limit(max_iter, n):
-    """SMO steps allowed on a problem of ``n`` variables: ``max_iter``, or LIBSVM's cap for -1.
-
-    The CPU and GPU solvers both stop there and report ``converged=False``.
-    """
-    if max_iter >= 0:
-        return max_iter
-    return max(ITER_CAP_MIN, ITER_CAP_PER_VARIABLE * n)
 
 
 @njit(nogil=True, cache=True, inline="always", _nrt=False)
@@ -597,56 +549,9 @@ class _RowSource:
         return self.kernel.dot(self.X[r], self.X[cols], coef)
 
 
-@dataclass
-class _Checked:
-    """Validated problems laid end to end: problem ``w`` owns ``offsets[w]:offsets[w + 1]``."""
-
-    offsets: np.ndarray
-    y: np.ndarray
-    C: np.ndarray
-    alpha: np.ndarray
-
-
-def _check_flat(ys, Cs, alpha0s) -> _Checked:
-    """Validate many problems' labels, bounds and warm starts at once (float64 copies)."""
-    ys = [np.asarray(v, dtype=np.float64) for v in ys]
-    if any(v.ndim != 1 for v in ys):
-        raise ValueError("y must be a 1-D array of -1 and +1")
-    sizes = np.array([v.size for v in ys], dtype=np.int64)
-    offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
-    y = np.concatenate(ys) if ys else np.zeros(0)
-    if not np.all(np.abs(y) == 1.0):
-        raise ValueError("y must be a 1-D array of -1 and +1")
-    n_pos = np.add.reduceat((y > 0).astype(np.int64), offsets[:-1]) if y.size else sizes
-    if np.any(sizes == 0) or np.any(n_pos == 0) or np.any(n_pos == sizes):
-        raise ValueError("y must hold both classes (-1 and +1) for the SVM dual")
-    Cs = [np.asarray(c, dtype=np.float64) for c in Cs]
-    C = np.concatenate([c if c.shape == (n,) else np.broadcast_to(c, (n,))
-                        for c, n in zip(Cs, sizes.tolist())])
-    # C = +inf is the hard-margin SVM (no upper bound), which SVC accepts too.
-    if np.any(np.isnan(C)) or np.any(C <= 0):
-        raise ValueError("C must be positive (or +inf) for every sample")
-    alpha = np.zeros_like(y)
-    for w, alpha0 in enumerate(alpha0s):
-        if alpha0 is None:
-            continue
-        a, b = offsets[w], offsets[w + 1]
-        start = np.asarray(alpha0, dtype=np.float64)
-        if start.shape != (b - a,):
-            raise ValueError(f"alpha0 has shape {start.shape}, expected {(b - a,)}")
-        yw, Cw = y[a:b], C[a:b]
-        scale = max(1.0, float(Cw.max()))
-        if (np.any(start < 0) or np.any(start > Cw)
-                or abs(start @ yw) > 1e-8 * scale * yw.size):
-            raise ValueError("alpha0 is infeasible: it needs 0 <= alpha0 <= C and "
-                             "y @ alpha0 == 0")
-        alpha[a:b] = start
-    return _Checked(offsets, y, C, alpha)
-
-
 def check_problem(y, C, alpha0):
     """Validate one dual problem's labels, bounds and warm start; returns float64 copies."""
-    checked = _check_flat([y], [C], [alpha0])
+    checked = check_flat([y], [C], [alpha0])
     return checked.y, checked.C, checked.alpha
 
 
@@ -672,7 +577,7 @@ def _solve_checked(kernel, X, idx, y, C, alpha, tol, max_iter, cache_bytes, shri
         K = kernel.matrix(X[idx], max_bytes=max(cache_bytes, 1))
     if K is not None:
         one = _DenseRun(np.ones(1, bool), np.arange(n, dtype=np.int64),
-                        _Checked(np.array([0, n], dtype=np.int64), y, C, alpha),
+                        Checked(np.array([0, n], dtype=np.int64), y, C, alpha),
                         tol, max_iter, shrinking)
         one(np.ascontiguousarray(K), np.zeros(1, np.int64))
         return one.results()[0]
@@ -871,33 +776,6 @@ def _reconstruct(src, y, alpha, G, active, state):
     state[_COUNTER] = 1
 
 
-@dataclass
-class SMOProblem:
-    """One SVM dual problem of a batch: rows ``idx`` of the group matrix ``Xs[group]``.
-
-    Attributes
-    ----------
-    group : int
-        Which matrix of the batch the rows come from; problems of one group
-        share its kernel matrix when it fits in the cache (one-vs-one pairs
-        of a partition).
-    idx : ndarray of int
-        Row indices into ``Xs[group]``.
-    y : ndarray of shape (len(idx),)
-        Labels in {-1, +1}; both must occur.
-    C : float or ndarray of shape (len(idx),)
-        Per-sample upper bounds (LIBSVM's C times class and sample weights).
-    alpha0 : ndarray or None
-        Feasible warm start, zeros by default.
-    """
-
-    group: int
-    idx: np.ndarray
-    y: np.ndarray
-    C: object = 1.0
-    alpha0: np.ndarray | None = None
-
-
 def solve_batch(kernel, Xs, problems, *, tol=1e-3, max_iter=-1, cache_bytes=1 << 30,
                 shrinking=True, n_jobs=None, progress=None) -> list[SMOResult]:
     """Solve every problem, sharing kernel values between the problems of a group.
@@ -914,7 +792,7 @@ def solve_batch(kernel, Xs, problems, *, tol=1e-3, max_iter=-1, cache_bytes=1 <<
     """
     if not problems:
         return []
-    checked = _check_flat([p.y for p in problems], [p.C for p in problems],
+    checked = check_flat([p.y for p in problems], [p.C for p in problems],
                           [p.alpha0 for p in problems])
     group = np.array([p.group for p in problems], dtype=np.int64)
     idxs = [np.asarray(p.idx, dtype=np.int64) for p in problems]

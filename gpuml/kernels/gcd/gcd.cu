@@ -37,7 +37,7 @@
 // (Alg 13). Shorter steps under bounded delay are what the analysis of asynchronous
 // coordinate descent asks for (Liu, Wright, Re, Bittorf, Sridhar, "An Asynchronous Parallel
 // Stochastic Coordinate Descent Algorithm", 2015). The same rule runs in the CPU solver
-// (gpuml/kernels/_cpu/gcd.py, damped_step_factor), the oracle of this kernel.
+// (gpuml/kernels/gcd/cpu.py, damped_step_factor), the oracle of this kernel.
 //
 // Stopping, per problem (the CPU solver's protocol): its counters[STARTED] is bumped before
 // step 3, counters[FINISHED] after step 4, fenced; a block whose scan saw no movable

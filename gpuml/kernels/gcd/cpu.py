@@ -100,24 +100,24 @@ import math
 import os
 import time
 from concurrent.futures import ThreadPoolExecutor, wait
-from dataclasses import dataclass, field
 
 import numpy as np
 from numba import njit
 
-from . import _jit
-from ._atomics import atomic_add_seq, atomic_load, atomic_store
-from ._vexp import exp_nonpositive
+from .. import _jit
+from . import (
+    CAPPED,
+    CERTIFIED,
+    KERNEL_CODES,
+    RUNNING,
+    TAU,
+    GCDResult,
+    default_max_updates,
+    max_violation,
+)
+from .atomics import atomic_add_seq, atomic_load, atomic_store
+from .vexp import exp_nonpositive
 
-#: Kernel codes understood by :func:`fill_column` (names as :mod:`gpuml.kernels.pairwise`).
-KERNEL_CODES = {"linear": 0, "poly": 1, "rbf": 2, "sigmoid": 3, "precomputed": 4}
-
-#: Floor on Q_ii, as LIBSVM's TAU: a non-positive diagonal (sigmoid kernel, zero rows of a
-#: linear kernel) makes the one-variable problem unbounded, and the step then goes to a bound.
-TAU = 1e-12
-
-#: Counter words of gcd.cu (per problem): updates begun, updates finished, the stop flag.
-STARTED, FINISHED, STOP = 0, 1, 2
 #: int64 stride between words that different CPU workers write (one 64-byte cache line
 #: each): the per-worker positions and quiet states, and the two shared counters, would
 #: otherwise share lines and every write would steal the line from the other cores.
@@ -130,9 +130,6 @@ C_STARTED, C_STOP = 0, PAD
 #: they are a few entries apart and a full ring is only reached by a worker that is
 #: descheduled for thousands of updates.
 LOG_SIZE = 1 << 14
-#: Values of ``counters[STOP]``: still running, stopped on the certificate, stopped by the
-#: update cap (or the time limit).
-RUNNING, CERTIFIED, CAPPED = 0, 1, 2
 #: The damped step (module docstring): overshoot when ``g_now / g_before`` is below this;
 #: the factor is then halved (not below ``ETA_MIN``), else it grows by ``ETA_GROWTH`` up to 1.
 #: W workers stepping together on perfectly correlated coordinates need ``eta`` about
@@ -161,15 +158,6 @@ DONE, IDLE = 0, 1
 IDLE_POLLS = 4096
 SPIN_POLLS = 1 << 22
 IDLE_SLEEP = 50e-6
-
-
-def default_max_updates(n: int) -> int:
-    """The update cap when none is given: ``max(10**7, 100 n)``, LIBSVM's cap on SMO steps.
-
-    A bound that no healthy run reaches (the benchmarks converge in under
-    ``20 n`` updates) but that ends any run, so no solve can loop forever.
-    """
-    return max(10**7, 100 * int(n))
 
 
 @njit(nogil=True, cache=True, _nrt=False)
@@ -502,63 +490,6 @@ def _pool_of_process(pid: int) -> ThreadPoolExecutor:
     return ThreadPoolExecutor(max_workers=4096, thread_name_prefix=f"gpuml-gcd-{pid}")
 
 
-@dataclass
-class GCDResult:
-    """What a GCD run returns (arrays in the input's namespace).
-
-    Attributes
-    ----------
-    alpha : (n,) dual variables.
-    objective : float, ``1/2 a'Qa - e'a`` from the maintained gradient.
-    max_violation : float, largest projected gradient (eq. 4.11) at the end.
-    n_updates : int, coordinate updates with a non-zero step.
-    converged : bool, the run stopped on its certificate (every variable's projected
-        gradient below ``tol``, but for variables whose exact step rounds to zero, which
-        cannot move), not on the update cap or the time limit.
-    n_workers : int, workers actually run (empty blocks get none).
-    trace : list of ``(seconds, n_updates, alpha)`` snapshots when asked for (CPU): copies
-        of the dual variables taken while the workers run. Every snapshot lies in the box
-        ``[0, C]``, so it is a feasible point whatever the workers were doing; its exact
-        objective comes from :func:`gpuml.kernels.gcd_objectives`, after the run.
-    gradient : (n,) the maintained gradient ``g`` (which should equal ``Qa - e``) at the
-        end, the basis of ``objective`` and ``max_violation`` (float64 on both devices).
-    worker_cpu_s : list of float, CPU seconds of each worker's thread (CPU; empty on a GPU).
-        On a machine shared with other jobs the wall time says little; the busiest
-        worker's CPU seconds bound what the solve takes on idle cores.
-    """
-
-    alpha: object
-    objective: float
-    max_violation: float
-    n_updates: int
-    converged: bool
-    n_workers: int
-    trace: list = field(default_factory=list)
-    gradient: object = None
-    worker_cpu_s: list = field(default_factory=list)
-
-
-@dataclass
-class GCDProblem:
-    """One bias-free SVM dual of a batch (a one-vs-one pair): rows ``rows`` of a shared X.
-
-    Attributes
-    ----------
-    rows : int array of shape (m,), the rows of X (and, for a precomputed kernel, its
-        columns) that are this problem's variables.
-    y : array of shape (m,) in {-1, +1}.
-    C : array of shape (m,), per-variable upper bounds.
-    blocks : int array of shape (m,), the block (worker) of every variable.
-    random_state : int, RandomState or None, seeds the random selection.
-    """
-
-    rows: np.ndarray
-    y: np.ndarray
-    C: np.ndarray
-    blocks: np.ndarray
-    random_state: object = None
-
-
 def solve_batch(X, kernel, problems, *, n_jobs=1, cache_bytes=1 << 30, progress=None,
                 **options):
     """Solve every problem with :func:`solve`, ``n_jobs`` problems at a time in threads.
@@ -600,13 +531,6 @@ def solve_batch(X, kernel, problems, *, n_jobs=1, cache_bytes=1 << 30, progress=
 def objective_from_gradient(alpha, g) -> float:
     """``1/2 a'Qa - e'a = 1/2 a'(g - 1)`` given ``g = Qa - 1``: O(n)."""
     return 0.5 * float(alpha @ (g - 1.0))
-
-
-def max_violation(alpha, g, C) -> float:
-    """The largest projected gradient over all variables (eq. 4.11)."""
-    if alpha.shape[0] == 0:
-        return 0.0
-    return float(np.abs(alpha - np.clip(alpha - g, 0.0, C)).max())
 
 
 def solve(X, y, C, kernel, blocks, *, selection="greedy", tol=1e-3, max_updates=None,

@@ -1,6 +1,8 @@
 """The one place CUDA sources are compiled: CuPy RawModule, memoized per device.
 
-Conventions for every ``*.cu`` file in this folder:
+Every solver's CUDA C lives beside its host code, in its concept's package:
+``<name>.cu`` in ``gpuml/kernels/<name>/`` (``smo/smo.cu``, ``gcd/gcd.cu``),
+shipped as package data. Conventions for every ``*.cu`` file:
 
 * kernels are templates over the float type, instantiated at load time by
   ``name_expressions`` (e.g. ``"smo_solve<double>"``);
@@ -22,7 +24,12 @@ SOURCE_DIR = Path(__file__).resolve().parent
 
 def sources() -> list[Path]:
     """Every CUDA source shipped with gpuml."""
-    return sorted(SOURCE_DIR.glob("*.cu"))
+    return sorted(SOURCE_DIR.glob("*/*.cu"))
+
+
+def source_path(name: str) -> Path:
+    """The CUDA source ``<name>.cu``, in its concept's package ``gpuml/kernels/<name>/``."""
+    return SOURCE_DIR / name / f"{name}.cu"
 
 
 def template_name(kernel: str, dtype) -> str:
@@ -44,7 +51,7 @@ def load_module(name: str, device_id: int, name_expressions: tuple[str, ...] = (
     """
     import cupy
 
-    path = SOURCE_DIR / f"{name}.cu"
+    path = source_path(name)
     code = f'#line 1 "{path}"\n' + path.read_text()
     with cupy.cuda.Device(device_id):
         module = cupy.RawModule(code=code, options=("-std=c++17",),

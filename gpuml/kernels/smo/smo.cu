@@ -183,7 +183,7 @@ struct MatrixRows {
 // Kernel rows computed when needed (the matrix does not fit): the team writes row i
 // into one of two scratch rows from the features, stored transposed (XT[t * n + k])
 // so that neighbouring threads read neighbouring samples.
-// kind: 0 linear, 1 poly, 2 rbf, 3 sigmoid (gpuml.kernels.pairwise's formulas).
+// kind: 0 linear, 1 poly, 2 rbf, 3 sigmoid (gpuml.pairwise's formulas).
 template <typename T>
 struct OnTheFlyRows {
     const T* XT;

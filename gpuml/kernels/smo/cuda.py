@@ -1,7 +1,7 @@
 """GPU SMO: the problems of a batch solved by a few launches of ``smo.cu`` (CuPy).
 
 The kernel matrix of every group (partition) is computed on the device with
-:class:`gpuml.kernels.pairwise.Kernel` and kept whole; the problems then
+:class:`gpuml.pairwise.Kernel` and kept whole; the problems then
 index into it. Two launch shapes, no Python loop per SMO step:
 
 * many problems (the P parts of a CA-SVM, times their one-vs-one pairs):
@@ -28,10 +28,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from .._cpu.smo import SMOResult, _check_flat, iteration_limit
-from ..krr import available_bytes
-from ..pairwise import BLOCK_BYTES
-from . import loader
+from ..._backend import available_bytes
+from ...pairwise import BLOCK_BYTES
+from .. import _cuda as loader
+from . import SMOResult, check_flat, iteration_limit
 
 _KERNELS = ("smo_block", "smo_grid", "smo_grid_rows")
 _THREADS = 256
@@ -160,7 +160,7 @@ def solve_batch(kernel, Xs, problems, *, tol=1e-3, max_iter=-1, cache_bytes=0,
 
     if not problems:
         return []
-    checked = _check_flat([p.y for p in problems], [p.C for p in problems],
+    checked = check_flat([p.y for p in problems], [p.C for p in problems],
                           [p.alpha0 for p in problems])
     sizes = np.diff(checked.offsets)
     idxs = _check_rows(Xs, problems, sizes)
@@ -302,7 +302,7 @@ _KIND = {"linear": 0, "poly": 1, "rbf": 2, "sigmoid": 3}
 
 def _solve_on_the_fly(kernel, X, state, q, warm, tol, n_sm, device_id, cp):
     """Problem ``q``, whose group's matrix does not fit: the grid computes rows i, j each step."""
-    from ..pairwise import squared_norms
+    from ...pairwise import squared_norms
 
     s = state.span(q)
     Xp = X[state.idx[s]]

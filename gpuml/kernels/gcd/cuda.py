@@ -22,19 +22,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from .._cpu.gcd import (
-    CAPPED,
-    FINISHED,
-    KERNEL_CODES,
-    STOP,
-    TAU,
-    GCDResult,
-    default_max_updates,
-    max_violation,
-)
-from .loader import get_kernel
+from .._cuda import get_kernel
+from . import CAPPED, KERNEL_CODES, TAU, GCDProblem, GCDResult, default_max_updates, max_violation
 
 THREADS = 256  # GCD_THREADS in gcd.cu
+#: Counter words of gcd.cu (per problem): updates begun, updates finished, the stop flag.
+STARTED, FINISHED, STOP = 0, 1, 2
 COUNTERS = 4  # GCD_COUNTERS in gcd.cu: words per problem
 #: Rows of Q (or of the precomputed kernel) are built this many bytes at a time.
 BUILD_BYTES = 64 << 20
@@ -75,7 +68,7 @@ def default_cache_bytes(device_id: int) -> int:
     """A quarter of the device memory free now (free plus CuPy's pool): scales with the GPU."""
     import cupy
 
-    from ..krr import available_bytes
+    from ..._backend import available_bytes
 
     with cupy.cuda.Device(device_id):
         return int(DEFAULT_CACHE_FRACTION * available_bytes(cupy))
@@ -85,8 +78,6 @@ def solve(X, y, C, kernel, blocks, *, selection="greedy", tol=1e-3, max_updates=
           cache_bytes=256 << 20, random_state=0):
     """Run Asy-GCD on CuPy data; see :func:`gpuml.kernels.gcd_solve` for the parameters."""
     import cupy as cp
-
-    from .._cpu.gcd import GCDProblem
 
     problem = GCDProblem(np.arange(int(y.shape[0])), cp.asnumpy(cp.asarray(y)),
                          cp.asnumpy(cp.asarray(C)), cp.asnumpy(cp.asarray(blocks)), random_state)
@@ -164,7 +155,7 @@ def solve_batch(X, kernel, problems, *, selection="greedy", tol=1e-3, max_update
     """
     import cupy as cp
 
-    from ..krr import available_bytes
+    from ..._backend import available_bytes
 
     device_id = X.device.id
     seeds = [0] * len(problems) if seeds is None else list(seeds)
@@ -218,7 +209,7 @@ def _fill_q(X, kernel, p, src, yT, Xw, block, cp):
 def _run_launch(X, kernel, batch, dtype, d, precomputed, greedy, tol, cache_bytes, fixed_bytes,
                 fn, cp):
     """One launch over ``batch`` (prepared problems whose blocks are all resident at once)."""
-    from ..krr import available_bytes
+    from ..._backend import available_bytes
 
     itemsize = dtype.itemsize
     sizes = np.array([p.n for p in batch], dtype=np.int64)

@@ -6,7 +6,7 @@ address of ``arr[i]``. ``atomicrmw fadd`` is lowered by LLVM to the target's
 native instruction or to a compare-and-swap loop (x86), so concurrent adds
 from several threads never lose an update. Asy-GCD's CPU workers (You 2020,
 Alg 14) use them for their update counter and the publication of update-log
-entries (:mod:`.gcd`); they no longer add into a shared gradient with them
+entries (:mod:`.cpu`); they no longer add into a shared gradient with them
 (a ``lock cmpxchg`` loop per entry kept two workers slower than one).
 
 Orderings: ``atomic_add`` is ``monotonic`` (every add lands, in some order);
