@@ -82,10 +82,12 @@ def test_make_wiring():
     assert "--quick --out gpu-out" in dry
 
 
-def test_required_gpu_missing_stops_the_session(monkeypatch):
+def test_required_gpu_missing_stops_the_session(monkeypatch, pytestconfig):
     """tests/conftest.py with GPUML_REQUIRE_GPU=1: no device is a failed session."""
-    conftest = sys.modules["conftest"]
-    assert conftest.__file__ == str(ROOT / "tests" / "conftest.py")
+    # Several folders have a conftest.py: find the root one among pytest's plugins.
+    root = str(ROOT / "tests" / "conftest.py")
+    conftest, = [p for p in pytestconfig.pluginmanager.get_plugins()
+                 if getattr(p, "__file__", None) == root]
     monkeypatch.setattr(gpu_check, "gpu_problems", lambda: ["CuPy sees none"])
     monkeypatch.setenv("GPUML_REQUIRE_GPU", "1")
     with pytest.raises(pytest.exit.Exception, match="no CUDA device answers: CuPy sees none") \
