@@ -19,7 +19,7 @@ import time
 import numpy as np
 from sklearn.svm import SVC
 
-import gpuml.partition as partition_module
+import gpuml.partition.algorithms as partition_module
 from bench.datasets import load, train_test_split_std
 from gpuml import CASVMClassifier
 from gpuml.estimators._svm import ovo_votes
@@ -56,7 +56,7 @@ def main(name, P, n_train, n_test):
     t0 = time.perf_counter()
     acc_svc = (SVC(C=1, gamma="scale").fit(Xtr, ytr).predict(Xte) == yte).mean()
     t_svc = time.perf_counter() - t0
-    capacities = partition_module._capacities
+    capacities = partition_module.capacities
     try:
         for alpha in (1.0, 1.5, 2.0, 3.0, None):
             for seed in (0, 1):
@@ -64,19 +64,19 @@ def main(name, P, n_train, n_test):
                 if alpha is not None:
                     def capped(n, k, larger_first=None, _a=alpha):
                         return np.ceil(capacities(n, k, larger_first) * _a).astype(np.int64)
-                    partition_module._capacities = capped
+                    partition_module.capacities = capped
                 model = CASVMClassifier(n_partitions=P, partition=method, random_state=seed)
                 t0 = time.perf_counter()
                 model.fit(Xtr, ytr)
                 t_fit = time.perf_counter() - t0
-                partition_module._capacities = capacities
+                partition_module.capacities = capacities
                 loss = 100 * (acc_svc - (model.predict(Xte) == yte).mean())
                 blend = 100 * (acc_svc - blended_accuracy(model, Xte, yte, 0.5))
                 print(f"{name} P={P} alpha={alpha} seed={seed}: {t_svc / t_fit:.1f}x SVC, "
                       f"loss {loss:+.2f} (blended {blend:+.2f}), largest part "
                       f"{model.partition_sizes_.max()}", flush=True)
     finally:
-        partition_module._capacities = capacities
+        partition_module.capacities = capacities
 
 
 if __name__ == "__main__":

@@ -92,18 +92,18 @@ class Phases:
 def instrument(phases: Phases):
     from cupy_backends.cuda.libs import cusolver
 
-    import gpuml.partition as partition
     from gpuml.estimators import bkrr
     from gpuml.kernels import krr
+    from gpuml.partition import algorithms, local
 
     base = bkrr._BKRRBase
     phases.patch(base, "_prepare", "fit: validate + copy to device (_prepare)")
     phases.patch(base, "_check_before_split", "fit: memory check before partitioning")
     phases.patch(base, "_split", "fit: partition (_split)")
-    phases.patch(partition, "_kmeans", "partition: k-means (seeding + Lloyd)")
-    phases.patch(partition, "_kmeans_pp", "partition: k-means++ seeding")
-    phases.patch(partition, "_fill", "partition: K-balance fill (host loop)")
-    phases.patch(partition, "_means", "partition: part means")
+    phases.patch(algorithms, "lloyd", "partition: k-means (seeding + Lloyd)")
+    phases.patch(algorithms, "kmeans_pp", "partition: k-means++ seeding")
+    phases.patch(local, "fill", "partition: K-balance fill (host loop)")
+    phases.patch(local.LocalRows, "means", "partition: part means")
     phases.patch(base, "_solve", "fit: solve (_solve)")
     phases.patch(base, "_check_memory", "memory check (_check_memory)")
     phases.patch(bkrr, "_take", "solve: gather parts/targets (_take)")

@@ -193,19 +193,19 @@ def test_kmeans_on_actors_equals_kmeans_as_tasks(client, regression):
     """k-means++ and Lloyd on one actor per worker give the centres and sizes of the
     same steps run as tasks (the path Dask retries), and the in-process k-means centres."""
     from gpuml.distributed import dask as gd
+    from gpuml.partition.algorithms import lloyd
 
     X, y = regression
     rows = gd.load_rows(gd._Driver(client), *_dask(X, y), None, dtype=np.float64,
                         classification=False)
     runs = []
     for steps in (gd._ActorSteps, gd._TaskSteps):
-        part = gd._ChunkPartitioner(rows, 5, np.random.RandomState(0), gd.LLOYD_MAX_ITER,
-                                    gd.LLOYD_TOL)
+        args = (5, np.random.RandomState(0), gd.LLOYD_MAX_ITER, gd.LLOYD_TOL)
         if steps is gd._ActorSteps:
             with steps(rows) as on:
-                centers, sizes = part._lloyd(on)
+                centers, sizes = lloyd(gd.ChunkRows(rows, on), *args)
         else:
-            centers, sizes = part._lloyd(steps(rows))
+            centers, sizes = lloyd(gd.ChunkRows(rows, steps(rows)), *args)
         runs.append((centers, sizes, rows.driver.traffic.steps))
         rows.driver.traffic.steps = 0
     (c1, s1, n1), (c2, s2, n2) = runs

@@ -190,8 +190,7 @@ def _on_driver(monkeypatch, phase, lose):
         for steps in (gd._ActorSteps, gd._TaskSteps):
             monkeypatch.setattr(steps, "assign", _before(steps.assign, lose, skip=1))
     elif phase == "fill":
-        monkeypatch.setattr(gd._ChunkPartitioner, "fill", _before(gd._ChunkPartitioner.fill,
-                                                                  lose))
+        monkeypatch.setattr(gd.ChunkRows, "fill", _before(gd.ChunkRows.fill, lose))
 
 
 def _before(method, lose, skip=0):
@@ -200,7 +199,7 @@ def _before(method, lose, skip=0):
     def patched(self, *args, **kwargs):
         calls.append(1)
         if len(calls) > skip:
-            lose(self.rows.groups[0][0])
+            lose((self.data if hasattr(self, "data") else self.rows).groups[0][0])
         return method(self, *args, **kwargs)
 
     return patched

@@ -7,11 +7,12 @@ from sklearn.cluster import KMeans
 from sklearn.datasets import load_breast_cancer, load_digits
 from sklearn.utils import check_random_state
 
-import gpuml.partition as partition_module
+import gpuml.partition.local as local_module
 from gpuml.kernels import fill_nearest_open, nearest_centres, part_sums, read_lag, read_later
 from gpuml.kernels import nearest as nearest_module
 from gpuml.pairwise import squared_norms
-from gpuml.partition import PARTITIONERS, assign_nearest, kmeans, partition
+from gpuml.partition import PARTITIONERS, LocalRows, assign_nearest, divide, kmeans, partition
+from gpuml.partition.algorithms import kmeans_pp
 
 _BC = load_breast_cancer().data[:540]
 # 540 samples, divisible by 3, 5 and 10 as the literal algorithms assume; standardised
@@ -101,8 +102,8 @@ def test_fill_reproduces_the_papers_worked_example():
 def test_fill_numpy_twin_takes_the_compiled_loops_decisions():
     """The twin that fills while numba compiles: same labels and counts, ties included."""
     from gpuml.kernels import _jit
-    from gpuml.kernels._cpu.partition import _fill_nearest_open_numpy
-    from gpuml.kernels._cpu.partition import fill_nearest_open as compiled
+    from gpuml.kernels.nearest.cpu import _fill_nearest_open_numpy
+    from gpuml.kernels.nearest.cpu import fill_nearest_open as compiled
 
     rng = np.random.default_rng(3)
     D = rng.integers(0, 4, size=(500, 7)).astype(float)  # many ties
@@ -352,13 +353,13 @@ def test_unknown_method():
 
 def _count_passes(monkeypatch):
     passes = []
-    original = partition_module.nearest_centres
+    original = local_module.nearest_centres
 
     def counted(*args, **kwargs):
         passes.append(1)
         return original(*args, **kwargs)
 
-    monkeypatch.setattr(partition_module, "nearest_centres", counted)
+    monkeypatch.setattr(local_module, "nearest_centres", counted)
     return passes
 
 
@@ -373,7 +374,7 @@ def test_lloyd_reading_behind_stops_where_the_host_does(lag, max_iter, tol, monk
     passes = _count_passes(monkeypatch)
     labels, centers = kmeans(DIGITS, 8, random_state=2, max_iter=max_iter, tol=tol)
     host_passes = len(passes)
-    monkeypatch.setattr(partition_module, "read_lag", lambda like: lag)
+    monkeypatch.setattr(local_module, "read_lag", lambda like: lag)
     passes.clear()
     lag_labels, lag_centers = kmeans(DIGITS, 8, random_state=2, max_iter=max_iter, tol=tol)
     np.testing.assert_array_equal(lag_labels, labels)
@@ -389,12 +390,10 @@ def test_seeding_ahead_draws_what_seeding_in_turn_draws(P):
     # The device seeding draws every uniform first and picks with total * u; on float64
     # input that is the host's rng.uniform(0, total) pick for pick, and the generator
     # ends in the same state.
-    x_norms = squared_norms(DIGITS)
     rng_turn, rng_ahead = check_random_state(4), check_random_state(4)
-    first = int(rng_turn.randint(len(DIGITS)))
-    assert int(rng_ahead.randint(len(DIGITS))) == first
-    in_turn = partition_module._kmeans_pp_in_turn(DIGITS, P, rng_turn, first, x_norms)
-    ahead = partition_module._kmeans_pp_ahead(DIGITS, P, rng_ahead, first, x_norms)
+    in_turn = kmeans_pp(LocalRows(DIGITS), P, rng_turn)  # draws the first row itself
+    first = int(rng_ahead.randint(len(DIGITS)))
+    ahead = LocalRows(DIGITS).seed_ahead(first, P, rng_ahead)
     np.testing.assert_array_equal(ahead, in_turn)
     assert rng_ahead.randint(2**31) == rng_turn.randint(2**31)
 
@@ -404,17 +403,17 @@ def test_seeding_ahead_falls_back_when_the_host_would_draw_otherwise(monkeypatch
     # the host draws randint instead of uniform. The speculative picks are dropped and
     # the seeding repeated in turn from the saved state: same centres, same generator.
     X = np.repeat([[0.0, 0.0], [1.0, 0.0], [0.0, 2.0]], 4, axis=0)  # exact distances
-    x_norms = squared_norms(X)
-    assert partition_module._kmeans_pp_ahead(X, 5, check_random_state(0), 0, x_norms) is None
+    assert LocalRows(X).seed_ahead(0, 5, check_random_state(0)) is None
     host_rng, lag_rng = check_random_state(9), check_random_state(9)
-    expected = partition_module._kmeans_pp(X, 5, host_rng)
-    monkeypatch.setattr(partition_module, "read_lag", lambda like: 1)
-    np.testing.assert_array_equal(partition_module._kmeans_pp(X, 5, lag_rng), expected)
+    expected = kmeans_pp(LocalRows(X), 5, host_rng)
+    monkeypatch.setattr(local_module, "read_lag", lambda like: 1)
+    assert LocalRows(X).read_lag == 1
+    np.testing.assert_array_equal(kmeans_pp(LocalRows(X), 5, lag_rng), expected)
     assert lag_rng.randint(2**31) == host_rng.randint(2**31)
     # distances that overflow: the host raises on uniform(0, nan); so must the fallback
     huge = np.array([[1e200, 0.0], [0.0, 1e200], [1.0, 1.0]] * 3)
     with np.errstate(all="ignore"), pytest.raises(OverflowError):
-        partition_module._kmeans_pp(huge, 3, check_random_state(0))
+        kmeans_pp(LocalRows(huge), 3, check_random_state(0))
 
 
 @pytest.mark.parametrize("P", [3, 64])
@@ -442,9 +441,9 @@ def test_means_of_empty_parts_keep_the_fallback_without_a_mask():
     sums = np.array([[2.0, 4.0], [0.0, 0.0], [3.0, 3.0]])
     counts = np.array([2, 0, 3])
     fallback = np.array([[9.0, 9.0], [7.0, 8.0], [9.0, 9.0]])
-    means = partition_module._divide(sums, counts, fallback)
+    means = divide(sums, counts, fallback)
     np.testing.assert_array_equal(means, [[1.0, 2.0], [7.0, 8.0], [1.0, 1.0]])
-    np.testing.assert_array_equal(partition_module._divide(sums, counts),
+    np.testing.assert_array_equal(divide(sums, counts),
                                   [[1.0, 2.0], [0.0, 0.0], [1.0, 1.0]])
 
 
@@ -501,7 +500,7 @@ def test_gpu_reading_behind_is_bitwise_reading_at_once(dtype, max_iter, monkeypa
 
     X = cp.asarray(DIGITS.astype(dtype))
     labels, centers = kmeans(X, 8, random_state=2, max_iter=max_iter)
-    monkeypatch.setattr(partition_module, "read_lag", lambda like: 0)
+    monkeypatch.setattr(local_module, "read_lag", lambda like: 0)
     at_once_labels, at_once_centers = kmeans(X, 8, random_state=2, max_iter=max_iter)
     np.testing.assert_array_equal(labels.get(), at_once_labels.get())
     np.testing.assert_array_equal(centers.get(), at_once_centers.get())
@@ -513,7 +512,7 @@ def test_gpu_seeding_ahead_falls_back_like_the_host():
 
     X = np.repeat([[0.0, 0.0], [1.0, 0.0], [0.0, 2.0]], 4, axis=0)
     host_rng, gpu_rng = check_random_state(9), check_random_state(9)
-    expected = partition_module._kmeans_pp(X, 5, host_rng)
-    np.testing.assert_array_equal(partition_module._kmeans_pp(cp.asarray(X), 5, gpu_rng).get(),
+    expected = kmeans_pp(LocalRows(X), 5, host_rng)
+    np.testing.assert_array_equal(kmeans_pp(LocalRows(cp.asarray(X)), 5, gpu_rng).get(),
                                   expected)
     assert gpu_rng.randint(2**31) == host_rng.randint(2**31)

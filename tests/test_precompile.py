@@ -9,9 +9,9 @@ from gpuml.precompile import precompile
 
 def _numba_functions():
     """Every numba dispatcher of gpuml's CPU kernels."""
-    from gpuml.kernels._cpu import partition
     from gpuml.kernels.gcd import cpu as gcd
     from gpuml.kernels.gcd import vexp
+    from gpuml.kernels.nearest import cpu as partition
     from gpuml.kernels.smo import cpu as smo
 
     return {f"{mod.__name__}.{name}": obj for mod in (vexp, gcd, partition, smo)

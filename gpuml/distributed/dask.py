@@ -101,13 +101,7 @@ from .._validation import check_n_partitions
 from ..estimators._partitioned import Partitioning
 from ..kernels import fill_nearest_open, nearest_centres, part_sums, row_blocks
 from ..pairwise import Kernel, shifted_sq_distances, squared_norms
-from ..partition import (
-    PARTITIONERS,
-    _capacities,
-    _contiguous_labels,
-    _divide,
-    _random_labels,
-)
+from ..partition import PARTITIONERS, SPLITS, divide, fcfs_seeds
 from .placement import balance_local, cholesky_cost, smo_cost
 
 #: Task keys start with this, then the step; tests and dashboards find gpuml's tasks by it.
@@ -120,7 +114,7 @@ def fills_on_client(n_parts: int, n_features: int) -> bool:
     """Whether the greedy fill gathers the n x P distances to the client (else: a chain).
 
     When P <= d the distances weigh no more than the rows that move to their
-    parts anyway; see ``_ChunkPartitioner.fill``.
+    parts anyway; see ``ChunkRows.fill``.
     """
     return n_parts <= n_features
 
@@ -532,6 +526,12 @@ class DaskRows:
         k = int(np.searchsorted(self.bounds, i, side="right") - 1)
         return k, i - int(self.bounds[k])
 
+    def locals_of(self, ids) -> list:
+        """Each chunk's local indices of the global rows ``ids`` (ascending; an empty list for
+        a chunk with none)."""
+        owners = [self.owner(int(i)) for i in np.asarray(ids).tolist()]
+        return [[loc for kk, loc in owners if kk == k] for k in range(self.n_chunks)]
+
     def gathered(self, pending):
         """The results of an :meth:`each` call on the client: one per chunk, in chunk order."""
         out = [None] * self.n_chunks
@@ -833,7 +833,7 @@ class _ActorSteps:
     Each actor starts on the worker holding its chunks, or on another if that one
     is gone (Dask then moves the chunks there). A call waits for its answer only
     while the actor's worker runs: a lost worker ends the wait with an error
-    (:class:`LostWorker`), upon which :meth:`_ChunkPartitioner.clustered` runs
+    (:class:`LostWorker`), upon which :func:`partition_chunks` runs
     k-means again as tasks.
     """
 
@@ -924,168 +924,103 @@ class _ActorSteps:
         return out
 
 
-class _ChunkPartitioner:
-    """The partitioners of :mod:`gpuml.distributed.partition`, over chunks on Dask workers.
+class ChunkRows:
+    """The chunks of a Dask fit as :mod:`gpuml.partition.algorithms` asks for rows.
 
-    The same algorithms and the same draws from ``rng``: the SPMD ranks become
-    chunks, each collective a gather of small per-chunk values summed in chunk
-    order on the client. ``labels`` are futures (one per chunk) that stay on
-    the workers.
+    A block is a chunk: each step is run by ``steps`` (:class:`_ActorSteps` or
+    :class:`_TaskSteps`), one call or task per worker over its chunks, and the
+    per-chunk totals and sums come back to the client, added there in chunk
+    order. Labels are one host array per chunk. ``seeds`` (optional): rows
+    gathered before the split began, by global index (FCFS's centres, see
+    :class:`SplitStart`).
     """
 
-    def __init__(self, rows: DaskRows, n_parts, rng, max_iter, tol):
-        self.rows, self.P, self.rng = rows, int(n_parts), rng
-        self.max_iter, self.tol = max_iter, tol
-        self.driver = rows.driver
+    #: every Lloyd shift is read on the client as it comes
+    read_lag = 0
 
-    #: FCFS's seed rows when they were gathered before :meth:`run` (see :class:`SplitStart`).
-    seed_blocks = None
+    def __init__(self, data: DaskRows, steps, seeds=None):
+        self.data, self.steps, self.seeds = data, steps, seeds
+        self.n, self.n_features = data.n, data.n_features
+        self._assigned = False
 
-    def seed_locals(self) -> list:
-        """FCFS's first draw (You 2020, Alg 3: P distinct rows as the centres): each
-        chunk's local indices of them, ascending (an empty list for a chunk with none)."""
-        seeds = np.sort(self.rng.choice(self.rows.n, self.P, replace=False))
-        owners = [self.rows.owner(int(s)) for s in seeds.tolist()]
-        return [[loc for kk, loc in owners if kk == k] for k in range(self.rows.n_chunks)]
+    def variance(self) -> float:
+        return self.data.variance
 
-    def seed_rows(self) -> list:
-        """The seed rows, in chunk order (one task per worker, one round trip)."""
-        locals_ = self.seed_locals()
-        return self.rows.gathered(self.rows.each("rows", _rows, extra=[(loc,) for loc in locals_]))
+    def row(self, i):
+        return self.steps.row(i)
 
-    def kmeans_pp(self, steps):
-        """k-means++ seeding (Arthur & Vassilvitskii, 2007), D^2 sampling over the chunks.
+    def rows(self, ids):
+        ids = np.asarray(ids).tolist()
+        if self.seeds is not None and all(i in self.seeds for i in ids):
+            return np.stack([self.seeds[i] for i in ids]).astype(self.data.dtype, copy=False)
+        return np.concatenate(self.data.gathered(self.data.each(
+            "rows", _rows, extra=[(loc,) for loc in self.data.locals_of(ids)])))
 
-        Per centre, the client needs the chunks' totals of the distances to the
-        nearest centre so far to draw the next row; those distances stay on the
-        workers. The drawn row is picked on its chunk's worker, then every worker's
-        distances are updated with it: two actor calls (:class:`_ActorSteps`), or one
-        round trip of tasks that hand the row on as a future (:class:`_TaskSteps`),
-        the same draws and the same numbers.
-        """
-        rows, rng, K = self.rows, self.rng, self.rows.n_chunks
-        centers = [steps.row(int(rng.randint(rows.n)))]
-        totals = steps.first(centers[0])
-        for j in range(1, self.P):
-            ends = np.cumsum(totals)
-            total = float(ends[-1])
-            if total <= 0:  # fewer distinct points than parts: any sample will do
-                c = steps.row(int(rng.randint(rows.n)))
-            else:
-                u = rng.uniform(0, total)
-                owner = min(int(np.searchsorted(ends, u)), K - 1)
-                start = float(ends[owner - 1]) if owner else 0.0
-                c = steps.pick(owner, u - start)
-            centers.append(c)
-            if j < self.P - 1:  # after the last pick no one reads the distances
-                totals = steps.closer(c)
-        return steps.values(centers)
+    def first(self, c):
+        return np.asarray(self.steps.first(c))
 
-    def clustered(self, method):
-        """k-means (``(labels, centers)``) or K-balance (``(labels, None)``): Lloyd's k-means,
-        then for K-balance the fill.
+    def closer(self, c):
+        return np.asarray(self.steps.closer(c))
 
-        Seeding and Lloyd steps are a chain of small exchanges (41 for BKRR2 P=16 on
-        California housing), so they run on one Dask actor per worker
-        (:class:`_RowsActor`, called from the client without the scheduler's
-        round trip of a task), and so does the fill's chain. If an actor's worker
-        is lost, it all runs again from the same draws as tasks, which Dask retries
-        like every other step.
-        """
-        state = self.rng.get_state()
-        try:
-            with _ActorSteps(self.rows) as steps:
-                return self._clustered(method, steps)
-        except LostData:
-            raise
-        except Exception as err:  # an actor's worker lost, or no actor could start
-            warnings.warn(f"k-means on Dask actors failed ({type(err).__name__}: {err}); "
-                          "running it again as tasks", RuntimeWarning, stacklevel=4)
-            self.rng.set_state(state)
-            self.driver.traffic.steps = 0
-            return self._clustered(method, _TaskSteps(self.rows))
+    def pick(self, block, u):
+        return self.steps.pick(block, u)
 
-    def _clustered(self, method, steps):
-        centers, sizes = self._lloyd(steps)
-        if method == "kmeans":
-            # The labels of the last step, computed again where the rows are.
-            return steps.labels(centers), centers
-        caps = _capacities(self.rows.n, self.P, np.argsort(-sizes, kind="stable"))
-        return self.fill(centers, caps, steps), None
+    def stack(self, rows):
+        return self.steps.values(rows)
 
-    def _lloyd(self, steps):
-        centers = self.kmeans_pp(steps)
-        threshold = self.tol * self.rows.variance
-        sums, counts = steps.assign(centers)
-        for _ in range(self.max_iter):
-            new_centers = _divide(sums, counts, fallback=centers)
-            shift = float(((new_centers - centers) ** 2).sum())
-            centers = new_centers
-            sums, counts = steps.assign(centers)
-            self.driver.traffic.steps += 1
-            if shift <= threshold:
-                break
-        return np.ascontiguousarray(centers), counts
+    def assign(self, centers):
+        if self._assigned:  # Lloyd steps after the first assignment
+            self.data.driver.traffic.steps += 1
+        self._assigned = True
+        return self.steps.assign(centers)
 
-    def fill(self, centers, caps, steps=None):
+    def nearest(self, centers):
+        return self.steps.labels(centers)
+
+    def local(self, labels):
+        b = self.data.bounds
+        return [labels[b[k]: b[k + 1]] for k in range(self.data.n_chunks)]
+
+    def fill(self, centers, counts, caps, rows=None):
         """The greedy fill of every row in order (You 2020, Alg. 3): the labels per chunk.
 
         The fill is sequential over the rows, so it runs in one place at a time.
         When the n x P distances are no larger than the rows (P <= d), every
         chunk's task computes its block at once and the client gathers them in
         chunk order (batches of at most ``FILL_BATCH_BYTES``) and fills. Otherwise
-        the fill runs as a chain of one task per chunk that hands the next only
-        the P fill counts; it moves P numbers a hop instead of the distances, but
-        pays a scheduler round trip a chunk, one after another: that chain was a
-        third of a 2-worker CA-SVM fit of 36,631 rows on 8 chunks. ``steps`` runs
-        the chain (default :class:`_TaskSteps`; on actors, K-balance after its
-        k-means, one call per run of consecutive chunks on one worker). The labels
-        end on the client either way (the placement needs the parts' sizes).
+        the fill runs as a chain along the chunks that hands the next only the P
+        fill counts (``steps.fill_chain``: one task per chunk, or on actors one
+        call per run of consecutive chunks on one worker); it moves P numbers a
+        hop instead of the distances, but pays a round trip a hop, one after
+        another. The labels end on the client either way (the placement needs the
+        parts' sizes). BKM's fill of chosen rows is not offered over chunks.
         """
-        counts = np.zeros(self.P, dtype=np.int64)
+        if rows is not None:
+            raise ValueError("partition='bkm' does not run on Dask input (its movers are "
+                             "the farthest members of over-full parts, a global sort that "
+                             "is not written for chunks)")
         c_norms = squared_norms(centers)
-        rows = self.rows
-        if not fills_on_client(self.P, rows.n_features):
-            return (steps or _TaskSteps(rows)).fill_chain(centers, c_norms, counts, caps)
-        itemsize = np.dtype(rows.dtype).itemsize
-        if rows.n * self.P * itemsize <= FILL_BATCH_BYTES:
+        data = self.data
+        if not fills_on_client(len(caps), data.n_features):
+            return self.steps.fill_chain(centers, c_norms, counts, caps)
+        itemsize = np.dtype(data.dtype).itemsize
+        P = len(caps)
+        if data.n * P * itemsize <= FILL_BATCH_BYTES:
             # All the distances at once: one task per worker.
-            blocks = rows.gathered(rows.each("distances", _distances, centers, c_norms))
+            blocks = data.gathered(data.each("distances", _distances, centers, c_norms))
             return [fill_nearest_open(D, counts, caps) for D in blocks]
-        futures = [rows.one("distances", _distances, k, centers, c_norms)
-                   for k in range(rows.n_chunks)]
-        sizes = np.diff(self.rows.bounds).tolist()
+        futures = [data.one("distances", _distances, k, centers, c_norms)
+                   for k in range(data.n_chunks)]
+        sizes = np.diff(data.bounds).tolist()
         labels, batch, size = [], [], 0
         for k, future in enumerate(futures):
             batch.append(future)
-            size += sizes[k] * self.P * itemsize
+            size += sizes[k] * P * itemsize
             if size >= FILL_BATCH_BYTES or k == len(futures) - 1:
-                for D in self.driver.gather(batch):
+                for D in data.driver.gather(batch):
                     labels.append(fill_nearest_open(D, counts, caps))
                 batch, size = [], 0
         return labels
-
-    def run(self, method):
-        n, P, rng = self.rows.n, self.P, self.rng
-        if method in ("random", "contiguous"):
-            # Made on the client, as in-process (no pass over the rows).
-            full = (_random_labels(n, P, rng) if method == "random"
-                    else _contiguous_labels(n, P))
-            b = self.rows.bounds
-            labels = [full[b[k]: b[k + 1]] for k in range(self.rows.n_chunks)]
-        elif method == "fcfs":
-            blocks = self.seed_blocks if self.seed_blocks is not None else self.seed_rows()
-            centers = np.concatenate(blocks).astype(self.rows.dtype, copy=False)
-            labels = self.fill(centers, _capacities(n, P))
-        elif method in ("kmeans", "kbalance"):
-            return self.clustered(method)
-        else:
-            raise ValueError(f"partition={method!r} does not run on Dask input; use one of "
-                             f"{list(DASK_PARTITIONERS)} (BKM moves the farthest members of "
-                             "over-full parts, a global sort that is not written for chunks)")
-        # The centres are the parts' means: each fit task sums its parts' rows, which
-        # it holds anyway, and they come back with the fitted parts (ship_and_fit).
-        return labels, None
 
 
 class SplitStart:
@@ -1093,48 +1028,74 @@ class SplitStart:
 
     FCFS draws its seed rows first and needs nothing from the summaries, so each
     chunk's summary task returns the seeds it holds; the other splits start nothing
-    early. :func:`partition_chunks` then goes on with the same partitioner (the same
-    random draws).
+    early. :func:`partition_chunks` then runs the split with the same generator,
+    which draws the same seeds again and finds their rows here.
     """
 
     def __init__(self, n_partitions, method, random_state):
-        self.P, self.method, self.random_state = int(n_partitions), method, random_state
-        self.runner = None
+        self.P, self.method = int(n_partitions), method
+        self.rng = check_random_state(random_state)
+        self.ids = self.rows = None
 
-    def seeds(self, rows) -> list | None:
+    def seeds(self, data) -> list | None:
         """Each chunk's local indices of the rows wanted early, or None (nothing wanted)."""
         if self.method != "fcfs" or self.P == 1:
             return None
-        self.runner = _ChunkPartitioner(rows, self.P, check_random_state(self.random_state),
-                                        LLOYD_MAX_ITER, LLOYD_TOL)
-        return self.runner.seed_locals()
+        state = self.rng.get_state()
+        self.ids = fcfs_seeds(data.n, self.P, self.rng)
+        self.rng.set_state(state)
+        return data.locals_of(self.ids)
 
     def receive(self, blocks):
-        self.runner.seed_blocks = list(blocks)
+        self.rows = dict(zip(self.ids.tolist(), np.concatenate(blocks)))
 
 
-def partition_chunks(rows: DaskRows, n_partitions, method, random_state, *,
+def partition_chunks(data: DaskRows, n_partitions, method, random_state, *,
                      max_iter=LLOYD_MAX_ITER, tol=LLOYD_TOL, start: SplitStart | None = None):
     """Step 2: ``(labels per chunk, centers)``, as :func:`gpuml.partition.partition`.
 
-    The labels are arrays on the client (the placement needs the parts' sizes, and
-    the model every row's part). Apart from k-means, ``centers`` is None: the
-    centres are the parts' means, which the fit tasks sum from the rows they hold
-    (:func:`ship_and_fit`).
+    The algorithms of :mod:`gpuml.partition.algorithms` over :class:`ChunkRows`,
+    with the same random draws. The labels are arrays on the client (the
+    placement needs the parts' sizes, and the model every row's part). Apart
+    from k-means, ``centers`` is None: the centres are the parts' means, which
+    the fit tasks sum from the rows they hold (:func:`ship_and_fit`).
+
+    k-means++ and the Lloyd steps are a chain of small exchanges (41 for BKRR2
+    P=16 on California housing), so k-means and K-balance run on one Dask actor
+    per worker (:class:`_RowsActor`, called from the client without the
+    scheduler's round trip of a task), and so does K-balance's fill chain. If an
+    actor's worker is lost, the split runs again from the same draws as tasks,
+    which Dask retries like every other step.
 
     With one part no clustering runs (the centre is the mean), as in-process.
     """
     if method not in PARTITIONERS:
         raise ValueError(f"partition method must be one of {sorted(PARTITIONERS)}, got {method!r}")
+    if method not in DASK_PARTITIONERS:
+        raise ValueError(f"partition={method!r} does not run on Dask input; use one of "
+                         f"{list(DASK_PARTITIONERS)} (BKM moves the farthest members of "
+                         "over-full parts, a global sort that is not written for chunks)")
     if n_partitions == 1:
         labels = [np.zeros(int(b - a), dtype=np.int64)
-                  for a, b in zip(rows.bounds[:-1], rows.bounds[1:])]
-        return labels, rows.col_mean.astype(rows.dtype).reshape(1, -1)
-    if start is not None and start.runner is not None:
-        return start.runner.run(method)
-    runner = _ChunkPartitioner(rows, n_partitions, check_random_state(random_state), max_iter,
-                               tol)
-    return runner.run(method)
+                  for a, b in zip(data.bounds[:-1], data.bounds[1:])]
+        return labels, data.col_mean.astype(data.dtype).reshape(1, -1)
+    rng = start.rng if start is not None else check_random_state(random_state)
+    split = SPLITS[method]
+    kwargs = dict(max_iter=max_iter, tol=tol)
+    if method in ("kmeans", "kbalance"):
+        state = rng.get_state()
+        try:
+            with _ActorSteps(data) as steps:
+                return split(ChunkRows(data, steps), n_partitions, rng, **kwargs)
+        except LostData:
+            raise
+        except Exception as err:  # an actor's worker lost, or no actor could start
+            warnings.warn(f"k-means on Dask actors failed ({type(err).__name__}: {err}); "
+                          "running it again as tasks", RuntimeWarning, stacklevel=3)
+            rng.set_state(state)
+            data.driver.traffic.steps = 0
+    seeds = start.rows if start is not None else None
+    return split(ChunkRows(data, _TaskSteps(data), seeds=seeds), n_partitions, rng, **kwargs)
 
 
 # ---------------------------------------------------------------------------------------
@@ -1413,7 +1374,7 @@ def ship_and_fit(rows, labels, sizes, costs, group_fn, estimator, addresses, cen
             fits[p] = fit
             part_worker[p] = address
     if centers is None:
-        centers = _divide(*_unpack(sums, rows.dtype))
+        centers = divide(*_unpack(sums, rows.dtype))
     return fits, part_worker, centers
 
 

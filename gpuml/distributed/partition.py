@@ -1,18 +1,19 @@
-"""The partitioners of :mod:`gpuml.partition` over rows sharded across ranks.
+"""The partitioners over rows sharded across ranks: :mod:`gpuml.partition`'s algorithms, SPMD.
 
 Every rank holds a contiguous block of rows (rank 0 the first) and runs the
-same code (SPMD) with a :class:`~gpuml.distributed.comm.Communicator`. The
-partition is the one a single process computes on all the rows, up to the
-rounding of sums taken in another order:
+same algorithm (:mod:`gpuml.partition.algorithms`) with an identical generator
+over a :class:`ShardRows`, whose steps end in a collective of the
+:class:`~gpuml.distributed.comm.Communicator`, so that every rank takes the same
+decisions. The partition is the one a single process computes on all the rows,
+up to the rounding of sums taken in another order:
 
 * **Lloyd steps** (k-means, and the k-means inside K-balance and BKM): each rank
   finds the nearest centre of its rows and sums them per centre; one allreduce
   of the sums and counts (P x (d + 1) numbers) gives every rank the same new
   centres, hence the same convergence decision.
 * **k-means++ seeding**: each rank sums the D^2 weights of its rows; an
-  allgather of the R totals tells every rank, from the same random draw (every
-  rank holds an identical generator), which rank holds the drawn sample, and
-  that rank broadcasts it.
+  allgather of the R totals tells every rank, from the same random draw, which
+  rank holds the drawn sample, and that rank broadcasts it.
 * **Greedy fill** (FCFS, K-balance, BKM's movers; You 2020 Alg 3 and 9): the
   pass is sequential over the rows in a fixed order, so each rank computes the
   distances of its own rows, block by block (the same blocks as one process);
@@ -32,252 +33,187 @@ from sklearn.utils import check_random_state
 from .._backend import namespace_of, to_numpy
 from ..kernels import fill_nearest_open, nearest_centres, part_sums, row_blocks
 from ..pairwise import shifted_sq_distances, sq_distances, squared_norms
-from ..partition import (
-    _capacities,
-    _contiguous_labels,
-    _dense_rows,
-    _divide,
-    _random_labels,
-)
+from ..partition import SPLITS, dense_rows, divide
+from .placement import shard_bounds
 
 
-class _Shard:
-    """One rank's rows and where they sit among all ranks' rows."""
+class ShardRows:
+    """One rank's rows, and the steps of :mod:`gpuml.partition.algorithms` over all ranks."""
+
+    #: every Lloyd shift is read at once (it decides a collective's participation)
+    read_lag = 0
 
     def __init__(self, comm, X):
         self.comm = comm
         self.X = X
+        self.xp = namespace_of(X)
         sizes = [int(np.asarray(to_numpy(s)).ravel()[0])
                  for s in comm.allgather(np.array([X.shape[0]], dtype=np.int64))]
         self.bounds = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
         self.n = int(self.bounds[-1])
+        self.n_features = int(X.shape[1])
         self.offset = int(self.bounds[comm.rank])
-        self.rows = int(X.shape[0])
+        self.size = int(X.shape[0])
+        self._x_norms = self._closest = self._cumulative = None
+        self._last = (None, None)
 
-    @property
-    def xp(self):
-        return namespace_of(self.X)
-
+    # -- rows ------------------------------------------------------------------------
     def owner(self, i: int) -> int:
         """The rank holding global row ``i``."""
         return int(np.searchsorted(self.bounds, i, side="right") - 1)
 
-    def broadcast_row(self, i: int):
-        """Global row ``i`` (dense, shape (d,)) on every rank, sent by its owner."""
-        owner = self.owner(i)
-        return self.broadcast_local_row(owner, i - int(self.bounds[owner]))
-
-    def broadcast_local_row(self, owner: int, local: int):
+    def _broadcast_local_row(self, owner: int, local: int):
         """Row ``local`` of rank ``owner``'s block (dense, shape (d,)) on every rank."""
         if self.comm.rank == owner:
-            row = self.xp.ascontiguousarray(_dense_rows(self.X, [local])[0])
+            row = self.xp.ascontiguousarray(dense_rows(self.X, [local])[0])
         else:
-            row = self.xp.empty(self.X.shape[1], dtype=self.X.dtype)
+            row = self.xp.empty(self.n_features, dtype=self.X.dtype)
         return self.comm.broadcast(row, root=owner)
 
-    def mine(self, full):
+    def row(self, i):
+        """Global row ``i`` on every rank, broadcast by its owner."""
+        owner = self.owner(i)
+        return self._broadcast_local_row(owner, i - int(self.bounds[owner]))
+
+    def rows(self, ids):
+        """The global rows ``ids`` on every rank: each from its owner and zeros elsewhere,
+        assembled exactly by one allreduce."""
+        out = self.xp.zeros((len(ids), self.n_features), dtype=self.X.dtype)
+        for k, i in enumerate(np.asarray(ids).tolist()):
+            if self.owner(i) == self.comm.rank:
+                out[k] = dense_rows(self.X, [i - self.offset])[0]
+        return self.comm.allreduce(out)
+
+    def stack(self, rows):
+        return self.xp.stack(rows)
+
+    def local(self, labels):
         """This rank's slice of a host array over all rows, in the shard's namespace."""
-        return self.xp.asarray(full[self.offset: self.offset + self.rows])
+        return self.xp.asarray(labels[self.offset: self.offset + self.size])
 
+    # -- statistics --------------------------------------------------------------------
+    def variance(self) -> float:
+        """Mean per-feature variance of all rows (k-means' tolerance scale), two passes."""
+        X, comm, n = self.X, self.comm, self.n
+        if hasattr(X, "tocsr"):
+            local = np.array([float(X.multiply(X).sum()), float(X.sum())])
+            total = to_numpy(comm.allreduce(local))
+            entries = n * X.shape[1]
+            return float(total[0] / entries - (total[1] / entries) ** 2)
+        mean = comm.allreduce(X.sum(axis=0)) / n
+        deviation = comm.allreduce(((X - mean) ** 2).sum(axis=0)) / n
+        return float(deviation.mean())
 
-def _allreduce_sums(shard, sums, counts):
-    """Per-part sums and counts over all ranks: one allreduce of a packed float64 array.
+    def _allreduce_sums(self, sums, counts):
+        """Per-part sums and counts over all ranks: one allreduce of a packed float64 array.
 
-    float64 holds counts exactly up to 2^53 rows per part, and float32 sums
-    exactly, so packing changes nothing but the order of the additions.
-    """
-    xp = namespace_of(sums)
-    d = sums.shape[1]
-    pack = xp.empty((sums.shape[0], d + 1), dtype=np.float64)
-    pack[:, :d] = sums
-    pack[:, d] = counts
-    shard.comm.allreduce(pack, out=pack)
-    return pack[:, :d].astype(sums.dtype), pack[:, d].astype(np.int64)
+        float64 holds counts exactly up to 2^53 rows per part, and float32 sums
+        exactly, so packing changes nothing but the order of the additions.
+        """
+        xp = namespace_of(sums)
+        d = sums.shape[1]
+        pack = xp.empty((sums.shape[0], d + 1), dtype=np.float64)
+        pack[:, :d] = sums
+        pack[:, d] = counts
+        self.comm.allreduce(pack, out=pack)
+        return pack[:, :d].astype(sums.dtype), pack[:, d].astype(np.int64)
 
+    def means(self, labels, n_parts, fallback=None):
+        return divide(*self._allreduce_sums(*part_sums(self.X, labels, n_parts)), fallback)
 
-def _means(shard, labels, n_parts, fallback=None):
-    return _divide(*_allreduce_sums(shard, *part_sums(shard.X, labels, n_parts)), fallback)
+    # -- k-means++ -------------------------------------------------------------------
+    def _distances_to(self, c):
+        if self._x_norms is None:
+            self._x_norms = squared_norms(self.X)
+        return self.xp.maximum(shifted_sq_distances(self.X, c[None, :])[:, 0] + self._x_norms,
+                               0.0)
 
+    def _totals(self):
+        self._cumulative = self.xp.cumsum(self._closest)
+        local_total = float(self._cumulative[-1]) if self.size else 0.0
+        return np.array([float(np.asarray(to_numpy(t)).ravel()[0])
+                         for t in self.comm.allgather(np.array([local_total]))])
 
-def _assign(shard, centers):
-    """Nearest centres of this rank's rows, and the summed per-centre sums and counts."""
-    labels, sums, counts = nearest_centres(shard.X, centers, with_sums=True)
-    return (labels, *_allreduce_sums(shard, sums, counts))
+    def first(self, c):
+        self._closest = self._distances_to(c)
+        return self._totals()
 
+    def closer(self, c):
+        self.xp.minimum(self._closest, self._distances_to(c), out=self._closest)
+        return self._totals()
 
-def _variance(shard) -> float:
-    """Mean per-feature variance of all rows (k-means' tolerance scale), two passes."""
-    X, comm, n = shard.X, shard.comm, shard.n
-    if hasattr(X, "tocsr"):
-        local = np.array([float(X.multiply(X).sum()), float(X.sum())])
-        total = to_numpy(comm.allreduce(local))
-        entries = n * X.shape[1]
-        return float(total[0] / entries - (total[1] / entries) ** 2)
-    mean = comm.allreduce(X.sum(axis=0)) / n
-    deviation = comm.allreduce(((X - mean) ** 2).sum(axis=0)) / n
-    return float(deviation.mean())
+    def pick(self, block, u):
+        """Rank ``block`` finds the drawn row within its rows and broadcasts it."""
+        local = 0
+        if self.comm.rank == block:
+            local = min(int(self.xp.searchsorted(self._cumulative, u)), self.size - 1)
+        return self._broadcast_local_row(block, local)
 
+    # -- Lloyd -------------------------------------------------------------------------
+    def assign(self, centers):
+        labels, sums, counts = nearest_centres(self.X, centers, with_sums=True)
+        self._last = (centers, labels)
+        return self._allreduce_sums(sums, counts)
 
-def _kmeans_pp(shard, n_parts, rng):
-    """k-means++ seeding (Arthur & Vassilvitskii, 2007) over the shards: D^2 sampling."""
-    X, comm, xp = shard.X, shard.comm, shard.xp
-    centers = [shard.broadcast_row(int(rng.randint(shard.n)))]
-    x_norms = squared_norms(X)
+    def nearest(self, centers):
+        seen, labels = self._last
+        return labels if seen is centers else nearest_centres(self.X, centers)
 
-    def sq_distances_to(c):
-        return xp.maximum(shifted_sq_distances(X, c[None, :])[:, 0] + x_norms, 0.0)
+    # -- the greedy fill and BKM's movers ----------------------------------------------
+    def fill(self, centers, counts, caps, rows=None):
+        """The fill of the global ``rows`` (default: all, in order): rank 0 runs the
+        sequential pass over gathered distance blocks, the blocks one process would use,
+        and broadcasts each block's labels. Returns this rank's labels (``rows=None``), or
+        the host labels of ``rows`` on every rank; ``counts`` is updated on every rank."""
+        comm, X = self.comm, self.X
+        xp = namespace_of(centers)
+        every = rows is None
+        rows = np.arange(self.n, dtype=np.int64) if every else np.asarray(rows, np.int64)
+        rank_of = np.searchsorted(self.bounds, rows, side="right") - 1
+        c_norms = squared_norms(centers)
+        labels = np.empty(rows.shape[0], dtype=np.int64)
+        for start, stop in row_blocks(rows.shape[0], centers.shape[0]):
+            block_rank = rank_of[start:stop]
+            local = rows[start:stop][np.flatnonzero(block_rank == comm.rank)] - self.offset
+            if local.size:
+                D = shifted_sq_distances(X[xp.asarray(local)], centers, c_norms)
+            else:  # no rows of this block here (indexing a device CSR by nothing is not portable)
+                D = xp.empty((0, centers.shape[0]), dtype=centers.dtype)
+            blocks = comm.allgather(D)
+            filled = np.empty(stop - start, dtype=np.int64)
+            if comm.rank == 0:
+                D = np.empty((stop - start, centers.shape[0]), dtype=np.dtype(D.dtype))
+                for r, block in enumerate(blocks):
+                    D[np.flatnonzero(block_rank == r)] = to_numpy(block)
+                filled = fill_nearest_open(D, counts, caps)
+            filled = to_numpy(comm.broadcast(filled, root=0))
+            if comm.rank != 0:
+                np.add.at(counts, filled, 1)
+            labels[start:stop] = filled
+        return self.local(labels) if every else labels
 
-    closest = sq_distances_to(centers[0])
-    for _ in range(1, n_parts):
-        cumulative = xp.cumsum(closest)
-        local_total = float(cumulative[-1]) if shard.rows else 0.0
-        totals = np.array([float(np.asarray(to_numpy(t)).ravel()[0])
-                           for t in comm.allgather(np.array([local_total]))])
-        ends = np.cumsum(totals)
-        total = float(ends[-1])
-        if total <= 0:  # fewer distinct points than parts: any sample will do
-            c = shard.broadcast_row(int(rng.randint(shard.n)))
-        else:
-            # Every rank draws the same u and finds the same owner: the first rank
-            # whose running total reaches u; the owner finds the row within its block.
-            u = rng.uniform(0, total)
-            owner = min(int(np.searchsorted(ends, u)), comm.size - 1)
-            local = 0
-            if comm.rank == owner:
-                start = float(ends[owner - 1]) if owner else 0.0
-                local = min(int(xp.searchsorted(cumulative, u - start)), shard.rows - 1)
-            c = shard.broadcast_local_row(owner, local)
-        centers.append(c)
-        xp.minimum(closest, sq_distances_to(c), out=closest)
-    return xp.stack(centers)
-
-
-def _kmeans(shard, n_parts, rng, max_iter=100, tol=1e-4):
-    """Lloyd's k-means over the shards: ``(labels of this shard, centers, global sizes)``."""
-    centers = _kmeans_pp(shard, n_parts, rng)
-    threshold = tol * _variance(shard)
-    labels, sums, counts = _assign(shard, centers)
-    for _ in range(max_iter):
-        new_centers = _divide(sums, counts, fallback=centers)
-        shift = float(((new_centers - centers) ** 2).sum())
-        centers = new_centers
-        labels, sums, counts = _assign(shard, centers)
-        if shift <= threshold:
-            break
-    return labels, namespace_of(centers).ascontiguousarray(centers), to_numpy(counts)
-
-
-def _fill(shard, centers, counts, caps, rows=None) -> np.ndarray:
-    """Greedy fill of the global ``rows`` (default: all, in order) into parts with room.
-
-    Returns the labels of the filled rows (host, on every rank); ``counts`` is
-    updated on every rank. Rank 0 runs the sequential pass over gathered
-    distance blocks; the blocks are those one process would use.
-    """
-    comm, X = shard.comm, shard.X
-    xp = namespace_of(centers)
-    rows = np.arange(shard.n, dtype=np.int64) if rows is None else np.asarray(rows, np.int64)
-    rank_of = np.searchsorted(shard.bounds, rows, side="right") - 1
-    c_norms = squared_norms(centers)
-    labels = np.empty(rows.shape[0], dtype=np.int64)
-    for start, stop in row_blocks(rows.shape[0], centers.shape[0]):
-        block_rank = rank_of[start:stop]
-        mine = np.flatnonzero(block_rank == comm.rank)
-        local = rows[start:stop][mine] - shard.offset
-        if local.size:
-            D = shifted_sq_distances(X[xp.asarray(local)], centers, c_norms)
-        else:  # no rows of this block here (indexing a device CSR by nothing is not portable)
-            D = xp.empty((0, centers.shape[0]), dtype=centers.dtype)
-        blocks = comm.allgather(D)
-        filled = np.empty(stop - start, dtype=np.int64)
-        if comm.rank == 0:
-            D = np.empty((stop - start, centers.shape[0]), dtype=np.dtype(D.dtype))
-            for r, block in enumerate(blocks):
-                D[np.flatnonzero(block_rank == r)] = to_numpy(block)
-            filled = fill_nearest_open(D, counts, caps)
-        filled = to_numpy(comm.broadcast(filled, root=0))
-        if comm.rank != 0:
-            np.add.at(counts, filled, 1)
-        labels[start:stop] = filled
-    return labels
-
-
-def _random(shard, n_parts, rng, **_):
-    labels = shard.mine(_random_labels(shard.n, n_parts, rng))
-    return labels, _means(shard, labels, n_parts)
-
-
-def _contiguous(shard, n_parts, rng, **_):
-    labels = shard.mine(_contiguous_labels(shard.n, n_parts))
-    return labels, _means(shard, labels, n_parts)
-
-
-def _fcfs(shard, n_parts, rng, **_):
-    X, xp = shard.X, shard.xp
-    seeds = np.sort(rng.choice(shard.n, n_parts, replace=False))
-    # Each seed row from its owner, zeros elsewhere: one allreduce assembles them exactly.
-    centers = xp.zeros((n_parts, X.shape[1]), dtype=X.dtype)
-    for k, s in enumerate(seeds.tolist()):
-        if shard.owner(s) == shard.comm.rank:
-            centers[k] = _dense_rows(X, [s - shard.offset])[0]
-    centers = shard.comm.allreduce(centers)
-    counts = np.zeros(n_parts, dtype=np.int64)
-    labels = shard.mine(_fill(shard, centers, counts, _capacities(shard.n, n_parts)))
-    return labels, _means(shard, labels, n_parts)
-
-
-def _kbalance(shard, n_parts, rng, max_iter=100, tol=1e-4, **_):
-    _, km_centers, sizes = _kmeans(shard, n_parts, rng, max_iter=max_iter, tol=tol)
-    caps = _capacities(shard.n, n_parts, np.argsort(-sizes, kind="stable"))
-    counts = np.zeros(n_parts, dtype=np.int64)
-    labels = shard.mine(_fill(shard, km_centers, counts, caps))
-    return labels, _means(shard, labels, n_parts)
-
-
-def _bkm(shard, n_parts, rng, max_iter=100, tol=1e-4, **_):
-    labels, km_centers, sizes = _kmeans(shard, n_parts, rng, max_iter=max_iter, tol=tol)
-    X, xp = shard.X, shard.xp
-    caps = _capacities(shard.n, n_parts, np.argsort(-sizes, kind="stable"))
-    over = np.flatnonzero(sizes > caps)
-    if over.size:
-        # Every member of an over-full part, with its distance to the part's centre:
-        # gathered (global index, part, distance) rows, in global row order.
+    def members(self, labels, parts, centers):
+        """``(j, members, squared distances to centre j)`` of each part ``j`` of ``parts``:
+        every rank's members gathered, in global row order."""
         labels_host = to_numpy(labels)
-        local = np.flatnonzero(np.isin(labels_host, over))
+        local = np.flatnonzero(np.isin(labels_host, parts))
         d2 = np.empty(local.size)
-        for j in over.tolist():
+        for j in parts.tolist():
             sel = np.flatnonzero(labels_host[local] == j)
             if sel.size:
-                d2[sel] = to_numpy(sq_distances(_dense_rows(X, local[sel]),
-                                                km_centers[j][None, :])[:, 0])
-        table = np.column_stack([local + shard.offset, labels_host[local], d2])
-        table = np.concatenate([to_numpy(t) for t in shard.comm.allgather(table)])
-        # Over-full part j gives up its (size - cap) members farthest from its
-        # centre, farthest first; parts in index order (Alg 4, lines 9-26).
-        movers = []
-        for j in over.tolist():
+                d2[sel] = to_numpy(sq_distances(dense_rows(self.X, local[sel]),
+                                                centers[j][None, :])[:, 0])
+        table = np.column_stack([local + self.offset, labels_host[local], d2])
+        table = np.concatenate([to_numpy(t) for t in self.comm.allgather(table)])
+        for j in parts.tolist():
             sel = table[:, 1] == j
-            members = table[sel, 0].astype(np.int64)
-            farthest_first = members[np.argsort(-table[sel, 2], kind="stable")]
-            movers.append(farthest_first[: sizes[j] - caps[j]])
-        movers = np.concatenate(movers)
-        counts = np.minimum(sizes, caps).astype(np.int64)
-        moved = _fill(shard, km_centers, counts, caps, rows=movers)
-        mine = (movers >= shard.offset) & (movers < shard.offset + shard.rows)
+            yield j, table[sel, 0].astype(np.int64), table[sel, 2]
+
+    def relabel(self, labels, rows, new):
+        mine = (rows >= self.offset) & (rows < self.offset + self.size)
         labels = labels.copy()
-        labels[xp.asarray(movers[mine] - shard.offset)] = xp.asarray(moved[mine])
-    return labels, _means(shard, labels, n_parts)
-
-
-#: Sharded partitioners by name, as :data:`gpuml.partition.PARTITIONERS`.
-SHARDED_PARTITIONERS = {
-    "random": _random,
-    "contiguous": _contiguous,
-    "fcfs": _fcfs,
-    "kmeans": lambda shard, n_parts, rng, **kw: _kmeans(shard, n_parts, rng, **kw)[:2],
-    "kbalance": _kbalance,
-    "bkm": _bkm,
-}
+        labels[self.xp.asarray(rows[mine] - self.offset)] = self.xp.asarray(new[mine])
+        return labels
 
 
 def partition_shard(comm, X, n_partitions, method="random", *, rng, max_iter=100, tol=1e-4):
@@ -300,12 +236,14 @@ def partition_shard(comm, X, n_partitions, method="random", *, rng, max_iter=100
     labels : int64 array of shape (n_r,), in X's namespace
     centers : dense array of shape (n_partitions, d), the same on every rank
     """
-    if method not in SHARDED_PARTITIONERS:
-        raise ValueError(f"partition method must be one of {sorted(SHARDED_PARTITIONERS)}, "
-                         f"got {method!r}")
-    shard = _Shard(comm, X)
-    return SHARDED_PARTITIONERS[method](shard, int(n_partitions), rng, max_iter=max_iter,
-                                        tol=tol)
+    if method not in SPLITS:
+        raise ValueError(f"partition method must be one of {sorted(SPLITS)}, got {method!r}")
+    rows = ShardRows(comm, X)
+    n_partitions = int(n_partitions)
+    labels, centers = SPLITS[method](rows, n_partitions, rng, max_iter=max_iter, tol=tol)
+    if centers is None:
+        centers = rows.means(labels, n_partitions)
+    return labels, centers
 
 
 def partition_on_devices(group, X, n_partitions, method="random", *, random_state=None,
@@ -335,8 +273,6 @@ def partition_on_devices(group, X, n_partitions, method="random", *, random_stat
     >>> bool((labels == partition(X, 4, "kbalance", random_state=0)[0]).all())
     True
     """
-    from .placement import shard_bounds
-
     base = check_random_state(random_state)
     rngs = [_copy_rng(base) for _ in range(group.size)]
     bounds = shard_bounds(X.shape[0], group.size)

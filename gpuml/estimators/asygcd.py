@@ -53,7 +53,7 @@ class AsyGCDSVC(KernelSVMMixin, ClassifierMixin, BaseEstimator):
     the gradient, never waiting for the other workers. On the CPU the workers
     are threads running compiled code outside the GIL, each owning its block's
     rows of the gradient and adding the others' updates from a log (no atomic
-    adds; see :mod:`gpuml.kernels._cpu.gcd`), each with its own LRU cache of
+    adds; see :mod:`gpuml.kernels.gcd.cpu`), each with its own LRU cache of
     kernel-column pieces; on a GPU each worker is a persistent CUDA thread
     block adding into one shared gradient with atomic adds. One worker is the serial greedy
     coordinate descent of Alg 13.
@@ -68,7 +68,7 @@ class AsyGCDSVC(KernelSVMMixin, ClassifierMixin, BaseEstimator):
     Workers that step at the same time damp their steps when the others'
     concurrent steps overshoot their coordinate (our addition to Alg 14, which
     keeps GPU thread blocks running in near lockstep from oscillating; see
-    :mod:`gpuml.kernels._cpu.gcd`); one worker is exactly Alg 13.
+    :mod:`gpuml.kernels.gcd.cpu`); one worker is exactly Alg 13.
 
     Reproducibility: with ``n_workers=1`` a fit is deterministic (given
     ``random_state``). With several workers the order of updates depends on

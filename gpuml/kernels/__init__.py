@@ -98,7 +98,7 @@ def fill_nearest_open(D, counts, caps):
     copied over once. ``counts`` (host int64) is updated in place. Returns the
     labels in ``D``'s namespace.
     """
-    from ._cpu.partition import fill_nearest_open_any as _fill
+    from .nearest.cpu import fill_nearest_open_any as _fill
 
     host = np.ascontiguousarray(to_numpy(D))
     labels = np.empty(host.shape[0], dtype=np.int64)

@@ -4,7 +4,7 @@ Two implementations:
 
 * **fused** (host, dense, ``P * d <= FUSED_MAX_ENTRIES``): one numba sweep over
   X computes each row's nearest centre and, when asked, adds the row into its
-  centre's sum (``_cpu/partition.py``). Nothing of size n x P is written. Each
+  centre's sum (``nearest/cpu.py``). Nothing of size n x P is written. Each
   block of SUM_BLOCK_ROWS rows is added into its own partial sums and those
   are added in block order; from ``2 * MIN_ROWS_PER_THREAD`` rows on, the
   blocks run on the cores at once (the loop releases the GIL).
@@ -22,7 +22,7 @@ addition). Which one runs depends only on the type and the shapes of ``X``
 and the centres, so k-means labels and later routing of the same rows always
 agree. Within the fused path the result is the same bits whatever the timing
 and the machine's threads: while numba compiles the sweep in the background
-(a first fit or predict in a fresh install, see :mod:`._jit`), inputs of
+(a first fit or predict in a fresh install, see :mod:`.._jit`), inputs of
 at most NUMPY_TWIN_MAX_ENTRIES ``n * P * d`` take its NumPy twin, which does
 the same arithmetic in the same order, block for block; and the order of the
 additions is fixed by the blocks, not by the threads that ran them.
@@ -36,8 +36,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-from .._backend import is_cupy_array, namespace_of, sparse_module
-from ..pairwise import shifted_sq_distances, squared_norms
+from ..._backend import is_cupy_array, namespace_of, sparse_module
+from ...pairwise import shifted_sq_distances, squared_norms
 
 #: Bound on each temporary (rows x P) distance block of the GEMM path.
 BLOCK_BYTES = 8 << 20
@@ -192,8 +192,8 @@ def _fused_nearest_sums(X, centers):
     the partial sums in block order, whichever thread ran which block, and
     the twin repeats the sweep's arithmetic: the result is the same bits.
     """
-    from . import _jit
-    from ._cpu.partition import nearest_centre_sums, nearest_centre_sums_numpy
+    from .. import _jit
+    from .cpu import nearest_centre_sums, nearest_centre_sums_numpy
 
     X = np.ascontiguousarray(X)
     n, d = X.shape

@@ -1,0 +1,286 @@
+"""The partitioners of You 2020, written once over the rows wherever they are.
+
+Each algorithm here is the driver's side of a partitioner: the random draws,
+the small decisions (which row seeds the next centre, when Lloyd stops, how
+many rows each part may hold) and the order of the steps. The work on the
+rows themselves (distances, sums, the greedy fill) is asked of a
+:class:`Rows` object, whose answers are global: the sums over all rows, the
+distance totals of every block of rows. Three kinds of :class:`Rows` run them:
+
+* :class:`gpuml.partition.local.LocalRows`: the rows of one array, in this
+  process (NumPy or CuPy, dense or CSR); every collective is trivial;
+* :class:`gpuml.distributed.partition.ShardRows`: the rows sharded over the
+  ranks of a :class:`~gpuml.distributed.comm.Communicator` (several GPUs, or
+  threads); every rank runs the same algorithm with an identical generator and
+  each step ends in an allreduce, allgather or broadcast, so every rank takes
+  the same decisions;
+* the Dask rows of :mod:`gpuml.distributed.dask`: chunks held by the workers,
+  each step a task (or an actor call) per worker whose results the client adds
+  in chunk order.
+
+Labels stay in the form the :class:`Rows` keeps them in (one array, this
+rank's slice, one array per chunk); an algorithm only hands them back.
+
+References
+----------
+Yang You, "Fast and Accurate Machine Learning on Distributed Systems and
+Supercomputers", PhD thesis, UC Berkeley, 2020: Alg 3 (FCFS), Alg 4 (BKM),
+Alg 5 (CA-SVM's random split, and the contiguous split of its casvm2 run),
+Alg 9 (K-balance). David Arthur and Sergei Vassilvitskii, "k-means++: The
+Advantages of Careful Seeding", 2007.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import Protocol
+
+import numpy as np
+
+from .._backend import namespace_of, read_later, to_numpy
+
+
+class Rows(Protocol):
+    """The rows a partitioner splits, and the steps it asks of them (answers are global)."""
+
+    #: number of rows, of features
+    n: int
+    n_features: int
+    #: Lloyd passes that may be queued before a pass's shift is read (0: read each)
+    read_lag: int
+
+    def variance(self) -> float:
+        """Mean per-feature variance of all rows (k-means' tolerance scale)."""
+
+    def row(self, i: int):
+        """Global row ``i``, dense: an array, or a handle the other steps take (a future)."""
+
+    def rows(self, ids) -> object:
+        """The rows of the global indices ``ids`` (ascending), dense, as a centres array."""
+
+    def seed_ahead(self, first: int, n_parts: int, rng):
+        """k-means++ with every pick drawn up front (only where ``read_lag``); None: redo
+        the seeding in turn from the generator's state before this call."""
+
+    def first(self, c) -> np.ndarray:
+        """k-means++: each row's squared distance to ``c`` kept; the totals of each block."""
+
+    def closer(self, c) -> np.ndarray:
+        """k-means++: the kept distances lowered to those to ``c``; the totals of each block."""
+
+    def pick(self, block: int, u: float):
+        """k-means++: the row of ``block`` where its running total of distances reaches ``u``
+        (as :meth:`row` gives rows)."""
+
+    def stack(self, rows):
+        """The rows that :meth:`row` and :meth:`pick` gave, as one centres array."""
+
+    def assign(self, centers):
+        """A Lloyd pass: the per-centre sums and counts of the rows nearest each centre."""
+
+    def nearest(self, centers):
+        """Labels: each row's nearest centre."""
+
+    def fill(self, centers, counts, caps, rows=None):
+        """The greedy fill (Alg 3) of every row in order, or of the global ``rows`` in
+        that order: each to its nearest centre with room left. ``counts`` (host) is
+        updated. Returns labels; with ``rows``, the host labels of those rows."""
+
+    def local(self, labels: np.ndarray):
+        """Labels over all rows (a host array) in this :class:`Rows`' own form."""
+
+
+def capacities(n: int, n_parts: int, larger_first=None) -> np.ndarray:
+    """Part capacities ``n // P``, plus one for ``n % P`` parts (``larger_first`` order)."""
+    lo, r = divmod(n, n_parts)
+    caps = np.full(n_parts, lo, dtype=np.int64)
+    order = np.arange(n_parts) if larger_first is None else larger_first
+    caps[order[:r]] += 1
+    return caps
+
+
+def divide(sums, counts, fallback=None):
+    """``sums / counts`` per part; a part with no members keeps ``fallback[j]``."""
+    xp = namespace_of(sums)
+    means = sums / xp.maximum(counts, 1)[:, None].astype(sums.dtype)
+    if fallback is None:
+        return means
+    # A select, not a masked assignment: asking whether any part is empty would
+    # read a device value back (a synchronisation in every Lloyd pass).
+    return xp.where((counts == 0)[:, None], fallback, means)
+
+
+def random_labels(n: int, n_parts: int, rng) -> np.ndarray:
+    """The even random split's labels of ``n`` rows (host array; one permutation drawn)."""
+    labels = np.empty(n, dtype=np.int64)
+    labels[rng.permutation(n)] = np.arange(n) % n_parts
+    return labels
+
+
+def contiguous_labels(n: int, n_parts: int) -> np.ndarray:
+    """Part j for the j-th run of rows, the first ``n % P`` runs one row longer (host array)."""
+    return np.repeat(np.arange(n_parts, dtype=np.int64), capacities(n, n_parts))
+
+
+def fcfs_seeds(n: int, n_parts: int, rng) -> np.ndarray:
+    """FCFS's centres (Alg 3): ``n_parts`` distinct rows drawn at random, ascending."""
+    return np.sort(rng.choice(n, n_parts, replace=False))
+
+
+def split_random(rows: Rows, n_parts, rng, **_):
+    """You 2020, Alg 5: an even random split (centres: the parts' means)."""
+    return rows.local(random_labels(rows.n, n_parts, rng)), None
+
+
+def split_contiguous(rows: Rows, n_parts, rng=None, **_):
+    """You 2020, Alg 5 as its experiments ran it (casvm2): each node's rows are its part.
+
+    The data is assumed spread evenly over the nodes already, so the split
+    moves nothing: part j is the j-th run of consecutive rows (the first
+    ``n % P`` runs one row longer). On rows in random order it is an even
+    random split; on rows sorted by class or by a feature its parts are not
+    samples of the whole (shuffle first). ``rng`` is not used.
+    """
+    return rows.local(contiguous_labels(rows.n, n_parts)), None
+
+
+def split_fcfs(rows: Rows, n_parts, rng, **_):
+    """You 2020, Alg 3: random rows as centres, then the greedy first-come-first-served fill."""
+    centers = rows.rows(fcfs_seeds(rows.n, n_parts, rng))
+    counts = np.zeros(n_parts, dtype=np.int64)
+    return rows.fill(centers, counts, capacities(rows.n, n_parts)), None
+
+
+def kmeans_pp(rows: Rows, n_parts, rng):
+    """k-means++ seeding (Arthur & Vassilvitskii, 2007): D^2-weighted sampling.
+
+    Per centre, the totals of each block's distances to the nearest centre so
+    far say which block holds the next draw; that block finds the row. The
+    draw is ``uniform(0, total)`` of the generator, in the same order however
+    the rows are split. Rows on a device whose reads stall it (``read_lag``)
+    may draw all picks at once (``seed_ahead``: the same draws, one read).
+    """
+    n = rows.n
+    first = int(rng.randint(n))
+    if rows.read_lag:
+        state = rng.get_state()
+        centers = rows.seed_ahead(first, n_parts, rng)
+        if centers is not None:
+            return centers
+        rng.set_state(state)
+    centers = [rows.row(first)]
+    totals = rows.first(centers[0])
+    for j in range(1, n_parts):
+        ends = np.cumsum(totals)
+        total = float(ends[-1])
+        if total <= 0:  # fewer distinct points than parts: any sample will do
+            c = rows.row(int(rng.randint(n)))
+        else:
+            u = rng.uniform(0, total)
+            block = min(int(np.searchsorted(ends, u)), len(totals) - 1)
+            start = float(ends[block - 1]) if block else 0.0
+            c = rows.pick(block, u - start)
+        centers.append(c)
+        if j < n_parts - 1:  # after the last pick no one reads the distances
+            totals = rows.closer(c)
+    return rows.stack(centers)
+
+
+def lloyd(rows: Rows, n_parts, rng, max_iter=100, tol=1e-4):
+    """Lloyd's k-means from k-means++ seeds: ``(centers, sizes)`` of the last pass.
+
+    Stops when the centres moved by at most ``tol`` times the mean per-feature
+    variance (as scikit-learn's KMeans), or after ``max_iter`` passes. Each pass
+    assigns every row to its nearest centre and sums the parts, so the next
+    centres cost no second sweep. Where reading a pass's shift would stall a
+    device (``rows.read_lag`` passes may be queued before it is read), later
+    passes are queued first; passes run past the stop are dropped, so every
+    :class:`Rows` stops where reading each shift at once would.
+    """
+    centers = kmeans_pp(rows, n_parts, rng)
+    threshold = tol * rows.variance()
+    sums, counts = rows.assign(centers)
+    unread = deque()
+    for _ in range(max_iter):
+        new_centers = divide(sums, counts, fallback=centers)
+        shift = read_later(((new_centers - centers) ** 2).sum())
+        centers = new_centers
+        sums, counts = rows.assign(centers)
+        unread.append((shift, centers, counts))
+        if len(unread) > rows.read_lag:
+            stopped = _stopped(unread, threshold)
+            if stopped:
+                return stopped
+    # max_iter passes ran; the last is returned whatever its shift, but an earlier
+    # unread pass may be where reading each shift at once would have stopped.
+    while len(unread) > 1:
+        stopped = _stopped(unread, threshold)
+        if stopped:
+            return stopped
+    return namespace_of(centers).ascontiguousarray(centers), counts
+
+
+def _stopped(unread, threshold):
+    """Read the oldest unread pass: ``(centers, counts)`` if the loop stops there, else None."""
+    shift, centers, counts = unread.popleft()
+    if shift() <= threshold:
+        return namespace_of(centers).ascontiguousarray(centers), counts
+    return None
+
+
+def split_kmeans(rows: Rows, n_parts, rng, max_iter=100, tol=1e-4, **_):
+    """k-means (CP-SVM, KKRR): the labels of the last Lloyd pass and its centres."""
+    centers, _ = lloyd(rows, n_parts, rng, max_iter=max_iter, tol=tol)
+    return rows.nearest(centers), centers
+
+
+def _kmeans_capacities(rows, n_parts, counts):
+    sizes = np.asarray(to_numpy(counts), dtype=np.int64)
+    return sizes, capacities(rows.n, n_parts, np.argsort(-sizes, kind="stable"))
+
+
+def split_kbalance(rows: Rows, n_parts, rng, max_iter=100, tol=1e-4, **_):
+    """You 2020, Alg 9 (K-balance): k-means centres, then the greedy fill in row order.
+
+    The ``n % P`` parts k-means made largest (ties to the lower index) may hold
+    one row more than the others.
+    """
+    centers, counts = lloyd(rows, n_parts, rng, max_iter=max_iter, tol=tol)
+    _, caps = _kmeans_capacities(rows, n_parts, counts)
+    return rows.fill(centers, np.zeros(n_parts, dtype=np.int64), caps), None
+
+
+def split_bkm(rows: Rows, n_parts, rng, max_iter=100, tol=1e-4, **_):
+    """You 2020, Alg 4 (balanced k-means): over-full parts give up their farthest members.
+
+    After k-means, each over-full part j gives up its ``size - cap`` members
+    farthest from its centre, farthest first, parts in index order; the movers
+    are then filled, in that order, into the nearest parts with room left.
+    """
+    centers, counts = lloyd(rows, n_parts, rng, max_iter=max_iter, tol=tol)
+    labels = rows.nearest(centers)
+    sizes, caps = _kmeans_capacities(rows, n_parts, counts)
+    over = np.flatnonzero(sizes > caps)
+    if not over.size:
+        return labels, None
+    movers = []
+    for j, members, d2 in rows.members(labels, over, centers):
+        farthest_first = members[np.argsort(-d2, kind="stable")]
+        movers.append(farthest_first[: sizes[j] - caps[j]])
+    movers = np.concatenate(movers)
+    filled = np.minimum(sizes, caps).astype(np.int64)
+    moved = rows.fill(centers, filled, caps, rows=movers)
+    return rows.relabel(labels, movers, moved), None
+
+
+#: The partitioners by name; each is ``f(rows, n_parts, rng, max_iter=, tol=)`` and returns
+#: ``(labels, centers)``, ``centers`` None where they are the parts' means (computed by the
+#: caller, which may have the sums at hand anyway).
+SPLITS = {
+    "random": split_random,
+    "contiguous": split_contiguous,
+    "fcfs": split_fcfs,
+    "kmeans": split_kmeans,
+    "kbalance": split_kbalance,
+    "bkm": split_bkm,
+}
