@@ -44,7 +44,7 @@ from sklearn.svm import SVC
 
 from bench._harness import RESULTS, machine_name, record
 from bench.datasets import load_adult, load_letter, load_magic, train_test_split_std
-from gpuml.estimators._partitioned import PartitionWarning
+from gpuml import PartitionWarning
 from gpuml.estimators.casvm import CASVMClassifier
 
 #: (loader, train rows, test rows).

@@ -29,7 +29,8 @@ import numpy as np
 from sklearn.svm import SVC
 
 from bench.datasets import load_adult, load_letter, load_magic, train_test_split_std
-from gpuml.estimators._partitioned import PartitionWarning, neighbor_weights, split
+from gpuml import PartitionWarning
+from gpuml.estimators._partitioned import neighbor_weights, split
 from gpuml.estimators.casvm import CASVMClassifier
 from gpuml.pairwise import sq_distances
 

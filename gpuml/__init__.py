@@ -22,7 +22,7 @@ References (the short forms used throughout gpuml's docstrings, docs and tests):
   Training ImageNet in 1 Hour", 2017.
 """
 
-from .estimators._partitioned import PartitionWarning
+from .errors import PartitionWarning
 from .estimators.asygcd import AsyGCDSVC
 from .estimators.bkrr import BKRRRegressor, BKRRRegressorCV
 from .estimators.casvm import CASVMClassifier

@@ -43,7 +43,7 @@ _DEVICE_RE = re.compile(r"^(auto|cpu|cuda)(?::(\d+))?$")
 
 
 @functools.lru_cache(maxsize=1)
-def _cupy() -> ModuleType | None:
+def cupy_module() -> ModuleType | None:
     """CuPy if it imports, else None (cached; import errors are swallowed)."""
     try:
         import cupy
@@ -55,7 +55,7 @@ def _cupy() -> ModuleType | None:
 @functools.lru_cache(maxsize=1)
 def gpu_count() -> int:
     """Number of CUDA devices that answer (0 without CuPy or without a GPU)."""
-    cp = _cupy()
+    cp = cupy_module()
     if cp is None:
         return 0
     try:
@@ -73,7 +73,7 @@ def gpu_name(device_id: int = 0) -> str | None:
     """The GPU's marketing name, or None without one."""
     if not cuda_available():
         return None
-    props = _cupy().cuda.runtime.getDeviceProperties(device_id)
+    props = cupy_module().cuda.runtime.getDeviceProperties(device_id)
     name = props["name"]
     return name.decode() if isinstance(name, bytes) else str(name)
 
@@ -172,7 +172,7 @@ def _gpu_backend(ordinal: int | None) -> Backend:
     n = gpu_count()
     asked = "cuda" if ordinal is None else f"cuda:{ordinal}"
     if n == 0:
-        why = "CuPy is not installed" if _cupy() is None else "no CUDA device answers"
+        why = "CuPy is not installed" if cupy_module() is None else "no CUDA device answers"
         raise RuntimeError(
             f"device={asked!r} was asked for but {why}; install gpuml[cuda12] or "
             "gpuml[cuda13] on a machine with an NVIDIA GPU, or use device='cpu'"
@@ -180,7 +180,7 @@ def _gpu_backend(ordinal: int | None) -> Backend:
     ordinal = 0 if ordinal is None else ordinal
     if ordinal >= n:
         raise RuntimeError(f"device='cuda:{ordinal}' does not exist: this machine has {n} GPU(s)")
-    return Backend(_cupy(), ordinal)
+    return Backend(cupy_module(), ordinal)
 
 
 def resolve(device="auto", *arrays) -> Backend:
@@ -234,10 +234,10 @@ def resolve_devices(devices) -> tuple[Backend, ...] | None:
                              "for a single device use device=...")
         n = gpu_count()
         if n == 0:
-            why = "CuPy is not installed" if _cupy() is None else "no CUDA device answers"
+            why = "CuPy is not installed" if cupy_module() is None else "no CUDA device answers"
             raise RuntimeError(f"devices='all' asks for every GPU but {why}; use devices=None "
                                "(one device), or devices=['cpu', 'cpu'] for CPU ranks")
-        return tuple(Backend(_cupy(), g) for g in range(n))
+        return tuple(Backend(cupy_module(), g) for g in range(n))
     if not isinstance(devices, (list, tuple)) or len(devices) == 0:
         raise ValueError("devices must be None, 'all' or a non-empty list of GPU ids (0, 1, ...), "
                          f"'cuda:N' names or 'cpu' ranks, got {devices!r}")
@@ -266,7 +266,7 @@ def resolve_devices(devices) -> tuple[Backend, ...] | None:
     if gpus:
         n = gpu_count()
         if n == 0:
-            why = "CuPy is not installed" if _cupy() is None else "no CUDA device answers"
+            why = "CuPy is not installed" if cupy_module() is None else "no CUDA device answers"
             raise RuntimeError(f"devices={list(devices)!r} names GPUs but {why}; install "
                                "gpuml[cuda12] or gpuml[cuda13] on a machine with NVIDIA GPUs, "
                                "or use devices=None")
@@ -274,12 +274,12 @@ def resolve_devices(devices) -> tuple[Backend, ...] | None:
         if absent:
             raise RuntimeError(f"devices={list(devices)!r} names GPU {absent[0]}, which does not "
                                f"exist: this machine has {n} GPU(s)")
-    return tuple(CPU if g is None else Backend(_cupy(), g) for g in ordinals)
+    return tuple(CPU if g is None else Backend(cupy_module(), g) for g in ordinals)
 
 
 def namespace_of(a) -> ModuleType:
     """``cupy`` for a CuPy input, else ``numpy``: the namespace outputs follow."""
-    return _cupy() if is_cupy_array(a) else np
+    return cupy_module() if is_cupy_array(a) else np
 
 
 def sparse_module(xp) -> ModuleType:
@@ -305,7 +305,7 @@ def to_numpy(a):
 def to_output(a, like):
     """``a`` converted to follow the input ``like``: CuPy in, CuPy out; NumPy otherwise."""
     if like is not None and is_cupy_array(like):
-        cp = _cupy()
+        cp = cupy_module()
         return cp.asarray(a)
     return to_numpy(a)
 

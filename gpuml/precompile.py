@@ -53,9 +53,9 @@ def precompile(verbose: bool = True) -> dict:
         "BKRRRegressor": lambda X: BKRRRegressor(n_partitions=2, device="cpu",
                                                  random_state=0).fit(X, yr),
     }
-    from gpuml.kernels import _jit
+    from gpuml.kernels import compiling_in_caller
 
-    with _jit.synchronous():  # compile in this thread, into the cache, before returning
+    with compiling_in_caller():  # compile in this thread, into the cache, before returning
         return _precompile(fits, X, Xr, verbose)
 
 

@@ -39,7 +39,7 @@ from abc import ABC, abstractmethod
 
 import numpy as np
 
-from .._backend import _cupy, is_cupy_array, namespace_of, to_numpy
+from .._backend import cupy_module, is_cupy_array, namespace_of, to_numpy
 
 
 class CommunicatorAborted(RuntimeError):
@@ -182,7 +182,7 @@ class ThreadCommunicator(Communicator):
 
 def nccl_module():
     """``cupy.cuda.nccl`` when CuPy imports and its NCCL library loads, else None."""
-    if _cupy() is None:
+    if cupy_module() is None:
         return None
     with warnings.catch_warnings():
         # CuPy warns at import when libnccl is missing; here that is an answer, not news.
@@ -239,14 +239,14 @@ class NcclCommunicator(Communicator):
         return [cls(c, r, len(ids), g, tuple(ids)) for r, (c, g) in enumerate(zip(comms, ids))]
 
     def _device_array(self, x):
-        cp = _cupy()
+        cp = cupy_module()
         return cp.ascontiguousarray(cp.asarray(x))
 
     def _stream(self):
-        return _cupy().cuda.get_current_stream().ptr
+        return cupy_module().cuda.get_current_stream().ptr
 
     def _check_device(self):
-        current = _cupy().cuda.Device().id
+        current = cupy_module().cuda.Device().id
         if current != self.device_id:
             raise RuntimeError(f"NCCL rank {self.rank} belongs to GPU {self.device_id} but GPU "
                                f"{current} is current; call it inside "
@@ -256,7 +256,7 @@ class NcclCommunicator(Communicator):
         nccl = nccl_module()
         self._check_device()
         send = self._device_array(x)
-        recv = _cupy().empty_like(send)
+        recv = cupy_module().empty_like(send)
         self._comm.allReduce(send.data.ptr, recv.data.ptr, send.size,
                              _nccl_dtype(nccl, send.dtype), nccl.NCCL_SUM, self._stream())
         result = recv if is_cupy_array(x) else recv.get()
@@ -277,7 +277,7 @@ class NcclCommunicator(Communicator):
 
     def allgather(self, x) -> list:
         nccl = nccl_module()
-        cp = _cupy()
+        cp = cupy_module()
         self._check_device()
         send = self._device_array(x)
         # NCCL gathers equal counts: agree on the row counts, pad every block to the largest.

@@ -36,6 +36,7 @@ from .._backend import namespace_of, resolve_devices, sparse_module, to_numpy
 from .._validation import check_n_partitions
 from ..distributed import DeviceGroup, partition_on_devices
 from ..distributed.placement import shard_bounds
+from ..errors import PartitionWarning
 from ..pairwise import KERNELS, sq_distances, squared_norms
 from ..partition import PARTITIONERS, assign_nearest, partition
 
@@ -56,15 +57,6 @@ PARTITION_CONSTRAINTS = {
     "n_jobs": [Integral, None],
     "random_state": ["random_state"],
 }
-
-
-class PartitionWarning(UserWarning):
-    """A partitioned fit whose parts are a poor fit for the data (the message says why).
-
-    Raised as a warning, never an error: the model is fitted and usable, but its
-    accuracy is likely far from the one-part model's. Silence it with
-    ``warnings.filterwarnings("ignore", category=gpuml.PartitionWarning)``.
-    """
 
 
 #: Fewer rows than this in a part: the local model has too little data (P is large for n).

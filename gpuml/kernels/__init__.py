@@ -31,6 +31,7 @@ from ..pairwise import (
     squared_norms,
 )
 from ._jit import deferring as compile_after_fit
+from ._jit import synchronous as compiling_in_caller
 from .gcd import GCDProblem, GCDResult
 from .krr import (
     NotPositiveDefiniteError,
@@ -75,6 +76,7 @@ __all__ = [
     "tridiagonal_batch",
     "Kernel",
     "compile_after_fit",
+    "compiling_in_caller",
     "fill_nearest_open",
     "nearest_centres",
     "part_sums",

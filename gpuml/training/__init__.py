@@ -16,7 +16,7 @@
 Importing :mod:`gpuml` does not import torch; importing :mod:`gpuml.training` does.
 """
 
-from gpuml.training._errors import PeerFailureError
+from gpuml.errors import PeerFailureError
 from gpuml.training.downpour import DownpourWorker, ParameterServer, rpc_session
 from gpuml.training.households import HouseholdAverager, HouseholdLayout
 from gpuml.training.sampler import SCHEMES, DataAssignmentSampler

@@ -33,7 +33,7 @@ from collections.abc import Iterable, Sequence
 import torch
 import torch.distributed.rpc as rpc
 
-from gpuml.training._errors import PeerFailureError
+from gpuml.errors import PeerFailureError
 
 # The server of this process; the RPC handlers below (module level, so that RPC can name them)
 # reach it through here. A worker may call before the server object exists: init_rpc returns

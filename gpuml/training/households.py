@@ -34,7 +34,7 @@ from torch.distributed.algorithms.model_averaging.utils import (
     average_parameters_or_parameter_groups,
 )
 
-from gpuml.training._errors import PeerFailureError
+from gpuml.errors import PeerFailureError
 from gpuml.training.sampler import DataAssignmentSampler
 
 
