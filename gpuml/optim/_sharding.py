@@ -200,7 +200,7 @@ class NormReduction:
 def _peer_failure(reduction: NormReduction, err: Exception) -> Exception:
     import torch.distributed as dist
 
-    from gpuml.training._errors import PeerFailureError
+    from gpuml.errors import PeerFailureError
 
     try:
         ranks = dist.get_process_group_ranks(reduction.group)
