@@ -1,8 +1,11 @@
 """Pieces shared by :mod:`gpuml.optim.lamb` and :mod:`gpuml.optim.lars`.
 
 Argument checks, the exclusion rules (which tensors skip layer-wise adaptation
-and weight decay), the choice between the three implementations, and the state
-handling that the three implementations share.
+and weight decay), the choice between the three implementations, the state
+handling that the three implementations share, what each implementation does the same
+way for both rules (the for-loop paths' walk over the tensors, the foreach paths' start,
+the gradient's factor), and :class:`LayerwiseOptimizer`, the optimizer class around the
+two update rules.
 """
 
 from __future__ import annotations
@@ -127,6 +130,14 @@ def check_differentiable(foreach: bool | None, fused: bool | None) -> None:
         if value:
             raise RuntimeError(f"`{name}` does not support `differentiable`: "
                                "differentiable=True runs the for-loop path (foreach=False)")
+
+
+def fused_kernels(params: Sequence[Tensor], differentiable: bool) -> str | None:
+    """:func:`fused_backend` for a fused step, None when it has no tensor;
+    ``differentiable=True`` is refused, as torch.optim refuses it with ``fused``."""
+    if differentiable:
+        check_differentiable(False, True)
+    return fused_backend(params) if params else None
 
 
 def fused_backend(params: Sequence[Tensor]) -> str:
@@ -371,21 +382,130 @@ def _per_tensor_norms(grads: Sequence[Tensor], impl: str) -> Tensor:
     return torch.stack(out)
 
 
-def scaled_step_coefficient(grad_scale: Tensor | None, clip: Tensor | None) -> Tensor | None:
-    """The one factor every gradient is multiplied by: ``clip / grad_scale`` (or None)."""
+def scaled_step_coefficient(grad_scale: Tensor | None, global_grad_norm: Tensor | None = None,
+                            max_grad_norm: float | None = None) -> Tensor | None:
+    """The one factor every gradient is multiplied by (None for 1): ``1 / grad_scale``
+    (unscaling) times, when LAMB clips, apex/timm's global clipping factor
+    ``1 / max(1, global_grad_norm / max_grad_norm)``."""
     coef = None
     if grad_scale is not None:
         coef = 1.0 / grad_scale.float()
-    if clip is not None:
+    if global_grad_norm is not None and max_grad_norm is not None:
+        clip = 1.0 / torch.clamp(global_grad_norm / max_grad_norm, min=1.0)
         coef = clip if coef is None else coef * clip
     return coef
 
 
-def clip_factor(norm: Tensor, max_grad_norm: float | None) -> Tensor | None:
-    """apex/timm global clipping: divide every gradient by ``max(1, norm / max_grad_norm)``."""
-    if max_grad_norm is None:
+def signed_factor(coef: Tensor | None, maximize: bool) -> Tensor | float | None:
+    """``coef`` with ``maximize``'s sign folded in (None for 1): maximize negates the
+    gradient before anything else, as torch.optim does, and (-c) g is exactly -(c g), so
+    the sign costs no pass of its own."""
+    if not maximize:
+        return coef
+    return -1.0 if coef is None else -coef
+
+
+def zero_state(p: Tensor) -> Tensor:
+    """A state buffer for ``p``, zero: in the dtype the update is computed in, in ``p``'s
+    layout."""
+    return torch.zeros_like(p, dtype=compute_dtype(p), memory_format=torch.preserve_format)
+
+
+def local_real(dtensors: bool, params: list, grads: list, columns: Sequence[list],
+               masters: list) -> tuple[bool, list, list, list, list]:
+    """The tensors an update runs on: the local tensors of DTensors (``dtensors``; each
+    state tensor must have its parameter's local shape) and real views of complex tensors
+    (see :func:`as_real`). Returns whether there were complex tensors, then ``params``,
+    ``grads``, ``columns`` (the rule's state, a list per key) and ``masters`` as the update
+    sees them."""
+    if dtensors:
+        params, grads, masters = S.local(params), S.local(grads), S.local(masters)
+        columns = [S.local(c) for c in columns]
+        S.check_local_shapes(params, *columns, masters)
+    is_complex = any(p.is_complex() for p in params)
+    if is_complex:
+        params, grads, masters = as_real(params), as_real(grads), as_real(masters)
+        columns = [as_real(c) for c in columns]
+    return is_complex, params, grads, list(columns), masters
+
+
+def prepare_fused(kind: str, params: list[Tensor], grads: list[Tensor], columns: Sequence[list],
+                  masters: list, steps: list[Tensor], adapt: list[bool], decay: list[bool],
+                  sharding: S.Sharding | None):
+    """The fused (Triton) path's launch preparation for a rule (``kind``) whose state is
+    ``columns`` (one or two lists; see :func:`gpuml.optim._triton.prepare`)."""
+    from gpuml.optim import _triton
+
+    return _triton.prepare(kind, params, grads, (*columns, None)[:2], masters, steps, adapt,
+                           decay, sharded=None if sharding is None else sharding.flags)
+
+
+def layerwise_loop(n: int, adapt: Sequence[bool], sharding: S.Sharding | None, prepare, norms,
+                   apply):
+    """How the for-loop paths walk their ``n`` tensors; a generator, as the other paths.
+
+    ``part = prepare(i)`` steps tensor ``i``'s state and returns what its update needs;
+    ``norms(*part)`` its two norms as a ``[2]`` tensor (the weight's, the direction's), taken
+    when ``adapt[i]``; ``apply(*part, norms)`` updates it, ``norms`` a pair of 0-d tensors,
+    or None for a tensor left out of adaptation (trust ratio 1).
+
+    Without sharded tensors each tensor is updated start to finish before the next: what
+    ``prepare`` computed is still in cache for its norms and its update, and a few
+    :class:`Scratch` buffers serve every tensor. With sharded tensors (``sharding``) every
+    tensor is prepared first; the generator then yields the partial squared norms once and
+    receives their sums over the ranks (:func:`gpuml.optim._sharding.run_steps`).
+    """
+    if sharding is None:
+        for i in range(n):
+            part = prepare(i)
+            apply(*part, tuple(norms(*part)) if adapt[i] else None)
+        return
+    parts = [prepare(i) for i in range(n)]
+    if any(adapt):
+        stacked = torch.stack([norms(*part) for part in parts], dim=1)
+        w_norms, d_norms = yield from S.full_norms(stacked, sharding)
+    for i, part in enumerate(parts):
+        apply(*part, (w_norms[i], d_norms[i]) if adapt[i] else None)
+
+
+def foreach_start(params: list[Tensor], grads: list[Tensor], state_steps: list[Tensor], *,
+                  found_inf: Tensor | None, differentiable: bool, maximize: bool,
+                  grad_scale: Tensor | None, global_grad_norm: Tensor | None = None,
+                  max_grad_norm: float | None = None) -> list[Tensor] | None:
+    """How a foreach step starts: None when it has nothing to do (no tensors, or the scaler
+    found an inf; ``differentiable=True`` is refused, as torch.optim does), else the
+    gradients it steps with, every step count advanced. The gradients are widened to the
+    compute dtype, negated first for ``maximize`` (as torch.optim does) and multiplied by
+    :func:`scaled_step_coefficient`."""
+    if differentiable:
+        check_differentiable(True, False)
+    if not params or skip_step(found_inf):
         return None
-    return 1.0 / torch.clamp(norm / max_grad_norm, min=1.0)
+    coef = scaled_step_coefficient(grad_scale, global_grad_norm, max_grad_norm)
+    gs = [widen(g) for g in grads]
+    if maximize:
+        gs = torch._foreach_neg(gs)
+    if coef is not None:
+        gs = torch._foreach_mul(gs, coef.to(params[0].device))
+    torch._foreach_add_(state_steps, 1.0)
+    return gs
+
+
+def foreach_norms(ws: list[Tensor], ds: list[Tensor], sharding: S.Sharding | None):
+    """The norms of the weights ``ws`` and of the directions ``ds``, a ``[2, n]`` tensor
+    (of the full tensors for sharded ones: yields as
+    :func:`gpuml.optim._sharding.full_norms`)."""
+    norms = torch.stack([torch.stack(torch._foreach_norm(ws)),
+                         torch.stack(torch._foreach_norm(ds))])
+    return (yield from S.full_norms(norms, sharding))
+
+
+def foreach_copy_back(params: list[Tensor], ws: list[Tensor]) -> None:
+    """Round each updated compute view into its parameter where they differ (the fp32
+    master copy, or the float32 copy of an fp16/bf16 parameter)."""
+    low = [(p, w) for p, w in zip(params, ws) if w is not p]
+    if low:
+        torch._foreach_copy_([p for p, _ in low], [w for _, w in low])
 
 
 def fix_state_dtypes(optimizer: torch.optim.Optimizer, state_dict: dict, keys: Sequence[str]):
@@ -476,21 +596,59 @@ class LayerwiseOptimizer(torch.optim.Optimizer):
 
     Group validation on every added group, the ``torch.amp.GradScaler``
     fused-optimizer protocol, the choice of path per group, per-tensor state
-    creation (step counter, fp32 master copy) and the adaptation/decay flags.
-    Subclasses define ``_FP32_STATE``, ``_validate_group`` and ``_new_state``.
+    creation (step counter, fp32 master copy), the adaptation/decay flags, and the step:
+    each group's tensors handed to the rule's implementation for its path, or to the
+    rule's fused passes. Subclasses define ``_KIND``, ``_STATE_KEYS``, ``_check_rule``,
+    ``_new_state``, ``_rule_options`` and ``_implementation``.
     """
 
     _step_supports_amp_scaling = True
-    _FP32_STATE: tuple[str, ...] = ()
     #: The fused kernels' name for the rule, and its state keys in table-column order.
     _KIND: str = ""
     _STATE_KEYS: tuple[str, ...] = ()
 
+    def __init__(self, params, rule: dict, exclude_from_adaptation: bool | None,
+                 exclude_from_weight_decay: bool | None, master_weights: bool,
+                 capturable: bool, foreach: bool | None, fused: bool | None, maximize: bool,
+                 differentiable: bool):
+        """``rule``: the update rule's options, in the order of its signature; the options
+        every rule has follow them in the defaults (and in each group)."""
+        defaults = dict(rule, exclude_from_adaptation=exclude_from_adaptation,
+                        exclude_from_weight_decay=exclude_from_weight_decay,
+                        master_weights=master_weights, capturable=capturable, foreach=foreach,
+                        fused=fused, maximize=maximize, differentiable=differentiable)
+        self._validate_group(defaults)
+        super().__init__(params, defaults)
+
     def _validate_group(self, group: dict) -> None:
+        check_nonneg("lr", group["lr"])
+        self._check_rule(group)
+        check_exclusion("exclude_from_adaptation", group["exclude_from_adaptation"])
+        check_exclusion("exclude_from_weight_decay", group["exclude_from_weight_decay"])
+        if group["fused"] and group["foreach"]:
+            raise ValueError("fused=True and foreach=True are mutually exclusive")
+        if group["differentiable"]:
+            check_differentiable(group["foreach"], group["fused"])
+
+    def _check_rule(self, group: dict) -> None:
+        """Check the update rule's options of ``group`` (``trust_bounds`` made a pair of
+        floats)."""
         raise NotImplementedError
 
     def _new_state(self, group: dict, state: dict, p: Tensor) -> None:
         """Create the update rule's buffers for ``p`` (its first step)."""
+        raise NotImplementedError
+
+    def _rule_options(self, group: dict) -> dict:
+        """The update rule's keyword arguments of the functional step, from ``group``."""
+        raise NotImplementedError
+
+    def _step_options(self, plan, grad_scale: Tensor | None) -> dict:
+        """Keyword arguments of every group's step computed over all groups at once."""
+        return {}
+
+    def _implementation(self, impl: str):
+        """The rule's functional implementation for path ``impl``."""
         raise NotImplementedError
 
     def add_param_group(self, param_group: dict) -> None:
@@ -519,7 +677,7 @@ class LayerwiseOptimizer(torch.optim.Optimizer):
         finally:
             self._optimizer_load_state_dict_pre_hooks = pre
             self._optimizer_load_state_dict_post_hooks = post
-        fix_state_dtypes(self, state_dict, self._FP32_STATE)
+        fix_state_dtypes(self, state_dict, (*self._STATE_KEYS, "master_param"))
         for hook in list(post.values()):
             hook(self)
 
@@ -543,8 +701,30 @@ class LayerwiseOptimizer(torch.optim.Optimizer):
                                                    dtype=torch.float32)
 
     def _update(self, plan, grad_scale: Tensor | None, found_inf: Tensor | None) -> None:
-        """Apply the update rule to every ``(group, view, grads)`` of ``plan``."""
-        raise NotImplementedError
+        """Apply the update rule to every ``(group, view, grads)`` of ``plan``.
+
+        Fused groups launch the rule's passes from their views' prepared tables
+        (:mod:`gpuml.optim._triton`); the others run the rule's implementation for their
+        path. With sharded parameters the norms of every group take one all-reduce
+        (:func:`gpuml.optim._sharding.run_steps`).
+        """
+        shared = self._step_options(plan, grad_scale)
+        steps = []
+        for group, view, grads in plan:
+            options = dict(grad_scale=grad_scale, found_inf=found_inf,
+                           maximize=group["maximize"], lr=group["lr"],
+                           **self._rule_options(group), **shared)
+            if view.prepared is not None:
+                from gpuml.optim import _triton
+
+                steps.append(_triton.PASSES[self._KIND](view.prepared, **options))
+                continue
+            func = self._implementation(view.impl)
+            steps.append(func(view.params, grads, *view.columns, view.masters, view.steps,
+                              adapt=view.adapt, decay=view.decay,
+                              capturable=group["capturable"], sharding=view.sharding,
+                              differentiable=group["differentiable"], **options))
+        S.run_steps(steps, self._reduction)
 
     @_use_grad_for_differentiable
     def step(self, closure=None, grad_scale: Tensor | None = None,
@@ -623,25 +803,15 @@ class LayerwiseOptimizer(torch.optim.Optimizer):
         view.checks = [("step", steps), *zip(self._STATE_KEYS, columns),
                        ("master_param", masters)]
         view.dtensors, view.sharding = dtensors, sharding
-        if dtensors:  # the update runs on the local shards
-            params, grads = local_params, local_grads
-            columns = [S.local(c) for c in columns]
-            masters = S.local(masters)
-            S.check_local_shapes(params, *columns, masters)
-        view.complex = any(p.is_complex() for p in params)
-        if view.complex:  # the update runs on real views (the checks keep the originals)
-            params, grads, masters = as_real(params), as_real(grads), as_real(masters)
-            columns = [as_real(c) for c in columns]
+        # the update runs on local shards and real views; the checks keep the originals
+        view.complex, params, grads, columns, masters = local_real(dtensors, params, grads,
+                                                                   columns, masters)
         view.params, view.columns, view.masters, view.steps = params, columns, masters, steps
         view.adapt, view.decay = adapt, decay
         view.prepared = None
         if backend == "triton":
-            from gpuml.optim import _triton
-
-            state = (*columns, None, None)[:2]
-            view.prepared = _triton.prepare(self._KIND, params, grads, state, masters, steps,
-                                            adapt, decay,
-                                            sharded=sharding.flags if sharding else None)
+            view.prepared = prepare_fused(self._KIND, params, grads, columns, masters, steps,
+                                          adapt, decay, sharding)
         return view, grads
 
     def _gather(self, group: dict, impl: str, keys: Sequence[str]):

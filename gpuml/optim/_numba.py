@@ -37,6 +37,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from gpuml.optim import _sharding as S
 from gpuml.optim._layout import dense_layout
 
 #: elements per parallel work item
@@ -240,6 +241,27 @@ def check_layouts(*columns) -> None:
             raise ValueError("the fused path needs each parameter, its gradient and its state "
                              "to share one dense layout (contiguous or channels_last); use "
                              "foreach=False for other layouts")
+
+
+def two_passes(params: list[Tensor], ws: list[Tensor], adapt: list[bool], sharding, pass1,
+               ratios, pass2):
+    """The fused step on CPU tensors, a generator as the other paths.
+
+    ``pass1(i)`` runs tensor ``i``'s first pass and returns its two sums of squares (weight,
+    direction); once every trust ratio is known (``ratios(w_norms, d_norms)``, over the full
+    tensors for sharded ones: one yield, as :func:`gpuml.optim._sharding.full_norms`),
+    ``pass2(i, ratio)`` updates the compute view ``ws[i]`` (ratio 1 for tensors left out of
+    adaptation), which is then rounded into ``params[i]`` where they differ.
+    """
+    use_torch_threads()
+    sums = [pass1(i) for i in range(len(ws))]
+    norms = torch.tensor(sums, dtype=torch.float64).sqrt().T.float()
+    w_norms, d_norms = yield from S.full_norms(norms, sharding)
+    ratio = torch.where(torch.tensor(adapt), ratios(w_norms, d_norms), 1.0).tolist()
+    for i, (p, w) in enumerate(zip(params, ws)):
+        pass2(i, ratio[i])
+        if w is not p:
+            p.copy_(w)
 
 
 def compile_all() -> None:

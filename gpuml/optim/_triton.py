@@ -470,6 +470,54 @@ def _step_out(row, partials, ci, live, f_w):
 
 
 @triton.jit
+def _pointers(row, p_w, g_w, f_w, HAS_MASTER: tl.constexpr, ALIGNED: tl.constexpr):
+    """A tensor-table row's parameter, gradient and two state buffers (LARS has one: the
+    second is null and never read), and the weight the update is computed on: the fp32
+    master copy, or the parameter itself."""
+    p = _column(row, 0, p_w, ALIGNED)
+    g = _column(row, 1, g_w, ALIGNED)
+    s0 = _column(row, 2, f_w, ALIGNED)
+    s1 = _column(row, 3, f_w, ALIGNED)
+    if HAS_MASTER:
+        w = _column(row, 4, f_w, ALIGNED)
+    else:
+        w = p
+    return p, g, s0, s1, w
+
+
+@triton.jit
+def _tensor_factors(row, weight_decay, norm, max_norm, gscale, HAS_CLIP: tl.constexpr,
+                    HAS_SCALE: tl.constexpr, MAXIMIZE: tl.constexpr):
+    """A row's flags (1: adapted, 2: decayed), its weight decay (0 unless decayed) and the
+    factor of its gradient (:func:`_grad_coef`), negated for ``MAXIMIZE``: -g * c equals
+    g * -c exactly, so the gradient is negated first, as torch.optim does."""
+    flags = tl.load(row + 9)
+    wd = tl.where((flags & 2) != 0, weight_decay, 0.0)
+    scale = _grad_coef(norm, max_norm, gscale, HAS_CLIP, HAS_SCALE)
+    if MAXIMIZE:
+        scale = -scale
+    return flags, wd, scale
+
+
+@triton.jit
+def _store_sums(partials, slot, acc_w, acc_d):
+    """Pass 1: the chunk's two partial sums of squares (weight, direction)."""
+    tl.store(partials + 3 * slot, tl.sum(acc_w, axis=0))
+    tl.store(partials + 3 * slot + 1, tl.sum(acc_d, axis=0))
+
+
+@triton.jit
+def _step_weight(p, w, wv, step, direction, idx, mask, p_w, HAS_MASTER: tl.constexpr,
+                 PARAM_BF16: tl.constexpr, MASKED: tl.constexpr):
+    """Pass 2 on one block, last: the weight ``wv - step * direction`` into the fp32 master
+    copy (if any) and, rounded, into the parameter."""
+    wv = wv - step * direction
+    if HAS_MASTER:
+        _st(w, idx, wv, mask, MASKED)
+    _st(p, idx, _to_param(wv, p_w, PARAM_BF16), mask, MASKED)
+
+
+@triton.jit
 def _offsets(off, BLOCK: tl.constexpr):
     # off is a multiple of BLOCK: a chunk starts at a multiple of CHUNK, itself one of BLOCK
     return tl.max_contiguous(tl.multiple_of(off + tl.arange(0, BLOCK), BLOCK), BLOCK)
@@ -668,21 +716,14 @@ def _lamb_pass1(tab, chunks, partials, p_w, g_w, f_w, norm, gscale, found_inf, m
                 VARIANT: tl.constexpr, EPS_INSIDE: tl.constexpr, NCOL: tl.constexpr,
                 CHUNK: tl.constexpr, BLOCK: tl.constexpr, ALIGNED: tl.constexpr,
                 MAXIMIZE: tl.constexpr):
+    """LAMB pass 1 on one chunk: the moments stepped; the partial sums of squares of the
+    weight and of the update."""
     row, slot, ci, live, start, full, end = _chunk(tab, chunks, found_inf, NCOL, CHUNK,
                                                    BLOCK, HAS_INF)
-    g = _column(row, 1, g_w, ALIGNED)
-    m = _column(row, 2, f_w, ALIGNED)
-    v = _column(row, 3, f_w, ALIGNED)
-    if HAS_MASTER:
-        w = _column(row, 4, f_w, ALIGNED)
-    else:
-        w = _column(row, 0, p_w, ALIGNED)
+    _, g, m, v, w = _pointers(row, p_w, g_w, f_w, HAS_MASTER, ALIGNED)
     t = _step_in(row, partials, slot, ci, f_w)
-    flags = tl.load(row + 9)
-    wd = tl.where((flags & 2) != 0, weight_decay, 0.0)
-    scale = _grad_coef(norm, max_norm, gscale, HAS_CLIP, HAS_SCALE)
-    if MAXIMIZE:  # -g * c equals g * -c exactly: the gradient negated, as torch.optim does
-        scale = -scale
+    _, wd, scale = _tensor_factors(row, weight_decay, norm, max_norm, gscale, HAS_CLIP,
+                                   HAS_SCALE, MAXIMIZE)
     a_m, a_g, a_v, a_g2 = _lamb_coefs(t, beta1, beta2, beta3, lb1, lb2, omb2,
                                       BIAS_CORRECTION, VARIANT)
     acc_w = tl.zeros([BLOCK], dtype=tl.float32)
@@ -697,8 +738,7 @@ def _lamb_pass1(tab, chunks, partials, p_w, g_w, f_w, norm, gscale, found_inf, m
                            a_g, a_v, a_g2, eps, wd, EPS_INSIDE, True)
     acc_w += dw
     acc_u += du
-    tl.store(partials + 3 * slot, tl.sum(acc_w, axis=0))
-    tl.store(partials + 3 * slot + 1, tl.sum(acc_u, axis=0))
+    _store_sums(partials, slot, acc_w, acc_u)
 
 
 @triton.jit
@@ -714,10 +754,7 @@ def _lamb_apply(p, g, m, v, w, idx, mask, scale, step_size, a_m, a_g, a_v, a_g2,
     vv = _ld(v, idx, mask, MASKED)
     wv = _ld(w, idx, mask, MASKED).to(tl.float32)
     u = _lamb_update(mv, vv, gv, wv, a_m, a_g, a_v, a_g2, eps, wd, EPS_INSIDE)
-    wv = wv - step_size * u
-    if HAS_MASTER:
-        _st(w, idx, wv, mask, MASKED)
-    _st(p, idx, _to_param(wv, p_w, PARAM_BF16), mask, MASKED)
+    _step_weight(p, w, wv, step_size, u, idx, mask, p_w, HAS_MASTER, PARAM_BF16, MASKED)
 
 
 @triton.jit
@@ -730,22 +767,14 @@ def _lamb_pass2(tab, chunks, partials, full_sq, p_w, g_w, f_w, norm, gscale, fou
                 CHUNK: tl.constexpr, BLOCK: tl.constexpr, PBLOCK: tl.constexpr,
                 PARAM_BF16: tl.constexpr, ALIGNED: tl.constexpr, REDUCED: tl.constexpr,
                 MAXIMIZE: tl.constexpr):
+    """LAMB pass 2 on one chunk: the tensor's trust ratio from its norms, then the update
+    recomputed from the stored moments and applied."""
     row, slot, ci, live, start, full, end = _chunk(tab, chunks, found_inf, NCOL, CHUNK,
                                                    BLOCK, HAS_INF)
-    p = _column(row, 0, p_w, ALIGNED)
-    g = _column(row, 1, g_w, ALIGNED)
-    m = _column(row, 2, f_w, ALIGNED)
-    v = _column(row, 3, f_w, ALIGNED)
-    if HAS_MASTER:
-        w = _column(row, 4, f_w, ALIGNED)
-    else:
-        w = p
+    p, g, m, v, w = _pointers(row, p_w, g_w, f_w, HAS_MASTER, ALIGNED)
     t = _step_out(row, partials, ci, live, f_w)
-    flags = tl.load(row + 9)
-    wd = tl.where((flags & 2) != 0, weight_decay, 0.0)
-    scale = _grad_coef(norm, max_norm, gscale, HAS_CLIP, HAS_SCALE)
-    if MAXIMIZE:  # -g * c equals g * -c exactly: the gradient negated, as torch.optim does
-        scale = -scale
+    flags, wd, scale = _tensor_factors(row, weight_decay, norm, max_norm, gscale, HAS_CLIP,
+                                       HAS_SCALE, MAXIMIZE)
     a_m, a_g, a_v, a_g2 = _lamb_coefs(t, beta1, beta2, beta3, lb1, lb2, omb2,
                                       BIAS_CORRECTION, VARIANT)
     w_norm, u_norm = _tensor_norms(row, chunks, partials, full_sq, PBLOCK, REDUCED)
@@ -762,22 +791,63 @@ def _lamb_pass2(tab, chunks, partials, full_sq, p_w, g_w, f_w, norm, gscale, fou
                 p_w, HAS_MASTER, VARIANT, EPS_INSIDE, PARAM_BF16, True)
 
 
-def _two_passes(buckets, pass1, pass2):
-    """Pass 1 on every bucket, then pass 2: at once for the unsharded buckets, and for the
-    sharded ones after the one all-reduce of their partial squared norms (the ``yield``,
-    answered by :func:`gpuml.optim._sharding.run_steps`)."""
+def _two_passes(prep: Prepared, pass1: tuple, pass2: tuple, *, grad_scale: Tensor | None,
+                found_inf: Tensor | None, lr, weight_decay, trust_bounds, maximize,
+                tensors: dict | None = None):
+    """The two passes of a fused step over the buckets of ``prep``, a generator.
+
+    ``pass1`` and ``pass2`` are ``(kernel, arguments)``: a rule's pass and the arguments
+    (numbers and constexprs, by name) that only the rule's kernels take; ``tensors`` the
+    0-d tensors those read from device memory besides ``grad_scale`` and ``found_inf``
+    (None: absent). Pass 1 runs on every bucket, then pass 2: at once for the unsharded
+    buckets, and for the sharded ones after the one all-reduce of their partial squared
+    norms (the ``yield``, answered by :func:`gpuml.optim._sharding.run_steps`).
+    """
+    tensors = {"gscale": grad_scale, "found_inf": found_inf, **(tensors or {})}
+    lower, upper = float(trust_bounds[0]), float(trust_bounds[1])
+
+    def first(b: Bucket) -> dict:
+        device = b.device
+        with _device_guard(device):
+            _hold_if_capturing(b)
+            args = {name: _on(x, device) for name, x in tensors.items()}
+            args.update(p_w=_dummy(device, b.param_dtype), g_w=_dummy(device, b.grad_dtype),
+                        f_w=_dummy(device), weight_decay=float(weight_decay),
+                        HAS_SCALE=grad_scale is not None, HAS_INF=found_inf is not None,
+                        HAS_MASTER=b.has_master, NCOL=NCOL, CHUNK=prep.chunk,
+                        BLOCK=prep.block, MAXIMIZE=bool(maximize))
+            _launch(b, pass1, args)
+        return args
+
+    def second(b: Bucket, args: dict, full_sq: Tensor | None) -> None:
+        with _device_guard(b.device):
+            lr_ptr, lr_val, lr_is_ptr = _scalar_arg(lr, b.device)
+            _launch(b, pass2, dict(args, full_sq=args["f_w"] if full_sq is None else full_sq,
+                                   lr_ptr=lr_ptr, lr_val=lr_val, lower=lower, upper=upper,
+                                   LR_IS_PTR=lr_is_ptr, PBLOCK=128,
+                                   PARAM_BF16=b.param_dtype == torch.bfloat16,
+                                   REDUCED=full_sq is not None))
+
     sharded = []
-    for b in buckets:
-        args = pass1(b)
+    for b in prep.buckets:
+        args = first(b)
         if b.sharded:
             sharded.append((b, args))
         else:
-            pass2(b, args, None)
+            second(b, args, None)
     if sharded:
         buckets = [b for b, _ in sharded]
         summed = yield _sharded_sums(buckets)
         for (b, args), full_sq in zip(sharded, _split_sums(summed, buckets)):
-            pass2(b, args, full_sq)
+            second(b, args, full_sq)
+
+
+def _launch(b: Bucket, kernel_args: tuple, args: dict) -> None:
+    """One pass over a bucket: a launch per chunk table (aligned tensors, the others)."""
+    kernel, rule_args = kernel_args
+    for chunks, n, aligned in b.tables.launches:
+        kernel[(n,)](b.tables.tensors, chunks, b.tables.scratch, ALIGNED=aligned, **args,
+                     **rule_args)
 
 
 def _sharded_sums(buckets: list[Bucket]) -> Tensor:
@@ -816,48 +886,17 @@ def lamb_passes(prep: Prepared, *, global_grad_norm: Tensor | None,
     per-tensor sums of squares (weight, update) and runs their pass 2 with the sums over the
     ranks it receives. Without sharded buckets it never yields.
     """
-    beta1, beta2, eps, weight_decay = float(beta1), float(beta2), float(eps), float(weight_decay)
-    beta3 = 1.0 - beta1 if grad_averaging else 1.0
-    var = _VARIANT_IDS[variant]
-    logs = (_log(beta1), _log(beta2), 1.0 - beta2)
+    beta1, beta2 = float(beta1), float(beta2)
     clip = global_grad_norm is not None and max_grad_norm is not None
-    max_norm = float(max_grad_norm) if clip else 1.0
-    lower, upper = float(trust_bounds[0]), float(trust_bounds[1])
-
-    def pass1(b: Bucket) -> tuple:
-        device, tables = b.device, b.tables
-        with _device_guard(device):
-            _hold_if_capturing(b)
-            norm = _on(global_grad_norm if clip else None, device)
-            scale, inf = _on(grad_scale, device), _on(found_inf, device)
-            p_w, g_w = _dummy(device, b.param_dtype), _dummy(device, b.grad_dtype)
-            f_w = _dummy(device)
-            common = dict(HAS_CLIP=clip, HAS_SCALE=grad_scale is not None,
-                          HAS_INF=found_inf is not None, HAS_MASTER=b.has_master,
-                          BIAS_CORRECTION=bool(bias_correction), VARIANT=var,
-                          EPS_INSIDE=bool(eps_inside_sqrt), NCOL=NCOL, CHUNK=prep.chunk,
-                          BLOCK=prep.block, MAXIMIZE=bool(maximize))
-            for chunks, n, aligned in tables.launches:
-                _lamb_pass1[(n,)](tables.tensors, chunks, tables.scratch, p_w, g_w, f_w, norm,
-                                  scale, inf, max_norm, beta1, beta2, beta3, *logs, eps,
-                                  weight_decay, ALIGNED=aligned, **common)
-        return norm, scale, inf, p_w, g_w, f_w, common
-
-    def pass2(b: Bucket, args: tuple, full_sq: Tensor | None) -> None:
-        norm, scale, inf, p_w, g_w, f_w, common = args
-        device, tables = b.device, b.tables
-        with _device_guard(device):
-            lr_ptr, lr_val, lr_is_ptr = _scalar_arg(lr, device)
-            sums = f_w if full_sq is None else full_sq
-            for chunks, n, aligned in tables.launches:
-                _lamb_pass2[(n,)](tables.tensors, chunks, tables.scratch, sums, p_w, g_w, f_w,
-                                  norm, scale, inf, lr_ptr, max_norm, lr_val, beta1, beta2,
-                                  beta3, *logs, eps, weight_decay, lower, upper,
-                                  LR_IS_PTR=lr_is_ptr, PBLOCK=128,
-                                  PARAM_BF16=b.param_dtype == torch.bfloat16,
-                                  ALIGNED=aligned, REDUCED=full_sq is not None, **common)
-
-    yield from _two_passes(prep.buckets, pass1, pass2)
+    rule = dict(max_norm=float(max_grad_norm) if clip else 1.0, beta1=beta1, beta2=beta2,
+                beta3=1.0 - beta1 if grad_averaging else 1.0, lb1=_log(beta1),
+                lb2=_log(beta2), omb2=1.0 - beta2, eps=float(eps), HAS_CLIP=clip,
+                BIAS_CORRECTION=bool(bias_correction), VARIANT=_VARIANT_IDS[variant],
+                EPS_INSIDE=bool(eps_inside_sqrt))
+    yield from _two_passes(prep, (_lamb_pass1, rule), (_lamb_pass2, rule),
+                           grad_scale=grad_scale, found_inf=found_inf, lr=lr,
+                           weight_decay=weight_decay, trust_bounds=trust_bounds,
+                           maximize=maximize, tensors={"norm": global_grad_norm if clip else None})
 
 
 def lamb_step(params, grads, exp_avgs, exp_avg_sqs, master_params, state_steps, *, adapt,
@@ -908,20 +947,14 @@ def _lars_pass1(tab, chunks, partials, p_w, g_w, f_w, gscale, found_inf, momentu
                 HAS_MASTER: tl.constexpr, NORMALIZED: tl.constexpr, NCOL: tl.constexpr,
                 CHUNK: tl.constexpr, BLOCK: tl.constexpr, ALIGNED: tl.constexpr,
                 MAXIMIZE: tl.constexpr):
+    """LARS pass 1 on one chunk: the partial sums of squares of the weight and of the
+    gradient (eq. 5.1) or of the momentum, stepped here (Alg 15)."""
     row, slot, ci, live, start, full, end = _chunk(tab, chunks, found_inf, NCOL, CHUNK,
                                                    BLOCK, HAS_INF)
-    g = _column(row, 1, g_w, ALIGNED)
-    buf = _column(row, 2, f_w, ALIGNED)
-    if HAS_MASTER:
-        w = _column(row, 4, f_w, ALIGNED)
-    else:
-        w = _column(row, 0, p_w, ALIGNED)
+    _, g, buf, _, w = _pointers(row, p_w, g_w, f_w, HAS_MASTER, ALIGNED)
     _step_in(row, partials, slot, ci, f_w)
-    flags = tl.load(row + 9)
-    wd = tl.where((flags & 2) != 0, weight_decay, 0.0)
-    scale = _grad_coef(gscale, 1.0, gscale, False, HAS_SCALE)
-    if MAXIMIZE:
-        scale = -scale
+    _, wd, scale = _tensor_factors(row, weight_decay, gscale, 1.0, gscale, False, HAS_SCALE,
+                                   MAXIMIZE)
     acc_w = tl.zeros([BLOCK], dtype=tl.float32)
     acc_d = tl.zeros([BLOCK], dtype=tl.float32)
     for off in range(start, full, BLOCK):
@@ -933,8 +966,7 @@ def _lars_pass1(tab, chunks, partials, p_w, g_w, f_w, gscale, found_inf, momentu
     dw, dd = _lars_norms(g, buf, w, idx, idx < end, scale, momentum, wd, NORMALIZED, True)
     acc_w += dw
     acc_d += dd
-    tl.store(partials + 3 * slot, tl.sum(acc_w, axis=0))
-    tl.store(partials + 3 * slot + 1, tl.sum(acc_d, axis=0))
+    _store_sums(partials, slot, acc_w, acc_d)
 
 
 @triton.jit
@@ -959,10 +991,7 @@ def _lars_apply(p, g, buf, w, idx, mask, scale, lr, ratio, first, momentum, damp
                 direction = bv
         else:
             direction = d
-    wv = wv - lr * direction
-    if HAS_MASTER:
-        _st(w, idx, wv, mask, MASKED)
-    _st(p, idx, _to_param(wv, p_w, PARAM_BF16), mask, MASKED)
+    _step_weight(p, w, wv, lr, direction, idx, mask, p_w, HAS_MASTER, PARAM_BF16, MASKED)
 
 
 @triton.jit
@@ -974,21 +1003,14 @@ def _lars_pass2(tab, chunks, partials, full_sq, p_w, g_w, f_w, gscale, found_inf
                 NCOL: tl.constexpr, CHUNK: tl.constexpr, BLOCK: tl.constexpr,
                 PBLOCK: tl.constexpr, PARAM_BF16: tl.constexpr, ALIGNED: tl.constexpr,
                 REDUCED: tl.constexpr, MAXIMIZE: tl.constexpr):
+    """LARS pass 2 on one chunk: the tensor's local rate from its norms, then the momentum
+    and the weight updated."""
     row, slot, ci, live, start, full, end = _chunk(tab, chunks, found_inf, NCOL, CHUNK,
                                                    BLOCK, HAS_INF)
-    p = _column(row, 0, p_w, ALIGNED)
-    g = _column(row, 1, g_w, ALIGNED)
-    buf = _column(row, 2, f_w, ALIGNED)
-    if HAS_MASTER:
-        w = _column(row, 4, f_w, ALIGNED)
-    else:
-        w = p
+    p, g, buf, _, w = _pointers(row, p_w, g_w, f_w, HAS_MASTER, ALIGNED)
     t = _step_out(row, partials, ci, live, f_w)
-    flags = tl.load(row + 9)
-    wd = tl.where((flags & 2) != 0, weight_decay, 0.0)
-    scale = _grad_coef(gscale, 1.0, gscale, False, HAS_SCALE)
-    if MAXIMIZE:
-        scale = -scale
+    flags, wd, scale = _tensor_factors(row, weight_decay, gscale, 1.0, gscale, False,
+                                       HAS_SCALE, MAXIMIZE)
     lr = _load_scalar(lr_ptr, lr_val, LR_IS_PTR)
     w_norm, d_norm = _tensor_norms(row, chunks, partials, full_sq, PBLOCK, REDUCED)
     ok = (w_norm > 0) & (d_norm > 0)
@@ -1017,41 +1039,14 @@ def lars_passes(prep: Prepared, *, grad_scale: Tensor | None, found_inf: Tensor 
     """The two passes of a fused LARS step over prepared tensors (``step`` included); a
     generator that yields the per-tensor sums of squares (weight, gradient or momentum) of
     sharded buckets between their passes, as :func:`lamb_passes`."""
-    normalized = mode == "normalized"
-    momentum, weight_decay = float(momentum), float(weight_decay)
-    floats = (float(dampening), weight_decay, float(trust_coefficient), float(eps),
-              float(trust_bounds[0]), float(trust_bounds[1]))
-
-    def pass1(b: Bucket) -> tuple:
-        device, tables = b.device, b.tables
-        with _device_guard(device):
-            _hold_if_capturing(b)
-            scale, inf = _on(grad_scale, device), _on(found_inf, device)
-            p_w, g_w = _dummy(device, b.param_dtype), _dummy(device, b.grad_dtype)
-            f_w = _dummy(device)
-            common = dict(HAS_SCALE=grad_scale is not None, HAS_INF=found_inf is not None,
-                          HAS_MASTER=b.has_master, NORMALIZED=normalized, NCOL=NCOL,
-                          CHUNK=prep.chunk, BLOCK=prep.block, MAXIMIZE=bool(maximize))
-            for chunks, n, aligned in tables.launches:
-                _lars_pass1[(n,)](tables.tensors, chunks, tables.scratch, p_w, g_w, f_w, scale,
-                                  inf, momentum, weight_decay, ALIGNED=aligned, **common)
-        return scale, inf, p_w, g_w, f_w, common
-
-    def pass2(b: Bucket, args: tuple, full_sq: Tensor | None) -> None:
-        scale, inf, p_w, g_w, f_w, common = args
-        device, tables = b.device, b.tables
-        with _device_guard(device):
-            lr_ptr, lr_val, lr_is_ptr = _scalar_arg(lr, device)
-            sums = f_w if full_sq is None else full_sq
-            for chunks, n, aligned in tables.launches:
-                _lars_pass2[(n,)](tables.tensors, chunks, tables.scratch, sums, p_w, g_w, f_w,
-                                  scale, inf, lr_ptr, lr_val, momentum, *floats,
-                                  LR_IS_PTR=lr_is_ptr, HAS_MOMENTUM=momentum != 0,
-                                  NESTEROV=bool(nesterov), CLIP=bool(clip), PBLOCK=128,
-                                  PARAM_BF16=b.param_dtype == torch.bfloat16, ALIGNED=aligned,
-                                  REDUCED=full_sq is not None, **common)
-
-    yield from _two_passes(prep.buckets, pass1, pass2)
+    rule = dict(momentum=float(momentum), NORMALIZED=mode == "normalized")
+    yield from _two_passes(
+        prep, (_lars_pass1, rule),
+        (_lars_pass2, dict(rule, dampening=float(dampening),
+                           trust_coefficient=float(trust_coefficient), eps=float(eps),
+                           HAS_MOMENTUM=momentum != 0, NESTEROV=bool(nesterov), CLIP=bool(clip))),
+        grad_scale=grad_scale, found_inf=found_inf, lr=lr, weight_decay=weight_decay,
+        trust_bounds=trust_bounds, maximize=maximize)
 
 
 def lars_step(params, grads, momentum_buffers, master_params, state_steps, *, adapt, decay,
@@ -1068,3 +1063,7 @@ def lars_step(params, grads, momentum_buffers, master_params, state_steps, *, ad
                          eps=eps, clip=clip, trust_bounds=trust_bounds, mode=mode,
                          maximize=maximize):
         raise AssertionError("no bucket of local tensors waits for a reduction")
+
+
+#: Each rule's two passes over prepared tensors, by the rule's name in :func:`prepare`.
+PASSES = {"lamb": lamb_passes, "lars": lars_passes}

@@ -24,7 +24,6 @@ from gpuml.optim import _sharding as S
 __all__ = ["LAMB", "FusedLAMB", "lamb"]
 
 _VARIANTS = ("lamb", "nlamb", "nnlamb")
-_FP32_STATE = ("exp_avg", "exp_avg_sq", "master_param")
 
 
 class LAMB(C.LayerwiseOptimizer):
@@ -171,7 +170,6 @@ class LAMB(C.LayerwiseOptimizer):
     >>> opt.step()
     """
 
-    _FP32_STATE = _FP32_STATE
     _KIND = "lamb"
     _STATE_KEYS = ("exp_avg", "exp_avg_sq")
 
@@ -185,75 +183,66 @@ class LAMB(C.LayerwiseOptimizer):
                  capturable: bool = False, foreach: bool | None = None,
                  fused: bool | None = None, maximize: bool = False,
                  differentiable: bool = False):
-        defaults = dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay,
-                        bias_correction=bias_correction, grad_averaging=grad_averaging,
-                        max_grad_norm=max_grad_norm, trust_bounds=trust_bounds,
-                        eps_inside_sqrt=eps_inside_sqrt, always_adapt=always_adapt,
-                        variant=variant, exclude_from_adaptation=exclude_from_adaptation,
-                        exclude_from_weight_decay=exclude_from_weight_decay,
-                        master_weights=master_weights, capturable=capturable,
-                        foreach=foreach, fused=fused, maximize=maximize,
-                        differentiable=differentiable)
-        _validate(defaults)
-        super().__init__(params, defaults)
+        super().__init__(params, dict(
+            lr=lr, betas=betas, eps=eps, weight_decay=weight_decay,
+            bias_correction=bias_correction, grad_averaging=grad_averaging,
+            max_grad_norm=max_grad_norm, trust_bounds=trust_bounds,
+            eps_inside_sqrt=eps_inside_sqrt, always_adapt=always_adapt, variant=variant),
+            exclude_from_adaptation, exclude_from_weight_decay, master_weights, capturable,
+            foreach, fused, maximize, differentiable)
 
-    def _validate_group(self, group: dict) -> None:
-        _validate(group)
+    def _check_rule(self, group: dict) -> None:
+        if not isinstance(group["betas"], (tuple, list)) or len(group["betas"]) != 2:
+            raise ValueError(f"betas must be a pair, got {group['betas']!r}")
+        C.check_beta("beta1", group["betas"][0])
+        C.check_beta("beta2", group["betas"][1])
+        C.check_nonneg("eps", group["eps"])  # 0 allowed, as torch.optim.AdamW allows it
+        C.check_nonneg("weight_decay", group["weight_decay"])
+        if group["max_grad_norm"] is not None:
+            C.check_positive("max_grad_norm", group["max_grad_norm"])
+        group["trust_bounds"] = C.check_bounds(group["trust_bounds"])
+        if group["variant"] not in _VARIANTS:
+            raise ValueError(f"variant must be one of {_VARIANTS}, got {group['variant']!r}")
+        if group["variant"] != "lamb" and not group["bias_correction"]:
+            raise ValueError(f"variant={group['variant']!r} is bias-corrected by construction "
+                             "(Alg 17-18); it needs bias_correction=True")
 
     def _new_state(self, group, state, p):
-        state["exp_avg"] = torch.zeros_like(p, dtype=C.compute_dtype(p),
-                                            memory_format=torch.preserve_format)
+        state["exp_avg"] = C.zero_state(p)
         state["exp_avg_sq"] = torch.zeros_like(state["exp_avg"])
 
-    def _update(self, plan, grad_scale, found_inf) -> None:
-        """One global norm over every group, then each group's update.
+    def _rule_options(self, group: dict) -> dict:
+        beta1, beta2 = group["betas"]
+        return dict(beta1=beta1, beta2=beta2, eps=group["eps"],
+                    weight_decay=group["weight_decay"],
+                    bias_correction=group["bias_correction"],
+                    grad_averaging=group["grad_averaging"],
+                    max_grad_norm=group["max_grad_norm"], trust_bounds=group["trust_bounds"],
+                    eps_inside_sqrt=group["eps_inside_sqrt"], variant=group["variant"])
 
-        Fused groups launch from their views' prepared tables
-        (:func:`gpuml.optim._triton.lamb_passes`, what :func:`_fused_lamb` does after
-        preparing them per call); the others run :func:`lamb`'s implementations. With
-        sharded parameters the global norm takes one scalar all-reduce and the trust ratios
-        one all-reduce for all groups (:func:`gpuml.optim._sharding.run_steps`).
-        """
-        if not plan:
-            return
-        reduction = self._reduction
-        fused = all(view.prepared is not None for _, view, _ in plan)
+    def _step_options(self, plan, grad_scale) -> dict:
+        """One global gradient norm over every group (clipping, as apex and timm): from the
+        views' prepared tables when every group is fused
+        (:func:`gpuml.optim._triton.grad_norm`), else
+        :func:`gpuml.optim._common.global_grad_norm`; with sharded parameters one scalar
+        all-reduce."""
         norm = None
         if any(group["max_grad_norm"] is not None for group, _, _ in plan):
-            if fused:
+            if all(view.prepared is not None for _, view, _ in plan):
                 from gpuml.optim import _triton
 
-                norm = _triton.grad_norm([view.prepared for _, view, _ in plan], reduction)
+                norm = _triton.grad_norm([view.prepared for _, view, _ in plan],
+                                         self._reduction)
             else:
                 impl = "foreach" if any(v.impl == "foreach" for _, v, _ in plan) else "loop"
                 norm = C.global_grad_norm([(grads, view.sharding) for _, view, grads in plan],
-                                          impl, reduction)
+                                          impl, self._reduction)
             if grad_scale is not None:
                 norm = norm / grad_scale.to(norm.device).float()
-        steps = []
-        for group, view, grads in plan:
-            beta1, beta2 = group["betas"]
-            options = dict(
-                grad_scale=grad_scale, found_inf=found_inf, maximize=group["maximize"],
-                lr=group["lr"], beta1=beta1,
-                beta2=beta2, eps=group["eps"], weight_decay=group["weight_decay"],
-                bias_correction=group["bias_correction"], grad_averaging=group["grad_averaging"],
-                max_grad_norm=group["max_grad_norm"], trust_bounds=group["trust_bounds"],
-                eps_inside_sqrt=group["eps_inside_sqrt"], variant=group["variant"])
-            if view.prepared is not None:
-                from gpuml.optim import _triton
+        return {"global_grad_norm": norm}
 
-                steps.append(_triton.lamb_passes(view.prepared, global_grad_norm=norm,
-                                                 **options))
-                continue
-            ms, vs = view.columns
-            func = _IMPLS[view.impl]
-            steps.append(func(view.params, grads, ms, vs, view.masters, view.steps,
-                              adapt=view.adapt, decay=view.decay, global_grad_norm=norm,
-                              capturable=group["capturable"], sharding=view.sharding,
-                              differentiable=group["differentiable"],
-                              **options))
-        S.run_steps(steps, reduction)
+    def _implementation(self, impl: str):
+        return _IMPLS[impl]
 
 
 class FusedLAMB(LAMB):
@@ -261,30 +250,6 @@ class FusedLAMB(LAMB):
 
     def __init__(self, params, *args, **kwargs):
         super().__init__(params, *args, **C.pinned_to_fused("LAMB", kwargs))
-
-
-def _validate(group: dict) -> None:
-    C.check_nonneg("lr", group["lr"])
-    if not isinstance(group["betas"], (tuple, list)) or len(group["betas"]) != 2:
-        raise ValueError(f"betas must be a pair, got {group['betas']!r}")
-    C.check_beta("beta1", group["betas"][0])
-    C.check_beta("beta2", group["betas"][1])
-    C.check_nonneg("eps", group["eps"])  # 0 allowed, as torch.optim.AdamW allows it
-    C.check_nonneg("weight_decay", group["weight_decay"])
-    if group["max_grad_norm"] is not None:
-        C.check_positive("max_grad_norm", group["max_grad_norm"])
-    group["trust_bounds"] = C.check_bounds(group["trust_bounds"])
-    if group["variant"] not in _VARIANTS:
-        raise ValueError(f"variant must be one of {_VARIANTS}, got {group['variant']!r}")
-    if group["variant"] != "lamb" and not group["bias_correction"]:
-        raise ValueError(f"variant={group['variant']!r} is bias-corrected by construction "
-                         "(Alg 17-18); it needs bias_correction=True")
-    C.check_exclusion("exclude_from_adaptation", group["exclude_from_adaptation"])
-    C.check_exclusion("exclude_from_weight_decay", group["exclude_from_weight_decay"])
-    if group["fused"] and group["foreach"]:
-        raise ValueError("fused=True and foreach=True are mutually exclusive")
-    if group["differentiable"]:
-        C.check_differentiable(group["foreach"], group["fused"])
 
 
 def lamb_coefficients(t, beta1: float, beta2: float, beta3: float, bias_correction: bool,
@@ -322,13 +287,8 @@ def lamb(params: list[Tensor], grads: list[Tensor], exp_avgs: list[Tensor],
     :mod:`gpuml.optim._sharding`).
     """
     dtensors, sharding = S.inspect(params, grads)
-    if dtensors:
-        params, grads, exp_avgs, exp_avg_sqs, master_params = (
-            S.local(x) for x in (params, grads, exp_avgs, exp_avg_sqs, master_params))
-        S.check_local_shapes(params, exp_avgs, exp_avg_sqs, master_params)
-    if any(p.is_complex() for p in params):
-        params, grads, exp_avgs, exp_avg_sqs, master_params = (
-            C.as_real(x) for x in (params, grads, exp_avgs, exp_avg_sqs, master_params))
+    _, params, grads, (exp_avgs, exp_avg_sqs), master_params = C.local_real(
+        dtensors, params, grads, (exp_avgs, exp_avg_sqs), master_params)
     reduction = S.reduction_for([sharding], "lamb")
     impl = C.resolve_impl(params, foreach, fused, grads, differentiable)
     if max_grad_norm is not None and global_grad_norm is None and grads and impl != "fused":
@@ -358,26 +318,18 @@ def _single_tensor_lamb(params, grads, exp_avgs, exp_avg_sqs, master_params, sta
                         eps, weight_decay, bias_correction, grad_averaging, max_grad_norm,
                         trust_bounds, eps_inside_sqrt, variant, capturable,
                         maximize=False, sharding=None, differentiable=False):
-    # A generator, as the other two paths: with sharded tensors it yields once (the partial
-    # squared norms of every tensor) and receives their sums over the ranks
-    # (_sharding.run_steps). Otherwise each tensor is updated start to finish before the next
-    # one: what it computes is still in cache for its norms and its update, and three
-    # scratch buffers serve every tensor (C.Scratch says why that matters on the CPU).
+    # The order of work over the tensors (one at a time, three scratch buffers for all of
+    # them; or, with sharded tensors, one yield for all their norms) is C.layerwise_loop's.
     if not params or C.skip_step(found_inf):
         return
-    clip = C.clip_factor(global_grad_norm, max_grad_norm) if global_grad_norm is not None \
-        else None
-    coef = C.scaled_step_coefficient(grad_scale, clip)
-    # maximize negates the gradient before anything else, as torch.optim does; (-c) g is
-    # exactly -(c g), so folding the sign into the factor changes no bit
-    factor = coef if not maximize else (-1.0 if coef is None else -coef)
+    factor = C.signed_factor(
+        C.scaled_step_coefficient(grad_scale, global_grad_norm, max_grad_norm), maximize)
     if isinstance(factor, Tensor) and factor.device.type == "cpu" and not differentiable:
         # a number folds into the moments' updates (no pass to scale g); on the CPU reading
         # it costs nothing, elsewhere it would synchronise, and autograd needs the tensor
         factor = factor.item()
     beta3 = 1.0 - beta1 if grad_averaging else 1.0
-    sharded = sharding is not None
-    scratch = C.Scratch(params, fresh=differentiable or sharded)
+    scratch = C.Scratch(params, fresh=differentiable or sharding is not None)
     neg_lr = -lr
 
     def direction(i):
@@ -426,35 +378,19 @@ def _single_tensor_lamb(params, grads, exp_avgs, exp_avg_sqs, master_params, sta
             update = update.add_(w, alpha=weight_decay)
         return p, w, update, 1.0
 
-    def apply(p, w, d, k, ratio):
-        # w - lr ratio u = w - lr ratio k d
-        C.add_scaled_(w, d, neg_lr * k if ratio is None else ratio * (neg_lr * k))
-        if w is not p:
-            p.copy_(w)
-
-    def norms(w, d, k):
+    def norms(p, w, d, k):
         # autograd keeps the tensor a norm was taken of, and w changes in place afterwards
         w = w.clone() if differentiable else w
         return torch.stack([torch.linalg.vector_norm(w), torch.linalg.vector_norm(d) * k])
 
-    if not sharded:
-        for i in range(len(params)):
-            p, w, d, k = direction(i)
-            ratio = None
-            if adapt[i]:
-                w_norm, u_norm = norms(w, d, k)
-                ratio = _trust_ratio(w_norm, u_norm, trust_bounds)
-            apply(p, w, d, k, ratio)
-        return
-    parts = [direction(i) for i in range(len(params))]
-    if any(adapt):
-        stacked = torch.stack([norms(w, d, k) for _, w, d, k in parts], dim=1)
-        w_norms, u_norms = yield from S.full_norms(stacked, sharding)
-    for i, (p, w, d, k) in enumerate(parts):
-        apply(p, w, d, k, _trust_ratio(w_norms[i], u_norms[i], trust_bounds)
-              if adapt[i] else None)
+    def apply(p, w, d, k, norms):
+        # w - lr ratio u = w - lr ratio k d
+        ratio = None if norms is None else _trust_ratio(*norms, trust_bounds)
+        C.add_scaled_(w, d, neg_lr * k if ratio is None else ratio * (neg_lr * k))
+        if w is not p:
+            p.copy_(w)
 
-
+    yield from C.layerwise_loop(len(params), adapt, sharding, direction, norms, apply)
 
 
 def _multi_tensor_lamb(params, grads, exp_avgs, exp_avg_sqs, master_params, state_steps, *,
@@ -463,21 +399,14 @@ def _multi_tensor_lamb(params, grads, exp_avgs, exp_avg_sqs, master_params, stat
                        trust_bounds, eps_inside_sqrt, variant, capturable,
                        maximize=False, sharding=None,
                        differentiable=False):
-    if differentiable:
-        C.check_differentiable(True, False)
-    if not params or C.skip_step(found_inf):
+    gs = C.foreach_start(params, grads, state_steps, found_inf=found_inf,
+                         differentiable=differentiable, maximize=maximize,
+                         grad_scale=grad_scale, global_grad_norm=global_grad_norm,
+                         max_grad_norm=max_grad_norm)
+    if gs is None:
         return
     device = params[0].device
-    clip = C.clip_factor(global_grad_norm, max_grad_norm) if global_grad_norm is not None \
-        else None
-    coef = C.scaled_step_coefficient(grad_scale, clip)
     beta3 = 1.0 - beta1 if grad_averaging else 1.0
-    gs = [C.widen(g) for g in grads]
-    if maximize:
-        gs = torch._foreach_neg(gs)
-    if coef is not None:
-        gs = torch._foreach_mul(gs, coef.to(device))
-    torch._foreach_add_(state_steps, 1.0)
     torch._foreach_mul_(exp_avgs, beta1)
     torch._foreach_add_(exp_avgs, gs, alpha=beta3)
     torch._foreach_mul_(exp_avg_sqs, beta2)
@@ -517,9 +446,7 @@ def _multi_tensor_lamb(params, grads, exp_avgs, exp_avg_sqs, master_params, stat
         torch._foreach_add_([updates[i] for i in dec], [ws[i] for i in dec], alpha=weight_decay)
     adapt_mask = C.device_constant(adapt, torch.bool, device) if any(adapt) else None
     if adapt_mask is not None:
-        norms = torch.stack([torch.stack(torch._foreach_norm(ws)),
-                             torch.stack(torch._foreach_norm(updates))])
-        w_norms, u_norms = yield from S.full_norms(norms, sharding)
+        w_norms, u_norms = yield from C.foreach_norms(ws, updates, sharding)
         ratio = torch.where(adapt_mask, _trust_ratio(w_norms, u_norms, trust_bounds), 1.0)
         scale = ratio * (-lr if not isinstance(lr, Tensor) else -lr.to(device))
         torch._foreach_mul_(updates, list(scale.unbind(0)))
@@ -529,9 +456,7 @@ def _multi_tensor_lamb(params, grads, exp_avgs, exp_avg_sqs, master_params, stat
         torch._foreach_add_(ws, updates)
     else:
         torch._foreach_add_(ws, updates, alpha=-lr)
-    low = [(p, w) for p, w in zip(params, ws) if w is not p]
-    if low:
-        torch._foreach_copy_([p for p, _ in low], [w for _, w in low])
+    C.foreach_copy_back(params, ws)
 
 
 def _fused_lamb(params, grads, exp_avgs, exp_avg_sqs, master_params, state_steps, *,
@@ -539,11 +464,8 @@ def _fused_lamb(params, grads, exp_avgs, exp_avg_sqs, master_params, state_steps
                 eps, weight_decay, bias_correction, grad_averaging, max_grad_norm,
                 trust_bounds, eps_inside_sqrt, variant, capturable, maximize=False, sharding=None,
                 differentiable=False):
-    if differentiable:
-        C.check_differentiable(False, True)
-    if not params:
-        return
-    if C.fused_backend(params) == "cpu":
+    kernels = C.fused_kernels(params, differentiable)
+    if kernels == "cpu":
         yield from _fused_cpu_lamb(
             params, grads, exp_avgs, exp_avg_sqs, master_params, state_steps, adapt=adapt,
             decay=decay, global_grad_norm=global_grad_norm, grad_scale=grad_scale,
@@ -552,12 +474,12 @@ def _fused_lamb(params, grads, exp_avgs, exp_avg_sqs, master_params, state_steps
             grad_averaging=grad_averaging, max_grad_norm=max_grad_norm,
             trust_bounds=trust_bounds, eps_inside_sqrt=eps_inside_sqrt, variant=variant,
             maximize=maximize, sharding=sharding)
+    if kernels != "triton":
         return
     from gpuml.optim import _triton
 
-    prep = _triton.prepare("lamb", params, grads, (exp_avgs, exp_avg_sqs), master_params,
-                           state_steps, adapt, decay,
-                           sharded=sharding.flags if sharding is not None else None)
+    prep = C.prepare_fused("lamb", params, grads, (exp_avgs, exp_avg_sqs), master_params,
+                           state_steps, adapt, decay, sharding)
     if max_grad_norm is not None and global_grad_norm is None:
         global_grad_norm = _triton.grad_norm([prep], S.reduction_for([sharding], "lamb"))
         if grad_scale is not None:
@@ -590,34 +512,30 @@ def _fused_cpu_lamb(params, grads, exp_avgs, exp_avg_sqs, master_params, state_s
                                               S.reduction_for([sharding], "lamb"))
         if grad_scale is not None:
             global_grad_norm = global_grad_norm / grad_scale.float()
-    clip = C.clip_factor(global_grad_norm, max_grad_norm) if global_grad_norm is not None \
-        else None
-    coef = C.scaled_step_coefficient(grad_scale, clip)
+    coef = C.scaled_step_coefficient(grad_scale, global_grad_norm, max_grad_norm)
     c = 1.0 if coef is None else coef.item()
     c = -c if maximize else c  # the gradient negated first, as torch.optim does
     beta3 = 1.0 - beta1 if grad_averaging else 1.0
     eps_in, eps_out = (eps, 0.0) if eps_inside_sqrt else (0.0, eps)
-    K.use_torch_threads()
     views = [tuple(map(K.flat, t)) for t in zip(gs, exp_avgs, exp_avg_sqs, ws)]
-    rows, sums = [], []
-    for i, view in enumerate(views):
+    rows = []
+    neg_lr = -float(lr)
+
+    def moments(i):
         step = state_steps[i]
         step += 1
         row = (c, *lamb_coefficients(C.step_value(step), beta1, beta2, beta3, bias_correction,
                                      variant), eps_in, eps_out,
                weight_decay if decay[i] else 0.0)
         rows.append(row)
-        sums.append(K.run("lamb_moments", view[3].size, *view, c, beta1, beta3, beta2,
-                          1.0 - beta2, *row[1:]))
-    norms = torch.tensor(sums, dtype=torch.float64).sqrt().T.float()
-    w_norms, u_norms = yield from S.full_norms(norms, sharding)
-    ratios = torch.where(torch.tensor(adapt), _trust_ratio(w_norms, u_norms, trust_bounds),
-                         1.0).tolist()
-    neg_lr = -float(lr)
-    for i, view in enumerate(views):
-        K.run("lamb_apply", view[3].size, *view, *rows[i], neg_lr * ratios[i])
-        if ws[i] is not params[i]:
-            params[i].copy_(ws[i])
+        return K.run("lamb_moments", views[i][3].size, *views[i], c, beta1, beta3, beta2,
+                     1.0 - beta2, *row[1:])
+
+    def update(i, ratio):
+        K.run("lamb_apply", views[i][3].size, *views[i], *rows[i], neg_lr * ratio)
+
+    yield from K.two_passes(params, ws, adapt, sharding, moments,
+                            lambda w, u: _trust_ratio(w, u, trust_bounds), update)
 
 
 _IMPLS = {"loop": _single_tensor_lamb, "foreach": _multi_tensor_lamb, "fused": _fused_lamb}

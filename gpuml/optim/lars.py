@@ -17,7 +17,6 @@ from gpuml.optim import _sharding as S
 __all__ = ["LARS", "FusedLARS", "lars"]
 
 _MODES = ("classic", "normalized")
-_FP32_STATE = ("momentum_buffer", "master_param")
 
 
 class LARS(C.LayerwiseOptimizer):
@@ -86,19 +85,13 @@ class LARS(C.LayerwiseOptimizer):
     exclude_from_weight_decay : bool or None, default None
         None keeps tensors with ``ndim <= 1`` out of the weight decay (they still get the
         local rate, with :math:`\beta = 0` in it); True/False every/no tensor.
-    master_weights, capturable, foreach, fused
+    master_weights, capturable, foreach, fused, differentiable
         As in :class:`gpuml.optim.LAMB` (float64 parameters included: loop and foreach
-        paths only). The momentum buffer is fp32 (float64 for float64 parameters).
+        paths only; ``differentiable=True``: the for-loop path only). The momentum buffer
+        is fp32 (float64 for float64 parameters).
     maximize : bool, default False
         Maximise the objective (the gradient negated first, as in torch.optim), on every
         path.
-
-    differentiable : bool, default False
-        Record the step with autograd, as torch.optim's ``differentiable=True``: the
-        updated parameters and state are differentiable functions of the parameters,
-        gradients, state and tensor hyperparameters (``lr``) before the step (for
-        meta-learning). For-loop path only: ``foreach=True`` and ``fused=True`` are
-        refused with it (``RuntimeError``, as torch.optim refuses ``fused``).
 
     Notes
     -----
@@ -149,7 +142,6 @@ class LARS(C.LayerwiseOptimizer):
     >>> opt.step()
     """
 
-    _FP32_STATE = _FP32_STATE
     _KIND = "lars"
     _STATE_KEYS = ("momentum_buffer",)
 
@@ -162,53 +154,42 @@ class LARS(C.LayerwiseOptimizer):
                  capturable: bool = False, foreach: bool | None = None,
                  fused: bool | None = None, maximize: bool = False,
                  differentiable: bool = False):
-        defaults = dict(lr=lr, momentum=momentum, dampening=dampening,
-                        weight_decay=weight_decay, nesterov=nesterov,
-                        trust_coefficient=trust_coefficient, eps=eps, clip=clip,
-                        trust_bounds=trust_bounds, mode=mode, always_adapt=always_adapt,
-                        exclude_from_adaptation=exclude_from_adaptation,
-                        exclude_from_weight_decay=exclude_from_weight_decay,
-                        master_weights=master_weights, capturable=capturable,
-                        foreach=foreach, fused=fused, maximize=maximize,
-                        differentiable=differentiable)
-        _validate(defaults)
-        super().__init__(params, defaults)
+        super().__init__(params, dict(
+            lr=lr, momentum=momentum, dampening=dampening, weight_decay=weight_decay,
+            nesterov=nesterov, trust_coefficient=trust_coefficient, eps=eps, clip=clip,
+            trust_bounds=trust_bounds, mode=mode, always_adapt=always_adapt),
+            exclude_from_adaptation, exclude_from_weight_decay, master_weights, capturable,
+            foreach, fused, maximize, differentiable)
 
-    def _validate_group(self, group: dict) -> None:
-        _validate(group)
+    def _check_rule(self, group: dict) -> None:
+        C.check_beta("momentum", group["momentum"])
+        C.check_nonneg("dampening", group["dampening"])
+        if group["dampening"] > 1:
+            raise ValueError(f"Invalid dampening: {group['dampening']!r} (must lie in [0, 1])")
+        C.check_nonneg("weight_decay", group["weight_decay"])
+        C.check_positive("trust_coefficient", group["trust_coefficient"])
+        C.check_nonneg("eps", group["eps"])  # 0 allowed, as torch.optim.AdamW allows it
+        group["trust_bounds"] = C.check_bounds(group["trust_bounds"])
+        if group["mode"] not in _MODES:
+            raise ValueError(f"mode must be one of {_MODES}, got {group['mode']!r}")
+        if group["nesterov"] and (group["momentum"] <= 0 or group["dampening"] != 0):
+            raise ValueError("nesterov=True needs momentum > 0 and dampening = 0")
+        if group["mode"] == "normalized" and (group["nesterov"] or group["dampening"] != 0):
+            raise ValueError("mode='normalized' (Alg 15) uses m = mu m + (1 - mu) d; "
+                             "it takes neither nesterov nor dampening")
 
     def _new_state(self, group, state, p):
         if group["momentum"] != 0 or group["mode"] == "normalized":
-            state["momentum_buffer"] = torch.zeros_like(p, dtype=C.compute_dtype(p),
-                                                        memory_format=torch.preserve_format)
+            state["momentum_buffer"] = C.zero_state(p)
 
-    def _update(self, plan, grad_scale, found_inf) -> None:
-        """Each group's update: fused groups launch from their views' prepared tables
-        (:func:`gpuml.optim._triton.lars_passes`), the others run :func:`lars`'s
-        implementations; with sharded parameters, one all-reduce of the norms of every group
-        (:func:`gpuml.optim._sharding.run_steps`)."""
-        steps = []
-        for group, view, grads in plan:
-            options = dict(
-                grad_scale=grad_scale, found_inf=found_inf, maximize=group["maximize"],
-                lr=group["lr"],
-                momentum=group["momentum"], dampening=group["dampening"],
-                nesterov=group["nesterov"], weight_decay=group["weight_decay"],
-                trust_coefficient=group["trust_coefficient"], eps=group["eps"],
-                clip=group["clip"], trust_bounds=group["trust_bounds"], mode=group["mode"])
-            if view.prepared is not None:
-                from gpuml.optim import _triton
+    def _rule_options(self, group: dict) -> dict:
+        return dict(momentum=group["momentum"], dampening=group["dampening"],
+                    nesterov=group["nesterov"], weight_decay=group["weight_decay"],
+                    trust_coefficient=group["trust_coefficient"], eps=group["eps"],
+                    clip=group["clip"], trust_bounds=group["trust_bounds"], mode=group["mode"])
 
-                steps.append(_triton.lars_passes(view.prepared, **options))
-                continue
-            (bufs,) = view.columns
-            func = _IMPLS[view.impl]
-            steps.append(func(view.params, grads, bufs, view.masters, view.steps,
-                              adapt=view.adapt, decay=view.decay,
-                              capturable=group["capturable"], sharding=view.sharding,
-                              differentiable=group["differentiable"],
-                              **options))
-        S.run_steps(steps, self._reduction)
+    def _implementation(self, impl: str):
+        return _IMPLS[impl]
 
 
 class FusedLARS(LARS):
@@ -216,31 +197,6 @@ class FusedLARS(LARS):
 
     def __init__(self, params, *args, **kwargs):
         super().__init__(params, *args, **C.pinned_to_fused("LARS", kwargs))
-
-
-def _validate(group: dict) -> None:
-    C.check_nonneg("lr", group["lr"])
-    C.check_beta("momentum", group["momentum"])
-    C.check_nonneg("dampening", group["dampening"])
-    if group["dampening"] > 1:
-        raise ValueError(f"Invalid dampening: {group['dampening']!r} (must lie in [0, 1])")
-    C.check_nonneg("weight_decay", group["weight_decay"])
-    C.check_positive("trust_coefficient", group["trust_coefficient"])
-    C.check_nonneg("eps", group["eps"])  # 0 allowed, as torch.optim.AdamW allows it
-    group["trust_bounds"] = C.check_bounds(group["trust_bounds"])
-    if group["mode"] not in _MODES:
-        raise ValueError(f"mode must be one of {_MODES}, got {group['mode']!r}")
-    if group["nesterov"] and (group["momentum"] <= 0 or group["dampening"] != 0):
-        raise ValueError("nesterov=True needs momentum > 0 and dampening = 0")
-    if group["mode"] == "normalized" and (group["nesterov"] or group["dampening"] != 0):
-        raise ValueError("mode='normalized' (Alg 15) uses m = mu m + (1 - mu) d; "
-                         "it takes neither nesterov nor dampening")
-    C.check_exclusion("exclude_from_adaptation", group["exclude_from_adaptation"])
-    C.check_exclusion("exclude_from_weight_decay", group["exclude_from_weight_decay"])
-    if group["fused"] and group["foreach"]:
-        raise ValueError("fused=True and foreach=True are mutually exclusive")
-    if group["differentiable"]:
-        C.check_differentiable(group["foreach"], group["fused"])
 
 
 def lars(params: list[Tensor], grads: list[Tensor], momentum_buffers: list[Tensor | None],
@@ -257,13 +213,8 @@ def lars(params: list[Tensor], grads: list[Tensor], momentum_buffers: list[Tenso
     full tensors (see :mod:`gpuml.optim._sharding`).
     """
     dtensors, sharding = S.inspect(params, grads)
-    if dtensors:
-        params, grads, momentum_buffers, master_params = (
-            S.local(x) for x in (params, grads, momentum_buffers, master_params))
-        S.check_local_shapes(params, momentum_buffers, master_params)
-    if any(p.is_complex() for p in params):
-        params, grads, momentum_buffers, master_params = (
-            C.as_real(x) for x in (params, grads, momentum_buffers, master_params))
+    _, params, grads, (momentum_buffers,), master_params = C.local_real(
+        dtensors, params, grads, (momentum_buffers,), master_params)
     impl = C.resolve_impl(params, foreach, fused, grads, differentiable)
     func = _IMPLS[impl]
     S.run_steps([func(
@@ -291,24 +242,19 @@ def _single_tensor_lars(params, grads, momentum_buffers, master_params, state_st
                         decay, grad_scale, found_inf, lr, momentum, dampening, nesterov,
                         weight_decay, trust_coefficient, eps, clip, trust_bounds, mode,
                         capturable, maximize=False, sharding=None, differentiable=False):
-    # A generator, as the other two paths: with sharded tensors it yields once (the partial
-    # squared norms of every tensor) and receives their sums over the ranks
-    # (_sharding.run_steps). Otherwise each tensor is updated start to finish before the
-    # next, with two scratch buffers for all of them (see lamb._single_tensor_lamb).
+    # The order of work over the tensors (one at a time, two scratch buffers for all of
+    # them; or, with sharded tensors, one yield for all their norms) is C.layerwise_loop's.
     if not params or C.skip_step(found_inf):
         return
-    coef = C.scaled_step_coefficient(grad_scale, None)
-    # maximize negates the gradient first, as torch.optim does ((-c) g is exactly -(c g))
-    factor = coef if not maximize else (-1.0 if coef is None else -coef)
+    factor = C.signed_factor(C.scaled_step_coefficient(grad_scale), maximize)
     normalized = mode == "normalized"
-    sharded = sharding is not None
-    scratch = C.Scratch(params, fresh=differentiable or sharded)
+    scratch = C.Scratch(params, fresh=differentiable or sharding is not None)
     neg_lr = -lr
     kw = dict(trust_coefficient=trust_coefficient, eps=eps, lr=lr, clip=clip,
               trust_bounds=trust_bounds, normalized=normalized)
 
     def prepare(i):
-        """The scaled gradient, the compute view and the weight decay of tensor ``i``; in
+        """Tensor ``i`` with its scaled gradient, its compute view and its weight decay; in
         Alg 15 its momentum stepped, m = mu m + (1 - mu) (g + wd w)."""
         g = C.widen(grads[i])
         if factor is not None:
@@ -319,17 +265,18 @@ def _single_tensor_lars(params, grads, momentum_buffers, master_params, state_st
         if normalized:
             d = torch.add(g, w, alpha=wd, out=scratch.take(1, g)) if wd != 0 else g
             momentum_buffers[i].lerp_(d, 1.0 - momentum)
-        return g, w, wd
+        return i, g, w, wd
 
-    def norms(i, g, w):
+    def norms(i, g, w, wd):
         # the norm of the new momentum (Alg 15) or of the gradient (eq. 5.1); autograd keeps
         # the tensor a norm was taken of, and w changes in place afterwards
         w = w.clone() if differentiable else w
         return torch.stack([torch.linalg.vector_norm(w), torch.linalg.vector_norm(
             momentum_buffers[i] if normalized else g)])
 
-    def apply(i, g, w, wd, ratio):
+    def apply(i, g, w, wd, norms):
         # ratio None: not adapted (alpha = 1)
+        ratio = None if norms is None else _lars_ratio(*norms, wd, **kw)
         buf = momentum_buffers[i]
         if normalized:
             C.add_scaled_(w, buf, neg_lr if ratio is None else ratio * neg_lr)
@@ -357,23 +304,7 @@ def _single_tensor_lars(params, grads, momentum_buffers, master_params, state_st
         if w is not params[i]:
             params[i].copy_(w)
 
-    if not sharded:
-        for i in range(len(params)):
-            g, w, wd = prepare(i)
-            ratio = None
-            if adapt[i]:
-                w_norm, d_norm = norms(i, g, w)
-                ratio = _lars_ratio(w_norm, d_norm, wd, **kw)
-            apply(i, g, w, wd, ratio)
-        return
-    parts = [prepare(i) for i in range(len(params))]
-    if any(adapt):
-        stacked = torch.stack([norms(i, g, w) for i, (g, w, _) in enumerate(parts)], dim=1)
-        w_norms, d_norms = yield from S.full_norms(stacked, sharding)
-    for i, (g, w, wd) in enumerate(parts):
-        apply(i, g, w, wd, _lars_ratio(w_norms[i], d_norms[i], wd, **kw) if adapt[i] else None)
-
-
+    yield from C.layerwise_loop(len(params), adapt, sharding, prepare, norms, apply)
 
 
 def _multi_tensor_lars(params, grads, momentum_buffers, master_params, state_steps, *, adapt,
@@ -381,19 +312,12 @@ def _multi_tensor_lars(params, grads, momentum_buffers, master_params, state_ste
                        weight_decay, trust_coefficient, eps, clip, trust_bounds, mode,
                        capturable, maximize=False, sharding=None,
                        differentiable=False):
-    if differentiable:
-        C.check_differentiable(True, False)
-    if not params or C.skip_step(found_inf):
+    gs = C.foreach_start(params, grads, state_steps, found_inf=found_inf,
+                         differentiable=differentiable, maximize=maximize, grad_scale=grad_scale)
+    if gs is None:
         return
     device = params[0].device
-    coef = C.scaled_step_coefficient(grad_scale, None)
     normalized = mode == "normalized"
-    gs = [C.widen(g) for g in grads]
-    if maximize:
-        gs = torch._foreach_neg(gs)
-    if coef is not None:
-        gs = torch._foreach_mul(gs, coef.to(device))
-    torch._foreach_add_(state_steps, 1.0)
     ws = [C.compute_view(p, mp) for p, mp in zip(params, master_params)]
     dec = [i for i, x in enumerate(decay) if x] if weight_decay != 0 else []
     ds = list(gs)
@@ -408,29 +332,22 @@ def _multi_tensor_lars(params, grads, momentum_buffers, master_params, state_ste
     wd_vec = C.device_constant([weight_decay if i in decayed else 0.0 for i in range(len(params))],
                                dtype, device)
     adapt_mask = C.device_constant(adapt, torch.bool, device)
-    kw = dict(trust_coefficient=trust_coefficient, eps=eps, lr=lr, clip=clip,
-              trust_bounds=trust_bounds)
     neg_lr = -lr.to(device) if isinstance(lr, Tensor) else -lr
-    if normalized:
+    if normalized:  # Alg 15: m = mu m + (1 - mu) d
         torch._foreach_mul_(momentum_buffers, momentum)
         torch._foreach_add_(momentum_buffers, ds, alpha=1.0 - momentum)
-        ratio = torch.ones(len(params), dtype=dtype, device=device)
-        if any(adapt):
-            norms = torch.stack([torch.stack(torch._foreach_norm(ws)),
-                                 torch.stack(torch._foreach_norm(momentum_buffers))])
-            w_norms, m_norms = yield from S.full_norms(norms, sharding)
-            ratio = torch.where(adapt_mask, _lars_ratio(w_norms, m_norms, wd_vec,
-                                                        normalized=True, **kw), 1.0)
+    ratio = torch.ones(len(params), dtype=dtype, device=device)
+    if any(adapt):
+        # the norm of the new momentum (Alg 15) or of the gradient (eq. 5.1)
+        w_norms, d_norms = yield from C.foreach_norms(
+            ws, momentum_buffers if normalized else gs, sharding)
+        ratio = torch.where(adapt_mask, _lars_ratio(
+            w_norms, d_norms, wd_vec, trust_coefficient=trust_coefficient, eps=eps, lr=lr,
+            clip=clip, trust_bounds=trust_bounds, normalized=normalized), 1.0)
+    if normalized:
         torch._foreach_add_(ws, torch._foreach_mul(momentum_buffers,
                                                    list((ratio * neg_lr).unbind(0))))
     else:
-        ratio = torch.ones(len(params), dtype=dtype, device=device)
-        if any(adapt):
-            norms = torch.stack([torch.stack(torch._foreach_norm(ws)),
-                                 torch.stack(torch._foreach_norm(gs))])
-            w_norms, g_norms = yield from S.full_norms(norms, sharding)
-            ratio = torch.where(adapt_mask, _lars_ratio(w_norms, g_norms, wd_vec,
-                                                        normalized=False, **kw), 1.0)
         ds = torch._foreach_mul(ds, list(ratio.unbind(0)))
         if momentum != 0:
             bufs = momentum_buffers
@@ -455,9 +372,7 @@ def _multi_tensor_lars(params, grads, momentum_buffers, master_params, state_ste
             torch._foreach_add_(ws, torch._foreach_mul(dirs, neg_lr))
         else:
             torch._foreach_add_(ws, dirs, alpha=neg_lr)
-    low = [(p, w) for p, w in zip(params, ws) if w is not p]
-    if low:
-        torch._foreach_copy_([p for p, _ in low], [w for _, w in low])
+    C.foreach_copy_back(params, ws)
 
 
 def _fused_lars(params, grads, momentum_buffers, master_params, state_steps, *, adapt, decay,
@@ -465,23 +380,20 @@ def _fused_lars(params, grads, momentum_buffers, master_params, state_steps, *, 
                 trust_coefficient, eps, clip, trust_bounds, mode, capturable,
                 maximize=False, sharding=None,
                 differentiable=False):
-    if differentiable:
-        C.check_differentiable(False, True)
-    if not params:
-        return
-    if C.fused_backend(params) == "cpu":
+    kernels = C.fused_kernels(params, differentiable)
+    if kernels == "cpu":
         yield from _fused_cpu_lars(
             params, grads, momentum_buffers, master_params, state_steps, adapt=adapt,
             decay=decay, grad_scale=grad_scale, found_inf=found_inf, lr=lr, momentum=momentum,
             dampening=dampening, nesterov=nesterov, weight_decay=weight_decay,
             trust_coefficient=trust_coefficient, eps=eps, clip=clip, trust_bounds=trust_bounds,
             mode=mode, maximize=maximize, sharding=sharding)
+    if kernels != "triton":
         return
     from gpuml.optim import _triton
 
-    prep = _triton.prepare("lars", params, grads, (momentum_buffers, None), master_params,
-                           state_steps, adapt, decay,
-                           sharded=sharding.flags if sharding is not None else None)
+    prep = C.prepare_fused("lars", params, grads, (momentum_buffers,), master_params,
+                           state_steps, adapt, decay, sharding)
     yield from _triton.lars_passes(
         prep, grad_scale=grad_scale, found_inf=found_inf, lr=lr, momentum=momentum,
         dampening=dampening, nesterov=nesterov, weight_decay=weight_decay,
@@ -503,37 +415,40 @@ def _fused_cpu_lars(params, grads, momentum_buffers, master_params, state_steps,
     gs = [C.widen(g) for g in grads]
     ws = [C.compute_view(p, mp) for p, mp in zip(params, master_params)]
     K.check_layouts(ws, gs, momentum_buffers)
-    coef = C.scaled_step_coefficient(grad_scale, None)
+    coef = C.scaled_step_coefficient(grad_scale)
     c = 1.0 if coef is None else coef.item()
     c = -c if maximize else c  # the gradient negated first, as torch.optim does
     normalized = mode == "normalized"
     wds = [weight_decay if d else 0.0 for d in decay]
-    K.use_torch_threads()
     views = [tuple(map(K.flat, t)) for t in zip(gs, ws, momentum_buffers)]
-    sums = []
-    for (g, w, buf), step, wd in zip(views, state_steps, wds):
-        step += 1
-        sums.append(K.run("lars_normalized", w.size, g, w, buf, c, wd, momentum) if normalized
-                    else K.run("sumsq2", w.size, w, g, c))
-    norms = torch.tensor(sums, dtype=torch.float64).sqrt().T.float()
-    w_norms, d_norms = yield from S.full_norms(norms, sharding)
-    ratios = torch.where(torch.tensor(adapt), _lars_ratio(
-        w_norms, d_norms, torch.tensor(wds), trust_coefficient=trust_coefficient, eps=eps,
-        lr=lr, clip=clip, trust_bounds=trust_bounds, normalized=normalized), 1.0).tolist()
     neg_lr = -float(lr)
     nest_d, nest_b = (1.0, momentum) if nesterov else (0.0, 1.0)
-    for i, (g, w, buf) in enumerate(views):
+
+    def sums(i):
+        g, w, buf = views[i]
+        state_steps[i] += 1
         if normalized:
-            K.run("axpy", w.size, w, buf, neg_lr * ratios[i])
+            return K.run("lars_normalized", w.size, g, w, buf, c, wds[i], momentum)
+        return K.run("sumsq2", w.size, w, g, c)
+
+    def ratios(w_norms, d_norms):
+        return _lars_ratio(w_norms, d_norms, torch.tensor(wds),
+                           trust_coefficient=trust_coefficient, eps=eps, lr=lr, clip=clip,
+                           trust_bounds=trust_bounds, normalized=normalized)
+
+    def update(i, ratio):
+        g, w, buf = views[i]
+        if normalized:
+            K.run("axpy", w.size, w, buf, neg_lr * ratio)
         elif momentum == 0:
-            K.run("lars_plain", w.size, g, w, c, wds[i], ratios[i], neg_lr)
+            K.run("lars_plain", w.size, g, w, c, wds[i], ratio, neg_lr)
         else:
             keep, take = (0.0, 1.0) if C.step_value(state_steps[i]) == 1 \
                 else (momentum, 1.0 - dampening)
-            K.run("lars_momentum", w.size, g, w, buf, c, wds[i], ratios[i], keep, take, nest_d,
+            K.run("lars_momentum", w.size, g, w, buf, c, wds[i], ratio, keep, take, nest_d,
                   nest_b, neg_lr)
-        if ws[i] is not params[i]:
-            params[i].copy_(ws[i])
+
+    yield from K.two_passes(params, ws, adapt, sharding, sums, ratios, update)
 
 
 _IMPLS = {"loop": _single_tensor_lars, "foreach": _multi_tensor_lars, "fused": _fused_lars}
