@@ -24,9 +24,9 @@ from sklearn.svm import SVC
 
 from bench._harness import record
 from bench.datasets import load_adult, load_letter, train_test_split_std
-from gpuml.estimators._partitioned import split
 from gpuml.estimators.casvm import CASVMClassifier
 from gpuml.kernels import make_kernel
+from gpuml.partition import split
 
 #: Partition seeds of the partitioner table (the loss of one seed is noise-prone).
 SEEDS = (0, 1, 2)

@@ -74,7 +74,7 @@ from contextlib import contextmanager
 
 from bench._harness import record
 from bench.datasets import load_adult, load_california, train_test_split_std
-from gpuml.distributed.dask import fills_on_client
+from gpuml.distributed.dask import counting, fills_on_client
 
 #: Pinned in every worker before it starts (distributed's pre-spawn environment).
 THREAD_ENV = {"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
@@ -318,14 +318,14 @@ def _case_rows(name, make, X, y, Xtest, ytest, kind, repeat):
                 _clear_transfer_logs(client)
                 # get_task_stream only reads the scheduler's log when it exits, after the clock
                 with _stopped(pids[3 - W]), get_task_stream(client) as stream, \
-                        client.as_current():
+                        client.as_current(), counting() as fits:
                     start, t0 = time.time(), time.perf_counter()
                     est[W] = make().fit(Xd, yd)
                     r["seconds"].append(time.perf_counter() - t0)
                     end = start + r["seconds"][-1]
                 r["phases"].append(_phases(client, stream, start, end))
                 between = _between_workers(client)
-                tr = est[W]._dask_traffic
+                tr, = fits
                 r["counted"].append(tr.sent + tr.gathered + between)
                 r["driver"].append((tr.sent, tr.gathered, between, tr.steps))
                 r["modelled"].append(_model_bytes(est[W], tr, n, d, N_CHUNKS, W, kind))

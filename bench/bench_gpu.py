@@ -271,9 +271,9 @@ def _launches(counts) -> str:
 
 def casvm_p16(run: Run, adult, svc_acc: float | None) -> tuple[dict, list[dict]]:
     from gpuml._backend import resolve
-    from gpuml.estimators._partitioned import split
     from gpuml.estimators.casvm import CASVMClassifier
     from gpuml.kernels import SMOProblem, make_kernel, smo_solve_batch
+    from gpuml.partition import split
 
     Xtr, Xte, ytr, yte = adult
     P = 16

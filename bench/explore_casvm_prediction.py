@@ -30,9 +30,10 @@ from sklearn.svm import SVC
 
 from bench.datasets import load_adult, load_letter, load_magic, train_test_split_std
 from gpuml import PartitionWarning
-from gpuml.estimators._partitioned import neighbor_weights, split
 from gpuml.estimators.casvm import CASVMClassifier
 from gpuml.pairwise import sq_distances
+from gpuml.partition import split
+from gpuml.routing import neighbor_weights
 
 SETS = {"adult": (load_adult, 20000, 10000), "magic": (load_magic, 14000, 5020),
         "letter": (load_letter, 15000, 5000)}

@@ -92,16 +92,6 @@ def is_dask_collection(a) -> bool:
     return a is not None and callable(getattr(type(a), "__dask_graph__", None))
 
 
-def dask_module():
-    """:mod:`gpuml.distributed.dask`, or a clear ImportError naming the optional dependency."""
-    try:
-        from .distributed import dask as dask_support
-    except ImportError as err:
-        raise ImportError("Dask input needs dask and distributed: pip install 'gpuml[dask]' "
-                          f"({err})") from err
-    return dask_support
-
-
 @dataclass(frozen=True)
 class Backend:
     """The array namespace and device a computation runs on.
@@ -390,3 +380,12 @@ def _side_stream(device_id: int):
 
     with cupy.cuda.Device(device_id):
         return cupy.cuda.Stream(non_blocking=True)
+
+
+def stack_rows(blocks):
+    """Row blocks (dense or CSR, one namespace) stacked into one matrix."""
+    if len(blocks) == 1:
+        return blocks[0]
+    if hasattr(blocks[0], "tocsr"):
+        return sparse_module(namespace_of(blocks[0])).vstack(blocks, format="csr")
+    return namespace_of(blocks[0]).concatenate(blocks)

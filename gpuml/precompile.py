@@ -66,11 +66,11 @@ def _precompile(fits, X, Xr, verbose):
     except ImportError:
         pass
     else:
-        from gpuml.optim import _numba
+        from gpuml.optim import compile_cpu_kernels
 
         key = "LAMB/LARS fused CPU kernels"
         t0 = time.perf_counter()
-        _numba.compile_all()
+        compile_cpu_kernels()
         seconds[key] = time.perf_counter() - t0
         if verbose:
             print(f"{key:44s} {seconds[key]:6.2f} s", flush=True)

@@ -126,7 +126,8 @@ def test_parts_train_independently(digits):
     Xtr, Xte, ytr, _ = digits
     clf = cpu(n_partitions=3, partition="random", random_state=1, part_C="none",
               combine="nearest").fit(Xtr, ytr)
-    from gpuml.estimators._partitioned import route, split
+    from gpuml.partition import split
+    from gpuml.routing import route
 
     parts = split(Xtr, 3, "random", 1)
     owner = route(Xte, clf.centers_)
@@ -142,7 +143,7 @@ def test_parts_train_independently(digits):
 
 def _part_C_fits(clf, X, y, P, partition, seed, scale):
     """Each part's SVM fitted alone on its rows with C times ``scale(n, m)``."""
-    from gpuml.estimators._partitioned import split
+    from gpuml.partition import split
 
     parts = split(X, P, partition, seed).parts
     return [cpu(n_partitions=1, gamma=clf._gamma, C=clf.C * scale(len(X), len(rows)))
@@ -171,7 +172,7 @@ def test_part_C_scales_each_parts_C(part_C, scale, cancer):
 
 def test_neighbor_weights_match_a_written_out_count():
     """Part p weighs (how many of the k nearest support vectors are p's) / k."""
-    from gpuml.estimators._partitioned import neighbor_weights
+    from gpuml.routing import neighbor_weights
 
     rng = np.random.default_rng(0)
     X, V = rng.normal(size=(37, 5)), rng.normal(size=(50, 5))
@@ -183,7 +184,7 @@ def test_neighbor_weights_match_a_written_out_count():
         np.testing.assert_allclose(neighbor_weights(X, V, part, 4, k),
                                    expected / min(k, 50), rtol=0, atol=1e-15)
         # Row blocks give the same weights as one block.
-        import gpuml.estimators._partitioned as partitioned
+        import gpuml.routing as partitioned
 
         small = partitioned.NEIGHBOR_BLOCK_BYTES
         partitioned.NEIGHBOR_BLOCK_BYTES = 8 * 50 * 4
@@ -228,7 +229,7 @@ def test_neighbors_with_one_part_or_nearest_is_the_nearest_centre_model(digits):
     with combine="nearest" (Alg 5) and "neighbors" agree on every row whose neighbours
     all belong to its nearest centre's part."""
     from gpuml._backend import resolve
-    from gpuml.estimators._partitioned import route
+    from gpuml.routing import route
 
     Xtr, Xte, ytr, _ = digits
     np.testing.assert_array_equal(

@@ -18,9 +18,9 @@ from sklearn.preprocessing import StandardScaler
 from sklearn.svm import SVC
 from sklearn.utils.estimator_checks import parametrize_with_checks
 
-from gpuml.estimators._partitioned import split
 from gpuml.estimators.casvm import METHOD_PARTITION, CASVMClassifier
 from gpuml.kernels import make_kernel, smo_solve
+from gpuml.partition import split
 
 TREE_METHODS = ["cascade", "dcsvm", "dcfilter"]
 

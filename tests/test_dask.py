@@ -22,6 +22,7 @@ da = pytest.importorskip("dask.array")
 dd = pytest.importorskip("dask.dataframe")
 
 from gpuml import BKRRRegressor, CASVMClassifier  # noqa: E402
+from gpuml.distributed.dask import counting  # noqa: E402
 from gpuml.partition import partition  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -139,7 +140,7 @@ def test_sample_weight_and_fcfs(client, classification):
 def test_fcfs_fill_schedules_equal_in_process(client, classification, monkeypatch, schedule):
     """The greedy fill on the client (all distance blocks in one gather, or one chunk a
     batch) and the chain of one task per chunk give the in-process FCFS labels."""
-    import gpuml.distributed.dask as gdask
+    import gpuml.distributed.dask.steps as gdask
 
     monkeypatch.setattr(gdask, "fills_on_client", lambda P, d: schedule != "chain")
     if schedule == "client-batches":
@@ -164,14 +165,14 @@ def test_small_steps_run_one_task_per_worker(client, classification, method):
     Xd, yd = client.persist(list(_dask(X, y, rows=200)))
     distributed.wait([Xd, yd])
     params = dict(n_partitions=4, partition=method, random_state=0)
-    with distributed.get_task_stream(client) as stream:
+    with distributed.get_task_stream(client) as stream, counting() as fits:
         on_dask = CASVMClassifier(**params).fit(Xd, yd)
     steps = {}
     for task in stream.data:
         key = str(task["key"])
         assert key.startswith("gpuml-"), f"{key}: a task that is not one of the fit's steps"
         steps[key.split("-")[1]] = steps.get(key.split("-")[1], 0) + 1
-    tr = on_dask._dask_traffic
+    tr, = fits
     assert tr.groups == 2
     assert steps["load"] == steps["summary"] == 2
     assert steps["distances"] == 2
@@ -192,11 +193,12 @@ def test_small_steps_run_one_task_per_worker(client, classification, method):
 def test_kmeans_on_actors_equals_kmeans_as_tasks(client, regression):
     """k-means++ and Lloyd on one actor per worker give the centres and sizes of the
     same steps run as tasks (the path Dask retries), and the in-process k-means centres."""
-    from gpuml.distributed import dask as gd
+    from gpuml.distributed.dask import data, driver
+    from gpuml.distributed.dask import steps as gd
     from gpuml.partition.algorithms import lloyd
 
     X, y = regression
-    rows = gd.load_rows(gd._Driver(client), *_dask(X, y), None, dtype=np.float64,
+    rows = data.load_rows(driver.Driver(client), *_dask(X, y), None, dtype=np.float64,
                         classification=False)
     runs = []
     for steps in (gd._ActorSteps, gd._TaskSteps):
@@ -220,7 +222,7 @@ def test_kmeans_on_actors_equals_kmeans_as_tasks(client, regression):
 def test_lost_actor_falls_back_to_tasks(client, regression, monkeypatch):
     """A worker holding a k-means actor dies mid-seeding: k-means runs again as tasks
     from the same draws (a warning says so), and the model is the in-process one."""
-    from gpuml.distributed import dask as gd
+    from gpuml.distributed.dask import steps as gd
 
     X, y = regression
     closer = gd._ActorSteps.closer
@@ -259,21 +261,21 @@ def test_contiguous_split_moves_no_rows(client, classification):
     X, y = classification
     Xd, yd = client.persist(list(_dask(X, y, rows=200)))  # 12 chunks, P = 12: a chunk a part
     distributed.wait([Xd, yd])
-    from gpuml.distributed.dask import _block_futures
+    from gpuml.distributed.dask.data import _block_futures
 
     chunks = _block_futures(client, Xd)  # in row order
     where = client.who_has(chunks)
     held = [sorted(where[f.key])[0] for f in chunks]
     per_worker = [held.count(a) for a in sorted(set(held))] + [0]
     params = dict(n_partitions=12, partition="contiguous")
-    with distributed.get_task_stream(client) as stream:
+    with distributed.get_task_stream(client) as stream, counting() as fits:
         on_dask = CASVMClassifier(**params).fit(Xd, yd)
     steps = {str(t["key"]).split("-")[1] for t in stream.data}
     assert steps == ({"load", "summary", "fit"} |
                      ({"take"} if per_worker[0] != per_worker[1] else set()))
     # equal parts: the more loaded worker hands over parts until the two differ by <= 1
     moved_parts = abs(per_worker[0] - per_worker[1]) // 2
-    assert on_dask._dask_traffic.rows_moved == 200 * moved_parts
+    assert fits[0].rows_moved == 200 * moved_parts
     assert sum(on_dask.part_worker_[p] != held[p] for p in range(12)) == moved_parts
     local = CASVMClassifier(**params).fit(X, y)
     np.testing.assert_array_equal(on_dask.support_, local.support_)
@@ -289,7 +291,7 @@ def test_takes_run_before_fits_and_chunks_are_sized(client, classification):
     the take to the idle worker and copied every chunk there)."""
     from dask.sizeof import sizeof
 
-    from gpuml.distributed.dask import _Chunk
+    from gpuml.distributed.dask.data import _Chunk
 
     assert sizeof(_Chunk(np.zeros((50, 4)), np.zeros(50), None)) == 50 * 4 * 8 + 50 * 8
     X, y = classification
@@ -300,9 +302,9 @@ def test_takes_run_before_fits_and_chunks_are_sized(client, classification):
         parts.append(client.persist(list(_dask(X[rows], y[rows])), workers=[w]))
     Xd = da.concatenate([p[0] for p in parts])
     yd = da.concatenate([p[1] for p in parts])
-    with distributed.get_task_stream(client) as stream:
+    with distributed.get_task_stream(client) as stream, counting() as fits:
         on_dask = CASVMClassifier(n_partitions=6, partition="contiguous").fit(Xd, yd)
-    assert on_dask._dask_traffic.rows_moved == 800
+    assert fits[0].rows_moved == 800
     assert sorted(on_dask.part_worker_.tolist()) == [a, a, a, b, b, b]
     start = {}
     for t in stream.data:
@@ -317,7 +319,7 @@ def test_takes_run_before_fits_and_chunks_are_sized(client, classification):
 
 
 def test_persisted_chunks_are_used_as_they_are(client, classification):
-    from gpuml.distributed.dask import _block_futures
+    from gpuml.distributed.dask.data import _block_futures
 
     X, _ = classification
     Xd = client.persist(da.from_array(X, chunks=(400, 10)))

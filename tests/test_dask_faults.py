@@ -36,6 +36,8 @@ da = pytest.importorskip("dask.array")
 
 from gpuml import BKRRRegressor, CASVMClassifier  # noqa: E402
 from gpuml.distributed import dask as gd  # noqa: E402
+from gpuml.distributed.dask import steps as dask_steps  # noqa: E402
+from gpuml.pipeline import dask as dask_fit  # noqa: E402
 
 #: Seconds a disturbed fit and its prediction may take before the test calls it a hang.
 RUN_LIMIT = 120
@@ -176,18 +178,18 @@ def _on_driver(monkeypatch, phase, lose):
         return rows.groups[0][0]
 
     if phase == "start":
-        original = gd.partition_chunks
+        original = dask_fit.partition_chunks
 
         def start(rows, *args, **kwargs):
             lose(holder(rows))
             return original(rows, *args, **kwargs)
 
-        monkeypatch.setattr(gd, "partition_chunks", start)
+        monkeypatch.setattr(dask_fit, "partition_chunks", start)
     elif phase == "seeding":
-        for steps in (gd._ActorSteps, gd._TaskSteps):
+        for steps in (dask_steps._ActorSteps, dask_steps._TaskSteps):
             monkeypatch.setattr(steps, "first", _before(steps.first, lose))
     elif phase == "lloyd":
-        for steps in (gd._ActorSteps, gd._TaskSteps):
+        for steps in (dask_steps._ActorSteps, dask_steps._TaskSteps):
             monkeypatch.setattr(steps, "assign", _before(steps.assign, lose, skip=1))
     elif phase == "fill":
         monkeypatch.setattr(gd.ChunkRows, "fill", _before(gd.ChunkRows.fill, lose))

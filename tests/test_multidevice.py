@@ -19,9 +19,10 @@ from sklearn.datasets import load_digits
 from sklearn.utils._param_validation import InvalidParameterError
 
 from gpuml._backend import CPU, cuda_available, resolve_devices
-from gpuml.estimators._partitioned import split
 from gpuml.estimators.bkrr import BKRRRegressor
 from gpuml.estimators.casvm import CASVMClassifier
+from gpuml.partition import split
+from gpuml.pipeline import FitData
 
 METHODS = ["random", "contiguous", "fcfs", "kmeans", "kbalance", "bkm"]
 CASVM_ATTRS = ["support_", "support_part_", "n_support_", "pair_status_", "n_iter_",
@@ -192,7 +193,7 @@ def test_casvm_subset_fit_and_assemble_equals_one_batch(digits):
     fits = pickle.loads(pickle.dumps(fits))  # per-part results travel
     snapshot = {k: np.copy(getattr(full, k))
                 for k in CASVM_ATTRS + ["dual_coef_", "ovo_dual_coef_", "intercept_"]}
-    est._assemble(parts, fits, y_idx)
+    est._assemble_parts(parts, fits, FitData(Xv, len(y_idx), Xv.shape[1], targets=y_idx))
     for name, value in snapshot.items():
         np.testing.assert_array_equal(getattr(est, name), value, err_msg=name)
 
@@ -209,7 +210,7 @@ def test_casvm_assemble_sorts_parts_given_in_another_row_order(digits):
     fits = est._fit_parts(Xv, parts.parts, y_idx, sample_C)
     expected = [dict(zip(rows[f.support].tolist(), f.dual_coef.T.tolist()))
                 for rows, f in zip(parts.parts, fits)]
-    est._assemble(parts, fits, y_idx)
+    est._assemble_parts(parts, fits, FitData(Xv, len(y_idx), Xv.shape[1], targets=y_idx))
     np.testing.assert_array_equal(np.lexsort((est.support_, y_idx[est.support_])),
                                   np.arange(len(est.support_)))
     for p, coef_of_row in enumerate(expected):

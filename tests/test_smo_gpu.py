@@ -98,7 +98,7 @@ def test_neighbor_weights_on_gpu_match_cpu(dtype):
     """combine="neighbors"' weights: the GEMM and partial sort on the GPU, NumPy's as oracle."""
     import cupy as cp
 
-    from gpuml.estimators._partitioned import neighbor_weights
+    from gpuml.routing import neighbor_weights
 
     rng = np.random.default_rng(0)
     X, V = rng.normal(size=(300, 12)).astype(dtype), rng.normal(size=(500, 12)).astype(dtype)

@@ -26,19 +26,14 @@ part's device (:func:`route_on_devices`, :func:`predict_on_devices`).
 from __future__ import annotations
 
 import warnings
-from dataclasses import dataclass
 from numbers import Integral, Real
 
 import numpy as np
 from sklearn.utils._param_validation import Interval, StrOptions
 
-from .._backend import namespace_of, resolve_devices, sparse_module, to_numpy
-from .._validation import check_n_partitions
-from ..distributed import DeviceGroup, partition_on_devices
-from ..distributed.placement import shard_bounds
 from ..errors import PartitionWarning
-from ..pairwise import KERNELS, sq_distances, squared_norms
-from ..partition import PARTITIONERS, assign_nearest, partition
+from ..pairwise import KERNELS
+from ..partition import PARTITIONERS
 
 #: ``_parameter_constraints`` entries for the kernel parameters (names as sklearn.svm.SVC).
 KERNEL_CONSTRAINTS = {
@@ -116,129 +111,12 @@ def warn_poor_parts(part_rows, y_idx, n_classes, partition, blended=False):
             f"with part_C='sqrt' lost 0.1 point or less on letter at 36 rows")
     if problems:
         warnings.warn("; ".join(problems) + ". Use a smaller n_partitions, or n_partitions=1 "
-                      "for the exact model.", PartitionWarning, stacklevel=5)
+                      "for the exact model.", PartitionWarning, stacklevel=8)
 
 
 def _some(items, limit=8):
     head = ", ".join(str(i) for i in items[:limit])
     return head + (", ..." if len(items) > limit else "")
-
-
-@dataclass
-class Partitioning:
-    """The result of step 1: labels, centres, and the sample indices of each part (host)."""
-
-    labels: np.ndarray
-    centers: object
-    parts: list
-
-    @property
-    def sizes(self) -> np.ndarray:
-        return np.array([len(p) for p in self.parts], dtype=np.int64)
-
-    @classmethod
-    def from_labels(cls, labels, centers, n_parts: int) -> Partitioning:
-        """Parts from labels: each part's sample indices, ascending."""
-        labels = to_numpy(labels)
-        order = np.argsort(labels, kind="stable")
-        bounds = np.cumsum(np.bincount(labels, minlength=n_parts))[:-1]
-        return cls(labels, centers, np.split(order, bounds))
-
-
-def split(X, n_partitions, method, random_state) -> Partitioning:
-    """Partition ``X`` (step 1). With one part, no clustering is run at all."""
-    n = X.shape[0]
-    n_partitions = check_n_partitions(n_partitions, n)
-    if n_partitions == 1:
-        xp = namespace_of(X)
-        center = xp.asarray(X.mean(axis=0)).reshape(1, -1)
-        return Partitioning(np.zeros(n, dtype=np.int64), center, [np.arange(n)])
-    labels, centers = partition(X, n_partitions, method, random_state=random_state)
-    return Partitioning.from_labels(labels, centers, n_partitions)
-
-
-def split_on_devices(group, X, n_partitions, method, random_state) -> Partitioning:
-    """Step 1 with the rows of host ``X`` sharded over ``group``: the same parts as :func:`split`.
-
-    The centres come back to the host.
-    """
-    n = X.shape[0]
-    n_partitions = check_n_partitions(n_partitions, n)
-    if n_partitions == 1:
-        center = np.asarray(X.mean(axis=0)).reshape(1, -1)
-        return Partitioning(np.zeros(n, dtype=np.int64), center, [np.arange(n)])
-    labels, centers = partition_on_devices(group, X, n_partitions, method,
-                                           random_state=random_state)
-    return Partitioning.from_labels(labels, centers, n_partitions)
-
-
-def device_group(estimator) -> DeviceGroup | None:
-    """The estimator's ``devices`` as a :class:`DeviceGroup`, or None for one device.
-
-    Validated before any work (see :func:`gpuml._backend.resolve_devices`).
-    """
-    backends = resolve_devices(estimator.devices)
-    if backends is None:
-        return None
-    if estimator.device != "auto":
-        raise ValueError(f"give device= for one device or devices= for several, not both "
-                         f"(device={estimator.device!r}, devices={estimator.devices!r})")
-    return DeviceGroup(backends)
-
-
-def prediction_group(devices) -> DeviceGroup | None:
-    """The devices a model fitted on several devices predicts on.
-
-    None for a one-device model, and where those devices are not there (a model
-    unpickled on another machine): it then predicts on one device from its host
-    arrays.
-    """
-    if devices is None:
-        return None
-    try:
-        return DeviceGroup(resolve_devices(list(devices)))
-    except RuntimeError:
-        return None
-
-
-def fit_on_devices(group, partitioning, placement, fit_local):
-    """Step 2 over several devices: each device fits its placed parts, in its own thread.
-
-    ``placement[r]`` lists the parts of device ``r`` (:func:`gpuml.distributed.balance`).
-    ``fit_local(backend, part_ids, rows, local_rows)`` runs with the device
-    current: ``rows`` are the parts' sample indices laid end to end (gather the
-    data with them) and ``local_rows[k]`` the positions of part ``part_ids[k]``
-    within ``rows``; it returns one result per part, in that order.
-
-    Returns the results in part order and the device index of every part.
-    """
-    def work(rank, backend):
-        ids = placement[rank]
-        if ids.size == 0:
-            return []
-        blocks = [partitioning.parts[p] for p in ids.tolist()]
-        rows = np.concatenate(blocks)
-        ends = np.cumsum([len(b) for b in blocks])
-        local = [np.arange(hi - len(b), hi) for b, hi in zip(blocks, ends.tolist())]
-        return fit_local(backend, ids, rows, local)
-
-    per_device = group.run(work)
-    fits = [None] * len(partitioning.parts)
-    part_device = np.empty(len(partitioning.parts), dtype=np.int64)
-    for rank, (ids, results) in enumerate(zip(placement, per_device)):
-        for p, result in zip(ids.tolist(), results):
-            fits[p] = result
-            part_device[p] = rank
-    return fits, part_device
-
-
-def stack_rows(blocks):
-    """Row blocks (dense or CSR, one namespace) stacked into one matrix."""
-    if len(blocks) == 1:
-        return blocks[0]
-    if hasattr(blocks[0], "tocsr"):
-        return sparse_module(namespace_of(blocks[0])).vstack(blocks, format="csr")
-    return namespace_of(blocks[0]).concatenate(blocks)
 
 
 def on_device(estimator, backend, key, make, *args):
@@ -257,88 +135,4 @@ def on_device(estimator, backend, key, make, *args):
             cache[key] = make(*args)
     return cache[key]
 
-
-def route(X, centers):
-    """Part index of every row of ``X`` (step 3), on the host."""
-    if centers.shape[0] == 1:
-        return np.zeros(X.shape[0], dtype=np.int64)
-    return to_numpy(assign_nearest(X, centers))
-
-
-#: Bytes of one block of test-to-support-vector distances in :func:`neighbor_weights`.
-NEIGHBOR_BLOCK_BYTES = 64 << 20
-
-
-def neighbor_weights(X, vectors, vector_part, n_parts: int, n_neighbors: int) -> np.ndarray:
-    """Each row's share of its ``n_neighbors`` nearest ``vectors`` held by each part (host).
-
-    ``vectors`` (on X's device, dense or CSR) are the fitted support vectors and
-    ``vector_part`` (host) the part of each. Row ``i`` of the result (shape
-    ``(n, n_parts)``) sums to 1: part ``p`` weighs ``k_p / k`` where ``k_p`` of the
-    row's ``k = min(n_neighbors, len(vectors))`` nearest vectors (Euclidean) are
-    part ``p``'s. The distances are computed in row blocks of at most
-    :data:`NEIGHBOR_BLOCK_BYTES` (one GEMM and one partial sort each, on X's
-    device). Which of several equally distant vectors counts at the k-th place
-    is the partial sort's choice (deterministic for a given backend).
-    """
-    xp = namespace_of(X)
-    n, m = X.shape[0], vectors.shape[0]
-    k = min(int(n_neighbors), m)
-    owner = xp.asarray(np.asarray(vector_part, dtype=np.int64))
-    weights = xp.zeros((n, n_parts), dtype=np.float64)
-    y_norms = squared_norms(vectors)
-    rows = max(1, NEIGHBOR_BLOCK_BYTES // max(1, 8 * m))
-    for start in range(0, n, rows):
-        stop = min(start + rows, n)
-        D = sq_distances(X[start:stop], vectors, y_norms)
-        # A partial sort: O(m) per row, where a full sort of the row would cost more
-        # than the GEMM that made it.
-        nearest = owner[xp.argpartition(D, k - 1, axis=1)[:, :k]]
-        block = weights[start:stop]
-        line = xp.arange(stop - start)
-        for j in range(k):  # one neighbour per row at a time: no repeated index within a step
-            block[line, nearest[:, j]] += 1.0
-    weights /= k
-    return to_numpy(weights)
-
-
-def route_on_devices(group, X, centers) -> np.ndarray:
-    """Part index of every row of host ``X``, routed in row shards, one per device (host)."""
-    if centers.shape[0] == 1:
-        return np.zeros(X.shape[0], dtype=np.int64)
-    bounds = shard_bounds(X.shape[0], group.size)
-
-    def work(rank, backend):
-        lo, hi = int(bounds[rank]), int(bounds[rank + 1])
-        if hi == lo:
-            return np.zeros(0, dtype=np.int64)
-        return route(backend.asarray(X[lo:hi]), backend.asarray(centers))
-
-    return np.concatenate(group.run(work))
-
-
-def predict_on_devices(group, X, owner, part_device, predict_local) -> np.ndarray:
-    """Step 3 over several devices: rows grouped by their part's device, results in row order.
-
-    ``predict_local(backend, X_rows, owner_rows)`` gets one device's rows (on
-    that device) and their parts, and returns their values; every device runs
-    once, in its own thread. The result is a host array.
-    """
-    device_of_row = np.asarray(part_device)[owner]
-
-    def work(rank, backend):
-        rows = np.flatnonzero(device_of_row == rank)
-        if rows.size == 0:
-            return rows, None
-        values = predict_local(backend, backend.asarray(X[rows]), owner[rows])
-        return rows, to_numpy(values)
-
-    out = None
-    for rows, values in group.run(work):
-        if values is None:
-            continue
-        if out is None:
-            out = np.empty((X.shape[0],) + values.shape[1:], dtype=values.dtype)
-        out[rows] = values
-    return out
 

@@ -32,9 +32,10 @@ from sklearn.utils.validation import (
     check_is_fitted,
 )
 
-from .._backend import dask_module, is_dask_collection, namespace_of, to_numpy, to_output
+from .._backend import is_dask_collection, namespace_of, to_numpy, to_output
 from .._validation import validate_X_y
 from ..pairwise import make_kernel, squared_norms
+from ..pipeline import dask_module
 
 
 def value_dtype(X):
@@ -244,6 +245,18 @@ class KernelSVMMixin:
         Returns ``(X, y_idx, sample_C)`` with ``y_idx`` the class index of
         every sample.
         """
+        X, y_idx, weights, classes, counts = self._check_targets(X, y, sample_weight)
+        self._set_classes(classes, counts)
+        self._set_kernel(X)
+        return X, y_idx, self._row_C(y_idx, weights)
+
+    def _check_targets(self, X, y, sample_weight):
+        """``X`` and ``y`` checked as SVC checks them, before any work.
+
+        Returns ``(X, y_idx, sample_weight, classes, class_counts)``: the class
+        index of every row, the weights as float64 (ones when None), the sorted
+        classes and the rows of each.
+        """
         if sp.issparse(X) and self.kernel == "precomputed":
             raise TypeError("Sparse precomputed kernels are not supported.")
         if callable(self.kernel):
@@ -258,23 +271,10 @@ class KernelSVMMixin:
         if self._kernel_name == "precomputed" and X.shape[0] != X.shape[1]:
             raise ValueError(f"Precomputed matrix must be a square matrix. Input is a "
                              f"{X.shape[0]}x{X.shape[1]} matrix.")
-        self.classes_, y_idx = np.unique(y_host, return_inverse=True)
-        if len(self.classes_) < 2:
-            raise ValueError(f"{type(self).__name__} needs samples of at least two classes in y "
-                             f"(the number of classes has to be greater than one; got "
-                             f"{len(self.classes_)} class)")
+        classes, y_idx = np.unique(y_host, return_inverse=True)
         # Negative weights are allowed and, as in SVC, drop their rows (C_i <= 0).
         sw = _check_sample_weight(sample_weight, X, dtype=np.float64,
                                   allow_all_zero_weights=True)
-        cw = compute_class_weight(self.class_weight, classes=self.classes_, y=y_host)
-        self.class_weight_ = cw
-        sample_C = self.C * cw[y_idx] * sw
-        kept = sample_C > 0
-        if not kept.any():
-            raise ValueError("Invalid input - all samples have zero or negative weights.")
-        if np.unique(y_idx[kept]).size < 2:
-            raise ValueError("Invalid input - all samples with positive weights belong to the "
-                             "same class.")
         if self._kernel_name != "precomputed" and not bool(
                 namespace_of(X).isfinite(squared_norms(X)).all()):
             # Before any work: kernel values of such samples overflow, and the solver's
@@ -283,9 +283,40 @@ class KernelSVMMixin:
                              "norms of some samples overflow, and so do their kernel values. "
                              "The input data may contain large values and need to be "
                              "preprocessed.")
-        self._kernel = make_kernel(self._kernel_name, self.gamma, self.degree, self.coef0, X)
+        return X, y_idx, sw, classes, np.bincount(y_idx, minlength=len(classes))
+
+    def _set_classes(self, classes, counts):
+        """``classes_`` and ``class_weight_`` from the sorted classes and their row counts."""
+        if len(classes) < 2:
+            raise ValueError(f"{type(self).__name__} needs samples of at least two classes in y "
+                             f"(the number of classes has to be greater than one; got "
+                             f"{len(classes)} class)")
+        self.classes_ = classes
+        self.class_weight_ = compute_class_weight(self.class_weight, classes=classes,
+                                                  y=np.repeat(classes, counts))
+
+    def _set_kernel(self, stats):
+        """The kernel with ``gamma`` resolved from ``stats`` (the training rows, or anything
+        with their ``shape`` and ``var()``)."""
+        self._kernel = make_kernel(self._kernel_name, self.gamma, self.degree, self.coef0, stats)
         self._gamma = self._kernel.gamma
-        return X, y_idx, sample_C
+
+    def _row_weights(self, y_idx, sample_weight):
+        """LIBSVM's per-row ``C_i = C * class_weight[y_i] * sample_weight_i``."""
+        return self.C * self.class_weight_[y_idx] * sample_weight
+
+    def _row_C(self, y_idx, sample_weight):
+        """LIBSVM's per-row ``C_i = C * class_weight[y_i] * sample_weight_i``; rows with
+        ``C_i <= 0`` are left out, as SVC leaves them out (refused when no row, or one
+        class, is left)."""
+        sample_C = self._row_weights(y_idx, sample_weight)
+        kept = sample_C > 0
+        if not kept.any():
+            raise ValueError("Invalid input - all samples have zero or negative weights.")
+        if np.unique(y_idx[kept]).size < 2:
+            raise ValueError("Invalid input - all samples with positive weights belong to the "
+                             "same class.")
+        return sample_C
 
     @property
     def _kernel_name(self) -> str:

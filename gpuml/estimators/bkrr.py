@@ -25,17 +25,17 @@ from .._backend import (
     CPU,
     Backend,
     available_bytes,
-    dask_module,
     float_dtype,
     is_cupy_array,
     is_dask_collection,
     resolve,
+    stack_rows,
     to_numpy,
     to_output,
 )
 from .._progress import Progress
 from .._validation import check_n_partitions, refuse_dask, validate_X, validate_X_y
-from ..distributed import balance, cholesky_cost
+from ..distributed import cholesky_cost
 from ..kernels import (
     NotPositiveDefiniteError,
     cholesky_solve_batch,
@@ -47,19 +47,17 @@ from ..kernels import (
 )
 from ..kernels.krr import GPU_HEADROOM_BYTES
 from ..pairwise import HOST_KERNELS, Kernel, PairwiseKernel, resolve_gamma, sq_distances
-from ._partitioned import (
-    PARTITION_CONSTRAINTS,
-    device_group,
-    fit_on_devices,
-    on_device,
+from ..partition import split
+from ..pipeline import (
+    FitData,
+    PartitionedFit,
+    dask_module,
     predict_on_devices,
     prediction_group,
-    route,
     route_on_devices,
-    split,
-    split_on_devices,
-    stack_rows,
 )
+from ..routing import route
+from ._partitioned import PARTITION_CONSTRAINTS, on_device
 
 #: ``n_partitions="auto"`` makes parts of at most this many samples. Fit time
 #: is ``P (n/P)^3`` and the error grows with P (bench/bench_bkrr.py, california_housing,
@@ -214,6 +212,18 @@ class KRRPartFit:
 def _take(xp, A, idx):
     """Rows ``idx`` (host indices) of ``A`` on A's device."""
     return A[xp.asarray(idx)]
+
+
+def auto_lam_rows(n: int, sample_weight=None) -> np.ndarray:
+    """The rows ``lam="auto"`` searches λ on: every row (of positive weight), or
+    :data:`AUTO_LAM_SAMPLES` of them drawn at random (a fixed draw: the same rows for every
+    fit of the same data), ascending."""
+    rows = (np.arange(n) if sample_weight is None
+            else np.flatnonzero(to_numpy(sample_weight) > 0))
+    if rows.size > AUTO_LAM_SAMPLES:
+        rows = rows[np.sort(np.random.default_rng(0).choice(rows.size, AUTO_LAM_SAMPLES,
+                                                             replace=False))]
+    return rows
 
 
 def _part_masses(part_rows, weights=None) -> list:
@@ -595,7 +605,7 @@ class _BKRRBase(RegressorMixin, BaseEstimator):
         super().__setstate__(state)
 
 
-class BKRRRegressor(_BKRRBase):
+class BKRRRegressor(PartitionedFit, _BKRRBase):
     r"""Balanced kernel ridge regression (BKRR2) and its family, as settings.
 
     The training set is split into P parts; part ``j`` (``m_j`` samples)
@@ -902,36 +912,113 @@ default="kbalance"
         self
         """
         self._validate_params()
-        if is_dask_collection(X) or is_dask_collection(y):
-            return dask_module().fit_bkrr(self, X, y, sample_weight)
-        group = device_group(self)
-        # A refit invalidates the device copies of the previous model's arrays.
-        for name in ("devices_", "part_device_", "part_worker_", "_device_cache"):
-            self.__dict__.pop(name, None)
+        return self._fit_partitioned(X, y, sample_weight)
+
+    # -- the steps of the partitioned fit (gpuml.pipeline.PartitionedFit) ---------------
+    def _fit_device(self):
+        return "cpu" if self._host_only() else self.device
+
+    def _check_fit(self, executor, sample_weight=None):
+        """Settings that some executors cannot run, refused before any work."""
         if self.kernel == "precomputed" and self.n_partitions not in (1, "auto"):
             raise ValueError("kernel='precomputed' needs n_partitions=1 (or 'auto'): "
                              "partitioning and nearest-centre routing need the samples' "
                              "features")
-        if self.kernel == "precomputed" and group is not None:
+        if executor.where == "devices" and self.kernel == "precomputed":
             raise ValueError("kernel='precomputed' fits on one device: use devices=None")
-        if self._host_only() and (group is not None or self.device not in ("auto", "cpu")):
+        if self._host_only() and (executor.where == "devices"
+                                  or self.device not in ("auto", "cpu")):
             raise ValueError(f"kernel={self.kernel!r} is computed by scikit-learn's "
                              "pairwise_kernels on the CPU: use device='cpu' (or 'auto') and "
                              "devices=None")
-        if group is not None:
-            return self._fit_on_devices(group, X, y, sample_weight)
-        backend, X, y = self._prepare(X, y, CPU if self._host_only() else None)
+        if executor.where == "dask":
+            if sample_weight is not None:
+                raise ValueError("sample_weight is not supported on Dask input for "
+                                 "BKRRRegressor yet: fit on in-memory data, or without "
+                                 "weights")
+            if self.kernel == "precomputed":
+                raise ValueError("kernel='precomputed' does not run on Dask input: "
+                                 "partitioning and routing need the samples' features")
+            if self.devices is not None:
+                raise ValueError("devices= is for several devices of one process; on Dask "
+                                 "each worker fits its parts on its own device: leave "
+                                 "devices=None")
+
+    def _validate(self, X, y, sample_weight, backend) -> FitData:
+        """KernelRidge's checks of in-memory input; X, y and the weights on ``backend``."""
+        backend, X, y = self._prepare(X, y, backend)
         sample_weight = self._sample_weight(backend, sample_weight, X)
+        precomputed = self.kernel == "precomputed"
+
+        def take(rows):
+            idx = backend.xp.asarray(rows)
+            return (X[idx][:, idx] if precomputed else _take(backend.xp, X, rows),
+                    _take(backend.xp, y, rows),
+                    None if sample_weight is None else _take(backend.xp, sample_weight, rows))
+
+        return FitData(X, int(X.shape[0]), int(X.shape[1]), targets=y, weights=sample_weight,
+                       stats=X, backend=backend, extra={"_take": take,
+                                                        "itemsize": X.dtype.itemsize})
+
+    def _check_fit_memory(self, sizes, data, backend, n_samples=None, n_parts=None):
+        self._check_memory(sizes, data.extra["itemsize"], backend, n_samples=n_samples,
+                           n_parts=n_parts)
+
+    def _setup(self, data):
+        """σ (``"scale"``: from the data) and λ (``"auto"``: searched on a subsample)."""
+        sigma = self._resolve_sigma(data.stats, data.weights)
+        rows = auto_lam_rows(data.n, data.weights)
+        X, y, w = data.extra["_take"](rows) if self.lam == "auto" else (None, None, None)
+        backend = data.backend or CPU
         with backend.use():
-            self._check_before_split(X.shape[0], X.dtype.itemsize, backend)
-            sigma = self._resolve_sigma(X, sample_weight)
-            lam = self._resolve_lam(backend, X, y, sample_weight, sigma)
-            partitioning = self._split(X)
-            self._check_memory(partitioning.sizes, X.dtype.itemsize, backend)
-            fits = self._fit_parts(backend, X, y, partitioning.parts, sigma, lam,
-                                   sample_weight=sample_weight)
-            self._store_fit(backend, partitioning, fits, sigma, lam, sample_weight)
-        return self
+            lam = self._resolve_lam(backend, X, y, w, sigma)
+        data.extra["sigma"], data.extra["lam"] = sigma, lam
+
+    def _split_method(self) -> str:
+        return self.partition
+
+    #: what the part solver reads of the fitted attributes (none: σ and λ travel with the data)
+    _part_solver_reads = ()
+
+    def _chunk_dtype(self, X):
+        return self._dtype(X)
+
+    def _chunk_targets(self, y, sample_weight):
+        return y, sample_weight
+
+    def _worker_memory_need(self, n_features, dtype):
+        """Bytes a worker holds to fit parts of given sizes: rows and targets, and the
+        solve's kernel blocks (``n_jobs`` at a time)."""
+        jobs = effective_n_jobs(self.n_jobs)
+        itemsize = np.dtype(dtype).itemsize
+
+        def need(sizes):
+            concurrent = max(1, min(jobs, sizes.size))
+            blocks = int((np.sort(sizes)[::-1][:concurrent].astype(np.float64) ** 2).sum())
+            return int(itemsize * (sizes.sum() * (n_features + 2) + blocks))
+
+        return need
+
+    def _part_costs(self, sizes, n_features):
+        return cholesky_cost(sizes, n_features)
+
+    def _solve_parts(self, backend, data, X, targets, weights, part_rows, part_ids):
+        return self._fit_parts(backend, backend.asarray(X), backend.asarray(targets), part_rows,
+                               data.extra["sigma"], data.extra["lam"], part_ids=part_ids,
+                               sample_weight=None if weights is None
+                               else backend.asarray(weights))
+
+    def _part_to_host(self, fit, X_part):
+        # Only the coefficients come back: the training rows are on the host already.
+        return KRRPartFit(X_part, to_numpy(fit.dual_coef), to_numpy(fit.intercept))
+
+    def _keep_on_device(self, backend, j, fit):
+        # The part's arrays are on its device already: keep them for prediction there.
+        on_device(self, backend, ("part", j), lambda: (fit.X, fit.dual_coef))
+
+    def _assemble(self, partitioning, result, data):
+        self._store_fit(result.backend, partitioning, result.fits, data.extra["sigma"],
+                        data.extra["lam"], data.weights)
 
     def _resolve_lam(self, backend, X, y, sample_weight, sigma) -> float:
         """λ as a number: ``lam="auto"`` by leave-one-out on a subsample (else ``lam``).
@@ -984,12 +1071,7 @@ default="kbalance"
         that one side or both are subsampled, and the subsamples differ.
         """
         xp = backend.xp
-        rows = np.arange(X.shape[0])
-        if sample_weight is not None:
-            rows = np.flatnonzero(to_numpy(sample_weight) > 0)
-        if rows.size > AUTO_LAM_SAMPLES:
-            rows = rows[np.sort(np.random.default_rng(0).choice(rows.size, AUTO_LAM_SAMPLES,
-                                                                 replace=False))]
+        rows = auto_lam_rows(X.shape[0], sample_weight)
         idx = xp.asarray(rows)
         kernel = self._kernel(self._fit_gamma(sigma, X.shape[1]))
         if self.kernel == "precomputed":
@@ -1040,48 +1122,6 @@ default="kbalance"
                                     dtype=np.float64, ensure_non_negative=True)
         with backend.use():
             return backend.asarray(host, X.dtype)
-
-    def _fit_on_devices(self, group, X, y, sample_weight=None):
-        """``fit`` over several devices: shard, partition, place parts by cost, fit, assemble.
-
-        The fitted arrays are assembled on the host (``device_ == "cpu"``); each
-        device keeps its parts' arrays for prediction.
-        """
-        _, X, y = self._prepare(X, y, backend=CPU)
-        sample_weight = self._sample_weight(CPU, sample_weight, X)
-        n, itemsize = X.shape[0], X.dtype.itemsize
-        for backend in group.backends:
-            with backend.use():
-                self._check_before_split(n, itemsize, backend)
-        sigma = self._resolve_sigma(X, sample_weight)
-        lam = self._resolve_lam(CPU, X, y, sample_weight, sigma)
-        P = _n_partitions(self.n_partitions, n)
-        partitioning = split_on_devices(group, X, P, self.partition, self.random_state)
-        placement = balance(cholesky_cost(partitioning.sizes, X.shape[1]), group.size)
-        for backend, ids in zip(group.backends, placement):
-            if ids.size:
-                with backend.use():
-                    self._check_memory(partitioning.sizes[ids], itemsize, backend)
-
-        def fit_local(backend, ids, rows, local):
-            return self._fit_parts(backend, backend.asarray(_take(np, X, rows)),
-                                   backend.asarray(y[rows]), local, sigma, lam,
-                                   part_ids=ids,
-                                   sample_weight=None if sample_weight is None
-                                   else backend.asarray(sample_weight[rows]))
-
-        fits, part_device = fit_on_devices(group, partitioning, placement, fit_local)
-        # Only the coefficients come back: the training rows are on the host already.
-        host = [KRRPartFit(_take(np, X, rows), to_numpy(f.dual_coef), to_numpy(f.intercept))
-                for rows, f in zip(partitioning.parts, fits)]
-        self._store_fit(CPU, partitioning, host, sigma, lam, sample_weight)
-        self.devices_ = group.devices
-        self.part_device_ = part_device
-        # The parts' arrays are already on their devices: keep them for prediction.
-        for j, (fit, rank) in enumerate(zip(fits, part_device.tolist())):
-            backend = group.backends[rank]
-            on_device(self, backend, ("part", j), lambda f=fit: (f.X, f.dual_coef))
-        return self
 
     def predict(self, X):
         """Predict with the nearest part's model (or the average of all parts).

@@ -8,31 +8,38 @@ from numbers import Integral, Real
 
 import numpy as np
 import scipy.sparse as sp
+from joblib import effective_n_jobs
 from sklearn.base import BaseEstimator, ClassifierMixin, _fit_context
 from sklearn.exceptions import ConvergenceWarning
 from sklearn.utils._param_validation import Interval, StrOptions
 from sklearn.utils.validation import check_is_fitted
 
-from .._backend import dask_module, is_dask_collection, namespace_of, resolve, to_numpy, to_output
+from .._backend import (
+    is_dask_collection,
+    namespace_of,
+    resolve,
+    stack_rows,
+    to_numpy,
+    to_output,
+)
 from .._progress import Progress
-from .._validation import validate_X
-from ..distributed import balance, smo_cost
+from .._validation import check_n_partitions, validate_X
+from ..distributed import smo_cost
 from ..kernels import SMOProblem, compile_after_fit, smo_solve_batch
+from ..partition import Partitioning, split
+from ..pipeline import (
+    FitData,
+    FitResult,
+    PartitionedFit,
+    predict_on_devices,
+    prediction_group,
+    route_on_devices,
+)
+from ..routing import neighbor_weights, route
 from ._partitioned import (
     KERNEL_CONSTRAINTS,
     PARTITION_CONSTRAINTS,
-    Partitioning,
-    device_group,
-    fit_on_devices,
-    neighbor_weights,
     on_device,
-    predict_on_devices,
-    prediction_group,
-    route,
-    route_on_devices,
-    split,
-    split_on_devices,
-    stack_rows,
     warn_poor_parts,
 )
 from ._svm import (
@@ -119,7 +126,7 @@ def _part_line(rows, n_problems, n_iter, converged):
             f"{n_iter} iterations" + ("" if converged else ", stopped at max_iter"))
 
 
-class CASVMClassifier(KernelSVMMixin, ClassifierMixin, BaseEstimator):
+class CASVMClassifier(PartitionedFit, KernelSVMMixin, ClassifierMixin, BaseEstimator):
     """Communication-avoiding kernel SVM: P independent SMO solvers, samples judged by their parts.
 
     ``fit`` splits the training set into ``n_partitions`` parts with the
@@ -499,65 +506,142 @@ default="auto"
         self
         """
         self._warn_probability()
-        if any(is_dask_collection(v) for v in (X, y, sample_weight)):
-            return dask_module().fit_casvm(self, X, y, sample_weight)
-        group = device_group(self)
-        backend = resolve(self.device, X, y) if group is None else None
+        return self._fit_partitioned(X, y, sample_weight)
+
+    # -- the steps of the partitioned fit (gpuml.pipeline.PartitionedFit) ---------------
+    _refit_drops = ("layer_sizes_", "layer_n_iter_")
+
+    def _fit_device(self):
+        return self.device
+
+    def _check_fit(self, executor, sample_weight=None):
+        """Settings that some executors cannot run, refused before any work."""
         precomputed = self._kernel_name == "precomputed"
         if precomputed and self.n_partitions != 1:
             raise ValueError(f"kernel={self.kernel!r} needs n_partitions=1: partitioning and "
                              "nearest-centre routing need the samples' features")
-        if precomputed and group is not None:
-            raise ValueError(f"kernel={self.kernel!r} fits on one device: use devices=None")
-        if self.method != "casvm" and group is not None:
-            raise ValueError(f"method={self.method!r} fits on one device (its layers depend on "
-                             "each other): use devices=None")
-        X, y_idx, sample_C = self._validate_targets(X, y, sample_weight)
-        self._sparse = sp.issparse(X) or hasattr(X, "tocsr")
-        self.shape_fit_ = tuple(X.shape)
-        self._gamma = self._kernel.gamma
-        # A refit invalidates the device copies of the previous model's arrays.
-        for name in ("devices_", "part_device_", "part_worker_", "_device_cache", "layer_sizes_",
-                     "layer_n_iter_"):
-            self.__dict__.pop(name, None)
-        self.partition_ = self._split_method()
+        if executor.where == "devices":
+            if precomputed:
+                raise ValueError(f"kernel={self.kernel!r} fits on one device: use "
+                                 "devices=None")
+            if self.method != "casvm":
+                raise ValueError(f"method={self.method!r} fits on one device (its layers "
+                                 "depend on each other): use devices=None")
+        if executor.where == "dask":
+            if self.kernel == "precomputed" or callable(self.kernel):
+                raise ValueError(f"kernel={self.kernel!r} does not run on Dask input: "
+                                 "partitioning and routing need the samples' features")
+            if self.probability not in ("deprecated", False):
+                raise ValueError("probability=True does not run on Dask input: fit "
+                                 "CalibratedClassifierCV(CASVMClassifier(...)) on in-memory "
+                                 "data, or leave probability unset")
+            if self.devices is not None:
+                raise ValueError("devices= is for several devices of one process; on Dask "
+                                 "each worker fits its parts on its own device: leave "
+                                 "devices=None")
+            if self.method != "casvm":
+                raise ValueError(f"method={self.method!r} does not run on Dask input (its "
+                                 "layers depend on each other): use method='casvm' or "
+                                 "in-memory data")
 
-        progress = Progress("CASVM", self.n_partitions, self.verbose)
-        tree = None
-        if group is None:
-            with backend.use():
-                X = backend.asarray(X)
-                parts = split(X, self.n_partitions, self.partition_, self.random_state)
-                if self.method == "casvm":
-                    fits = self._fit_parts(X, parts.parts, y_idx, sample_C, progress)
-                else:
-                    # The tree's layers report as a whole (its parts are not the model's).
-                    progress = None
-                    tree = self._fit_tree(X, parts, y_idx, sample_C)
-        else:
-            X = to_numpy(X)
-            parts = split_on_devices(group, X, self.n_partitions, self.partition_,
-                                     self.random_state)
-            fits, self.part_device_ = fit_on_devices(
-                group, parts, balance(smo_cost(parts.sizes), group.size),
-                lambda b, ids, rows, local: self._fit_parts(b.asarray(X[rows]), local,
-                                                            y_idx[rows], sample_C[rows]))
-            self.devices_ = group.devices
-            # The devices' threads fit the parts; their lines come from here, in part order.
-            for p, (rows, f) in enumerate(zip(parts.parts, fits)):
+    def _validate(self, X, y, sample_weight, backend) -> FitData:
+        """SVC's checks of in-memory input; the rows on ``backend``, the classes indexed."""
+        X, y_idx, weights, classes, counts = self._check_targets(X, y, sample_weight)
+        with backend.use():
+            Xd = backend.asarray(X)
+        return FitData(Xd, int(X.shape[0]), int(X.shape[1]), targets=y_idx, weights=weights,
+                       stats=X, classes=classes, class_counts=counts,
+                       extra={"sparse": sp.issparse(X) or hasattr(X, "tocsr")})
+
+    def _setup(self, data):
+        """Classes, class weights, the kernel and every row's C, from the validated data."""
+        self._set_classes(data.classes, data.class_counts)
+        self._set_kernel(data.stats)
+        self._sparse = data.extra.get("sparse", False)
+        self.shape_fit_ = (data.n, data.n_features)
+        self.partition_ = self._split_method()
+        if data.targets is not None:  # in memory (on Dask the chunks' tasks weigh their rows)
+            data.weights = self._row_C(data.targets, data.weights)
+        # The tree's layers report as a whole (its parts are not the model's).
+        data.extra["_progress"] = Progress("CASVM", self.n_partitions if self.method == "casvm"
+                                          else 0, self.verbose)
+
+    def _n_parts(self, n: int) -> int:
+        return check_n_partitions(self.n_partitions, n)
+
+    #: what the part solver reads of the fitted attributes (``shape_fit_``: the parts' C scale)
+    _part_solver_reads = ("classes_", "class_weight_", "n_features_in_", "shape_fit_")
+
+    def _chunk_dtype(self, X):
+        return np.float64
+
+    def _chunk_targets(self, y, sample_weight):
+        """A chunk's class indices and per-row C (LIBSVM: C * class_weight[y] * weight)."""
+        y_idx = np.searchsorted(self.classes_, y)
+        return y_idx, np.asarray(self._row_weights(y_idx, 1.0 if sample_weight is None
+                                                   else sample_weight), dtype=np.float64)
+
+    def _worker_memory_need(self, n_features, dtype):
+        """Bytes a worker holds to fit parts of given sizes: rows, and each part's kernel.
+
+        The CPU SMO keeps a part's whole kernel matrix when it fits in
+        ``cache_size``, else a row cache of at most ``cache_size``, one part per
+        solver thread at a time (``n_jobs``); a GPU worker's device memory is
+        checked by the solver itself.
+        """
+        cache = float(self.cache_size) * 2**20
+        jobs = effective_n_jobs(self.n_jobs)
+
+        def need(sizes):
+            m = sizes.astype(np.float64)
+            # one matrix per solver thread at a time (gpuml.kernels.smo_solve_batch)
+            blocks = np.sort(np.minimum(8.0 * m**2, cache))[::-1][:max(1, jobs)]
+            return int((8.0 * m * (n_features + 2)).sum() + blocks.sum())
+
+        return need
+
+    def _part_costs(self, sizes, n_features):
+        return smo_cost(sizes)
+
+    def _solve_parts(self, backend, data, X, targets, weights, part_rows, part_ids):
+        """The one-vs-one SMO problems of the given parts, as one batch on ``backend``."""
+        progress = data.extra.get("_progress") if data.extra.get("_reports", True) else None
+        return self._fit_parts(backend.asarray(X), part_rows, targets, weights, progress)
+
+    def _fit_split(self, executor, data, partitioning):
+        if self.method == "casvm":
+            data.extra["_reports"] = executor.reports_parts
+            return executor.fit_parts(self, data, partitioning)
+        with executor.backend.use():
+            final, fits, n_iter = self._fit_tree(data.X, partitioning, data.targets,
+                                                 data.weights)
+        data.extra["_tree"] = (partitioning, final, n_iter)
+        return FitResult(fits, backend=executor.backend)
+
+    def _assemble(self, partitioning, result, data):
+        """The fitted attributes (:meth:`_assemble_parts`); for the tree methods, the last
+        layer's model with the whole tree's work and split."""
+        progress = data.extra["_progress"]
+        if not data.extra.get("_reports", True):
+            # The devices' threads (or the workers) fitted the parts: their lines from here,
+            # in part order.
+            for p, (rows, f) in enumerate(zip(partitioning.parts, result.fits)):
                 progress.update(p, _part_line(len(rows), f.n_problems, int(f.n_iter.sum()),
                                               f.converged))
+        tree = data.extra.get("_tree")
         if tree is None:
-            self._assemble(parts, fits, y_idx, progress)
-        else:
-            final, final_fits, n_iter = tree
-            self._assemble(final, final_fits, y_idx, progress)
-            # The model is the last layer's; the work and the split are the whole tree's
-            # (the steps of each pair the model trained, summed over every layer).
-            self.n_iter_ = n_iter[self.pair_status_[0] == 2].astype(np.int32)
-            self.partition_sizes_ = parts.sizes
-        self._fit_probability(X, y, y_idx, sample_C, sample_weight)
-        return self
+            self._assemble_parts(partitioning, result.fits, data, progress)
+            return
+        split_parts, final, n_iter = tree
+        self._assemble_parts(final, result.fits, data, progress)
+        # The model is the last layer's; the work and the split are the whole tree's
+        # (the steps of each pair the model trained, summed over every layer).
+        self.n_iter_ = n_iter[self.pair_status_[0] == 2].astype(np.int32)
+        self.partition_sizes_ = split_parts.sizes
+
+    def _finish_fit(self, data, X, y, sample_weight):
+        if data.targets is not None:
+            self._fit_probability(data.X, y, data.targets, data.weights, sample_weight)
 
     def _fit_parts(self, X, part_rows, y_idx, sample_C, progress=None, members=None,
                    warm=None) -> list[SVMPartFit]:
@@ -770,7 +854,7 @@ default="auto"
             return Xp.toarray()
         return Xp
 
-    def _assemble(self, parts, fits, y_idx, progress=None):
+    def _assemble_parts(self, parts, fits, data, progress=None):
         """The fitted attributes from the per-part models (in part order) and the centres.
 
         The support vectors of all parts are put in SVC's order (by class,
@@ -778,6 +862,7 @@ default="auto"
         packed one (``dual_coef_``) are both kept, in that order.
         """
         n_classes = len(self.classes_)
+        y_idx = data.targets if data.targets is not None else data.extra["_y_idx"]
         rows = [np.asarray(r, dtype=np.int64)[f.support] for r, f in zip(parts.parts, fits)]
         support = np.concatenate(rows + [np.zeros(0, np.int64)])
         support_part = np.repeat(np.arange(len(fits)), [len(r) for r in rows])
@@ -823,9 +908,8 @@ default="auto"
                      f"{', '.join(map(str, stopped[:8]))}{', ...' if len(stopped) > 8 else ''}.")
             warnings.warn(f"Solver terminated early (max_iter={self.max_iter}){cap}.  Consider "
                           f"pre-processing your data with StandardScaler or MinMaxScaler.{where}",
-                          ConvergenceWarning, stacklevel=3)
-        if progress is None:  # a Dask fit: its workers fitted the parts, no per-part lines
-            progress = Progress("CASVM", 0, self.verbose)
+                          ConvergenceWarning, stacklevel=7)
+        progress = progress or Progress("CASVM", 0, self.verbose)
         progress.close(f"{len(fits)} parts, {sum(f.n_problems for f in fits)} SMO problems, "
                        f"{int(self.part_n_iter_.sum())} iterations, {len(self.support_)} "
                        "support vectors")

@@ -15,6 +15,7 @@ except ModuleNotFoundError as e:  # say what to do, not just which module is mis
                       "CUDA version); the rest of gpuml works without it") from e
 
 from gpuml.optim._common import param_groups_by_name
+from gpuml.optim._numba import compile_all as compile_cpu_kernels
 from gpuml.optim.lamb import LAMB, FusedLAMB, lamb
 from gpuml.optim.lars import LARS, FusedLARS, lars
 from gpuml.optim.schedules import (
@@ -34,6 +35,7 @@ __all__ = [
     "lamb",
     "lars",
     "param_groups_by_name",
+    "compile_cpu_kernels",
     "WarmupPolynomialDecay",
     "LEGWPolynomialDecay",
     "RollerCoasterDecay",

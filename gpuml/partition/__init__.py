@@ -39,8 +39,12 @@ array.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
+import numpy as np
 from sklearn.utils import check_random_state
 
+from .._backend import namespace_of, to_numpy
 from .._validation import as_float_matrix, check_n_partitions
 from ..kernels import nearest_centres
 from .algorithms import (
@@ -134,8 +138,42 @@ def assign_nearest(X, centers):
     return nearest_centres(X, centers)
 
 
+@dataclass
+class Partitioning:
+    """The result of step 1: labels, centres, and the sample indices of each part (host)."""
+
+    labels: np.ndarray
+    centers: object
+    parts: list
+
+    @property
+    def sizes(self) -> np.ndarray:
+        return np.array([len(p) for p in self.parts], dtype=np.int64)
+
+    @classmethod
+    def from_labels(cls, labels, centers, n_parts: int) -> Partitioning:
+        """Parts from labels: each part's sample indices, ascending."""
+        labels = to_numpy(labels)
+        order = np.argsort(labels, kind="stable")
+        bounds = np.cumsum(np.bincount(labels, minlength=n_parts))[:-1]
+        return cls(labels, centers, np.split(order, bounds))
+
+
+def split(X, n_partitions, method, random_state) -> Partitioning:
+    """Partition ``X`` (step 1). With one part, no clustering is run at all."""
+    n = X.shape[0]
+    n_partitions = check_n_partitions(n_partitions, n)
+    if n_partitions == 1:
+        xp = namespace_of(X)
+        center = xp.asarray(X.mean(axis=0)).reshape(1, -1)
+        return Partitioning(np.zeros(n, dtype=np.int64), center, [np.arange(n)])
+    labels, centers = partition(X, n_partitions, method, random_state=random_state)
+    return Partitioning.from_labels(labels, centers, n_partitions)
+
+
 __all__ = [
     "PARTITIONERS",
+    "Partitioning",
     "SPLITS",
     "LocalRows",
     "Rows",
@@ -148,4 +186,5 @@ __all__ = [
     "kmeans",
     "partition",
     "random_labels",
+    "split",
 ]

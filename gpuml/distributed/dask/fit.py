@@ -1,0 +1,217 @@
+"""The placement and the fit of a Dask fit: parts placed by cost, rows shipped once, fitted.
+
+Each part is placed on the worker holding most of its rows and parts move only
+to balance the estimator's cost model (:func:`gpuml.distributed.placement.balance_local`);
+each group's rows move at most once, to the worker fitting it, where the
+estimator's own part solver fits them.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from distributed import get_worker
+
+from ..._backend import resolve
+from ...kernels import part_sums
+from ...partition import divide
+from ..placement import balance_local
+from .driver import _in_order_sum, _on
+from .steps import _pack, _unpack
+
+
+def _take_parts(chunk, labels, part_ids, estimator):
+    """The rows of each of ``part_ids`` in this chunk, ascending: ``[(X, y, w), ...]``,
+    ``y`` and ``w`` as the estimator's part solver takes them (``_chunk_targets``: a
+    classifier's class indices and per-row C)."""
+    y, w = estimator._chunk_targets(chunk.y, chunk.w)
+    out = []
+    for p in part_ids:
+        sel = np.flatnonzero(labels == p)
+        out.append((chunk.X[sel], y[sel], None if w is None else w[sel]))
+    return out
+
+
+def _group_rows(pieces, n_parts):
+    """The pieces of each part, chunk after chunk, laid end to end part after part."""
+    per_part = [[piece[j] for piece in pieces] for j in range(n_parts)]
+    X = np.concatenate([b[0] for blocks in per_part for b in blocks])
+    y = np.concatenate([b[1] for blocks in per_part for b in blocks])
+    w = (None if pieces[0][0][2] is None else
+         np.concatenate([b[2] for blocks in per_part for b in blocks]))
+    sizes = [sum(b[0].shape[0] for b in blocks) for blocks in per_part]
+    ends = np.cumsum(sizes)
+    local = [np.arange(hi - m, hi) for m, hi in zip(sizes, ends.tolist())]
+    return X, y, w, local
+
+
+def _group_sums(pieces, n_parts):
+    """The group's per-part row sums and counts (packed as :func:`_pack`), over the chunks.
+
+    Each chunk's sums are the ones :func:`part_sums` gives on the whole chunk (its
+    rows of a part, in order) and they are added in chunk order, so the parts' means
+    have the bits of summing every chunk's sums on the client, without that pass.
+    """
+    packs = []
+    for piece in pieces:
+        X = np.concatenate([b[0] for b in piece])
+        labels = np.repeat(np.arange(n_parts), [b[0].shape[0] for b in piece])
+        packs.append(_pack(*part_sums(X, labels, n_parts)))
+    return _in_order_sum(packs)
+
+
+def _cut(chunks, labels, part_ids, estimator):
+    """:func:`_take_parts` for each of a worker's chunks; ``labels``: theirs, end to end."""
+    ends = np.cumsum([c.X.shape[0] for c in chunks])
+    return [_take_parts(c, labels[e - c.X.shape[0]: e], part_ids, estimator)
+            for c, e in zip(chunks, ends.tolist())]
+
+
+def _take(chunks, labels, part_ids, estimator):
+    """The rows a group of parts takes from this worker's chunks, packed to travel.
+
+    :func:`_cut`'s pieces laid end to end, chunk after chunk and part after part,
+    as ``(X, y, w, counts)`` with ``counts[i, j]`` the rows of part j in chunk i:
+    three arrays on the wire however many chunks and parts (:func:`_unpack_take`).
+    """
+    pieces = _cut(chunks, labels, part_ids, estimator)
+    flat = [b for piece in pieces for b in piece]
+    counts = np.array([[b[0].shape[0] for b in piece] for piece in pieces], dtype=np.int64)
+    w = None if flat[0][2] is None else np.concatenate([b[2] for b in flat])
+    return (np.concatenate([b[0] for b in flat]), np.concatenate([b[1] for b in flat]), w,
+            counts)
+
+
+def _unpack_take(packed):
+    """:func:`_take`'s pieces again, as views of its arrays."""
+    X, y, w, counts = packed
+    ends = np.cumsum(counts.ravel()).tolist()
+    flat = [(X[a:b], y[a:b], None if w is None else w[a:b])
+            for a, b in zip([0] + ends[:-1], ends)]
+    P = counts.shape[1]
+    return [flat[i * P: (i + 1) * P] for i in range(counts.shape[0])]
+
+
+def _pieces(part_ids, estimator, sources):
+    """A group's rows, per chunk in chunk order (:func:`_take_parts`' pieces).
+
+    ``sources``: one ``(ks, chunks, labels, taken)`` per worker holding chunks:
+    ``taken``, what a task on that worker took (:func:`_take`: the rows that move),
+    or None for this worker's own chunks, cut here from ``chunks`` by ``labels``.
+    """
+    pieces = {}
+    for ks, chunks, labels, taken in sources:
+        pieces.update(zip(ks, _cut(chunks, labels, part_ids, estimator) if taken is None
+                          else _unpack_take(taken)))
+    return [pieces[k] for k in sorted(pieces)]
+
+
+def _fit_group(estimator, data, part_ids, sources):
+    """The parts ``part_ids`` fitted on this worker (its GPU when it has one) by the
+    estimator's own part solver: their fits as the host keeps them, their rows' sums and
+    counts (the parts' means) and this worker's address."""
+    pieces = _pieces(part_ids, estimator, sources)
+    X, y, w, local = _group_rows(pieces, len(part_ids))
+    backend = resolve(estimator.device)
+    sizes = np.array([len(r) for r in local], dtype=np.int64)
+    with backend.use():
+        estimator._check_fit_memory(sizes, data, backend)
+        fits = estimator._solve_parts(backend, data, X, y, w, local, np.asarray(part_ids))
+    host = [estimator._part_to_host(fit, X[rows]) for fit, rows in zip(fits, local)]
+    return host, _group_sums(pieces, len(part_ids)), get_worker().address
+
+
+def _fmt_bytes(n) -> str:
+    return f"{n / 2**30:.2f} GiB" if n >= 2**30 else f"{n / 2**20:.1f} MiB"
+
+
+def check_budget(need, sizes, n, budget, what):
+    """Refuse a fit whose largest group of parts needs more than a worker's budget.
+
+    ``need(sizes)`` estimates the bytes one worker holds for parts of these
+    sizes; the message names the smallest ``n_partitions`` whose balanced
+    parts fit by the same estimate.
+    """
+    if budget is None:
+        return
+    sizes = np.asarray(sizes, dtype=np.int64)
+    needed = need(sizes)
+    if needed <= budget:
+        return
+    suggest = next((P for P in _candidates(len(sizes), n)
+                    if need(np.array([-(-n // P)], dtype=np.int64)) <= budget), None)
+    change = (f"use a larger n_partitions (n_partitions>={suggest} should fit)" if suggest
+              else "use workers with more memory")
+    raise MemoryError(
+        f"{what} needs about {_fmt_bytes(needed)} on one Dask worker (a part of "
+        f"{int(sizes.max())} rows: its rows and kernel block), but the smallest worker's "
+        f"budget is {_fmt_bytes(budget)} (memory_limit x distributed.worker.memory.pause); "
+        f"{change}, or workers with a larger memory_limit")
+
+
+def _candidates(P, n):
+    """n_partitions values above P to suggest, doubling then n itself."""
+    Q = max(P, 1) + 1
+    while Q < n:
+        yield Q
+        Q = max(Q + 1, int(Q * 1.25))
+    yield n
+
+
+def ship_and_fit(rows, labels, sizes, costs, estimator, data, addresses, centers):
+    """Steps 3-4: parts placed on workers by cost; each group's rows shipped and fitted there.
+
+    ``estimator`` is the one the tasks get (:func:`_shipped`), ``data`` what its
+    part solver reads besides the rows. Returns the per-part fits in part order
+    (gathered), the worker each part was fitted on (where its task ran, which is
+    not the planned one when that worker was lost) and the centres: ``centers``
+    as given, or when None the parts' means from the sums the fit tasks return
+    with the fits (no pass of their own).
+    """
+    driver = rows.driver
+    P = len(sizes)
+    # held[p, a]: the rows of part p that worker a holds already
+    held_rows = np.zeros((P, len(addresses)), dtype=np.int64)
+    group_labels = []
+    for holder, ks, _ in rows.groups:
+        mine = np.concatenate([labels[k] for k in ks])
+        group_labels.append(mine)
+        if holder in addresses:
+            held_rows[:, addresses.index(holder)] += np.bincount(mine, minlength=P)
+    placement = balance_local(costs, held_rows)
+    driver.traffic.rows_moved = int(sum(held_rows[ids].sum() - held_rows[ids, a].sum()
+                                        for a, ids in enumerate(placement)))
+    # The fit task cuts the group's rows out of its own worker's chunks; a take task on
+    # each other worker holding some of them cuts them out of its chunks. Every take is
+    # submitted before any fit, and ahead of them in each worker's queue: a worker that
+    # starts its own fit first keeps the other waiting for its rows until that fit ends.
+    groups = []
+    for address, ids in zip(addresses, placement):
+        if ids.size == 0:
+            continue
+        ids_list = ids.tolist()
+        sources = []
+        for (holder, ks, held), mine in zip(rows.groups, group_labels):
+            if holder == address:
+                sources.append((ks, held, mine, None))
+            elif np.isin(mine, ids).any():
+                take = driver.submit("take", _take, held, mine, ids_list, estimator,
+                                     priority=1, **_on(holder))
+                sources.append((ks, None, None, take))
+        groups.append((ids_list, address, sources))
+    futures = [driver.submit("fit-parts", _fit_group, estimator, data, ids, sources,
+                             **_on(address))
+               for ids, address, sources in groups]
+    results = driver.gather(futures, as_they_finish=True)
+    fits = [None] * len(sizes)
+    part_worker = [None] * len(sizes)
+    sums = None
+    for (ids, _, _), (group, pack, address) in zip(groups, results):
+        if sums is None:
+            sums = np.zeros((len(sizes), pack.shape[1]), dtype=np.float64)
+        sums[ids] = pack
+        for p, fit in zip(ids, group):
+            fits[p] = fit
+            part_worker[p] = address
+    if centers is None:
+        centers = divide(*_unpack(sums, rows.dtype))
+    return fits, part_worker, centers
