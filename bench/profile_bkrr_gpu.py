@@ -92,11 +92,11 @@ class Phases:
 def instrument(phases: Phases):
     from cupy_backends.cuda.libs import cusolver
 
-    from gpuml.estimators import bkrr
+    from gpuml.estimators import _krr
     from gpuml.kernels import krr
     from gpuml.partition import algorithms, local
 
-    base = bkrr._BKRRBase
+    base = _krr._BKRRBase
     phases.patch(base, "_prepare", "fit: validate + copy to device (_prepare)")
     phases.patch(base, "_check_before_split", "fit: memory check before partitioning")
     phases.patch(base, "_split", "fit: partition (_split)")
@@ -106,8 +106,8 @@ def instrument(phases: Phases):
     phases.patch(local.LocalRows, "means", "partition: part means")
     phases.patch(base, "_solve", "fit: solve (_solve)")
     phases.patch(base, "_check_memory", "memory check (_check_memory)")
-    phases.patch(bkrr, "_take", "solve: gather parts/targets (_take)")
-    phases.patch(bkrr, "krr_solve_parts", "solve: krr_solve_parts")
+    phases.patch(_krr, "_take", "solve: gather parts/targets (_take)")
+    phases.patch(_krr, "krr_solve_parts", "solve: krr_solve_parts")
     phases.patch(krr, "_stacked_gram", "krr: kernel blocks (GEMM + map)")
     phases.patch(krr, "_posv_device", "krr: batched posv (potrfBatched)")
     phases.patch(krr, "_potrf_potrs_inplace", "krr: single potrf + potrs")

@@ -15,7 +15,7 @@ from sklearn.utils.estimator_checks import parametrize_with_checks
 
 import gpuml.kernels.krr as krr
 from gpuml import _backend
-from gpuml.estimators import bkrr as bkrr_module
+from gpuml.estimators import _krr, bkrr_regressor
 from gpuml.estimators.bkrr import BKRRRegressor, BKRRRegressorCV
 from gpuml.kernels import (
     Kernel,
@@ -124,7 +124,7 @@ def test_random_partition_with_nearest_is_allowed(diabetes):
 def test_auto_partitions(monkeypatch, diabetes):
     X, y = diabetes
     assert BKRRRegressor(device="cpu").fit(X, y).n_partitions_ == 1
-    monkeypatch.setattr(bkrr_module, "AUTO_PART_SIZE", 100)
+    monkeypatch.setattr(_krr, "AUTO_PART_SIZE", 100)
     est = BKRRRegressor(device="cpu", random_state=0).fit(X, y)
     assert est.n_partitions_ == 5 and est.part_sizes_.max() <= 100
 
@@ -189,7 +189,7 @@ def test_lam_auto_is_the_leave_one_out_choice(diabetes, monkeypatch):
     X, y = diabetes
     X, y = X[:150], y[:150]
     est = BKRRRegressor(device="cpu").fit(X, y)
-    lams = list(bkrr_module.AUTO_LAMS)
+    lams = list(bkrr_regressor.AUTO_LAMS)
     assert est.lam_ in lams
     assert est.lam_ == _loo_lam_oracle(X, y, est.gamma_, lams)
     # a noise-free smooth target: the oracle's choice too
@@ -197,7 +197,7 @@ def test_lam_auto_is_the_leave_one_out_choice(diabetes, monkeypatch):
     lam_smooth = BKRRRegressor(device="cpu").fit(X, smooth).lam_
     assert lam_smooth == _loo_lam_oracle(X, smooth, est.gamma_, lams)
     # above AUTO_LAM_SAMPLES rows, a fixed subsample: the same choice on every fit
-    monkeypatch.setattr(bkrr_module, "AUTO_LAM_SAMPLES", 60)
+    monkeypatch.setattr(bkrr_regressor, "AUTO_LAM_SAMPLES", 60)
     a = BKRRRegressor(device="cpu").fit(X, y).lam_
     assert a == BKRRRegressor(device="cpu", random_state=3).fit(X, y).lam_
     rows = np.sort(np.random.default_rng(0).choice(len(y), 60, replace=False))
@@ -342,7 +342,7 @@ def test_too_many_partitions(diabetes):
 def test_memory_estimate_suggests_more_partitions(monkeypatch, diabetes):
     X, y = diabetes
     budget = 8 * 120**2
-    monkeypatch.setattr(bkrr_module, "available_bytes", lambda xp: budget)
+    monkeypatch.setattr(_krr, "available_bytes", lambda xp: budget)
     with pytest.raises(MemoryError, match=r"n_partitions>=(\d+)") as info:
         BKRRRegressor(n_partitions=2, device="cpu", random_state=0).fit(X, y)
     suggested = int(info.value.args[0].rsplit(">=", 1)[1].split()[0])
@@ -516,7 +516,7 @@ def test_weighted_lam_auto_leaves_one_unit_of_weight_out(diabetes):
     X, y = diabetes
     X, y = X[:60], y[:60]
     est = BKRRRegressor(device="cpu")
-    lams = np.asarray(bkrr_module.AUTO_LAMS)
+    lams = np.asarray(bkrr_regressor.AUTO_LAMS)
     sigma = 3.0
     # integer weights (zeros included): the unweighted losses of the rows repeated
     sw = np.random.default_rng(0).integers(0, 5, len(y))
@@ -560,7 +560,7 @@ def test_weighted_shift_is_lam_times_the_part_weight(diabetes):
         ref = KernelRidge(alpha=1e-3 * sw[rows].sum(), kernel="rbf", gamma=est.gamma_).fit(
             X[rows], y[rows] - mean, sample_weight=sw[rows])
         np.testing.assert_allclose(est.dual_coef_[lo:hi], ref.dual_coef_, rtol=1e-8)
-    assert bkrr_module._part_masses([[0, 1], [2, 3, 4]],
+    assert _krr._part_masses([[0, 1], [2, 3, 4]],
                                     [np.zeros(2), np.array([1.0, 2.0, 0.0])]) == [2, 3.0]
 
 
@@ -732,15 +732,15 @@ def test_gpu_solve_bytes():
 
 def test_balanced_sizes():
     for n, P in ((442, 4), (18432, 16), (10, 10), (7, 1), (1000, 7)):
-        sizes = bkrr_module._balanced_sizes(n, P)
+        sizes = _krr._balanced_sizes(n, P)
         assert sizes.size == P and sizes.sum() == n and sizes.max() - sizes.min() <= 1
 
 
 def test_fitting_partitions_bisects_to_the_smallest():
-    assert bkrr_module._fitting_partitions(1000, 3, lambda P: P >= 17) == 17
-    assert bkrr_module._fitting_partitions(1000, 3, lambda P: True) == 4
-    assert bkrr_module._fitting_partitions(1000, 3, lambda P: False) is None
-    assert bkrr_module._fitting_partitions(5, 5, lambda P: True) is None
+    assert _krr._fitting_partitions(1000, 3, lambda P: P >= 17) == 17
+    assert _krr._fitting_partitions(1000, 3, lambda P: True) == 4
+    assert _krr._fitting_partitions(1000, 3, lambda P: False) is None
+    assert _krr._fitting_partitions(5, 5, lambda P: True) is None
 
 
 def _fake_gpu():
@@ -752,7 +752,7 @@ def test_gpu_memory_refusal_says_what_it_needs_and_what_to_change(monkeypatch):
     n = 18432
     need_exact = krr.gpu_solve_bytes([n], 8)
     budget = need_exact // 2
-    monkeypatch.setattr(bkrr_module, "available_bytes", lambda xp: budget)
+    monkeypatch.setattr(_krr, "available_bytes", lambda xp: budget)
     est = BKRRRegressor(n_partitions=1)
     with pytest.raises(MemoryError) as info:
         est._check_memory([n], 8, _fake_gpu())
@@ -760,13 +760,13 @@ def test_gpu_memory_refusal_says_what_it_needs_and_what_to_change(monkeypatch):
     assert f"needs about {need_exact / 2**30:.2f} GiB" in msg and "cuda:0" in msg
     assert "dtype='float32'" in msg
     suggested = int(msg.rsplit(">=", 1)[1].split()[0])
-    fits = krr.gpu_solve_bytes(bkrr_module._balanced_sizes(n, suggested), 8)
-    assert fits <= budget < krr.gpu_solve_bytes(bkrr_module._balanced_sizes(n, suggested - 1), 8)
-    est._check_memory(bkrr_module._balanced_sizes(n, suggested), 8, _fake_gpu())
+    fits = krr.gpu_solve_bytes(_krr._balanced_sizes(n, suggested), 8)
+    assert fits <= budget < krr.gpu_solve_bytes(_krr._balanced_sizes(n, suggested - 1), 8)
+    est._check_memory(_krr._balanced_sizes(n, suggested), 8, _fake_gpu())
 
 
 def test_gpu_memory_refusal_when_nothing_fits(monkeypatch):
-    monkeypatch.setattr(bkrr_module, "available_bytes", lambda xp: krr.GPU_HEADROOM_BYTES // 2)
+    monkeypatch.setattr(_krr, "available_bytes", lambda xp: krr.GPU_HEADROOM_BYTES // 2)
     with pytest.raises(MemoryError, match="free memory on the device"):
         BKRRRegressor(n_partitions=2)._check_memory([500, 500], 4, _fake_gpu())
 
@@ -778,8 +778,8 @@ def test_memory_is_refused_before_partitioning(monkeypatch, diabetes):
     def no_split(*args, **kwargs):
         raise AssertionError("partitioned before the memory check")
 
-    monkeypatch.setattr(bkrr_module, "available_bytes", lambda xp: 8 * 100**2)
-    monkeypatch.setattr(bkrr_module, "split", no_split)
+    monkeypatch.setattr(_krr, "available_bytes", lambda xp: 8 * 100**2)
+    monkeypatch.setattr(_krr, "split", no_split)
     with pytest.raises(MemoryError, match=r"2 part\(s\), largest 221 samples"):
         BKRRRegressor(n_partitions=2, device="cpu").fit(X, y)
     with pytest.raises(MemoryError, match="σ/λ search"):

@@ -6,7 +6,8 @@ from sklearn.kernel_ridge import KernelRidge
 from sklearn.metrics import r2_score
 from sklearn.model_selection import GridSearchCV, KFold
 
-from gpuml.estimators.bkrr import BKRRRegressor, BKRRRegressorCV, _r2_scores
+from gpuml.estimators.bkrr import BKRRRegressor, BKRRRegressorCV
+from gpuml.estimators.bkrr_cv import _r2_scores
 
 SIGMAS = [0.5, 1.5, 4.0]
 LAMS = [1e-6, 1e-4, 1e-2]

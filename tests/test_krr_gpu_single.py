@@ -10,7 +10,7 @@ import pytest
 from sklearn.kernel_ridge import KernelRidge
 
 from gpuml._backend import available_bytes, cuda_available
-from gpuml.estimators import bkrr as bkrr_module
+from gpuml.estimators import _krr
 from gpuml.estimators.bkrr import BKRRRegressor
 from gpuml.kernels import (
     Kernel,
@@ -113,7 +113,7 @@ def test_gpu_memory_refusal_before_work(cp, diabetes, monkeypatch):
     total = cp.cuda.runtime.memGetInfo()[1]
     assert 0 < free <= total + cp.get_default_memory_pool().total_bytes()
     # room for the headroom and a few small blocks: refused at P=1, some larger P fits
-    monkeypatch.setattr(bkrr_module, "available_bytes",
+    monkeypatch.setattr(_krr, "available_bytes",
                         lambda xp: krr.GPU_HEADROOM_BYTES + 8 * 200**2)
     with pytest.raises(MemoryError, match=r"cuda:0.*n_partitions>=\d+"):
         BKRRRegressor(n_partitions=1, device="cuda").fit(X, y)

@@ -156,7 +156,7 @@ def test_bkrr_ranks_float32_multi_target_sparse_pickle(diabetes):
 
 
 def test_error_in_one_rank_names_part_and_device(diabetes, monkeypatch):
-    from gpuml.estimators import bkrr as bkrr_module
+    from gpuml.estimators import _krr
 
     X, y = diabetes
     X = np.repeat(X[:60], 2, axis=0)  # duplicate rows: K + 0*I is singular in every part
@@ -167,7 +167,7 @@ def test_error_in_one_rank_names_part_and_device(diabetes, monkeypatch):
 
     # The singular parts fall back to least squares (as KernelRidge); make that fail
     # too, to see an error raised inside a rank come out with its device named.
-    monkeypatch.setattr(bkrr_module, "krr_lstsq_part", refuse)
+    monkeypatch.setattr(_krr, "krr_lstsq_part", refuse)
     est = BKRRRegressor(devices=["cpu", "cpu"], n_partitions=4, lam=0.0, random_state=0)
     with pytest.warns(UserWarning, match="part [0-3]"):
         with pytest.raises(ValueError, match="least squares refused") as info:
