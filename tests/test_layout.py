@@ -1,5 +1,5 @@
 """The package is a tree of layers: no import circle, nothing imports a layer above it,
-no private name crosses a package.
+no private name crosses a package, no module is longer than :data:`MAX_LINES`.
 
 Every ``import`` of every module under gpuml/ counts, the lazy ones inside functions
 included (they are circles all the same, only deferred). The layers, lowest first, are
@@ -26,6 +26,9 @@ LAYERS = [
     ("gpuml.training",),
     ("gpuml.precompile", "gpuml"),
 ]
+
+#: The most lines a module may have: a longer one holds more than one idea.
+MAX_LINES = 800
 
 
 def _module_name(path: Path) -> str:
@@ -157,3 +160,9 @@ def test_no_private_name_crosses_a_package():
             if private_module or private_names:
                 crossing.append(f"{name}:{line} imports {target} {private_names or ''}")
     assert not crossing, "private names across packages:\n" + "\n".join(crossing)
+
+
+def test_no_module_is_too_long():
+    long = [f"{path.relative_to(ROOT)}: {n} lines" for path in sorted(PACKAGE.rglob("*.py"))
+            if (n := len(path.read_text().splitlines())) > MAX_LINES]
+    assert not long, f"modules over {MAX_LINES} lines:\n" + "\n".join(long)

@@ -57,16 +57,12 @@ PARTITION_CONSTRAINTS = {
 #: Fewer rows than this in a part: the local model has too little data (P is large for n).
 MIN_PART_ROWS = 20
 #: Fewer rows per class per part than this on average (n / (P * n_classes)): the expected
-#: accuracy loss against one part is high. Measured (bench/results/cpu-2core/casvm_parts.md,
-#: casvm_partitioners.md; loss in points against SVC, three seeds): letter (26 classes,
-#: 15,000 rows) at P=4 holds 144 rows per class and part and lost 6.0 points (random split)
-#: / 3.8 (fcfs), at P=16 (36 rows) 17.4 / 6.5 (k-means 2.5); adult (2 classes, 36,631 rows)
-#: at P=64 (286 rows) lost 2.5 / 1.8, at P=16 (1,145 rows) 1.2 / 1.2. Every measured
-#: setting under 300 lost 1.8 points or more; the many-class case is simply the one where
-#: n / (P * n_classes) is small for a given n and P. Only for nearest-centre prediction:
-#: CA-SVM's default (C scaled per part, the parts of a sample's nearest support vectors
-#: blended) lost -0.8 to 0.1 point on letter at P=16-128 (36 to 4.6 rows per class and
-#: part), where the nearest centre lost 6.5-12.
+#: accuracy loss of nearest-centre prediction against one part is high. Every setting
+#: measured below it lost well over a point (many classes being simply where
+#: n / (P * n_classes) is small for a given n and P), while CA-SVM's default (C scaled per
+#: part, the parts of a sample's nearest support vectors blended) held SVC's accuracy far
+#: below it (bench/results/cpu-2core/casvm_parts.md, casvm_partitioners.md,
+#: casvm_defaults.md).
 MIN_ROWS_PER_CLASS = 300
 
 
@@ -105,10 +101,9 @@ def warn_poor_parts(part_rows, y_idx, n_classes, partition, blended=False):
         problems.append(
             f"the parts hold {per_class:.0f} rows per class on average, fewer than "
             f"{MIN_ROWS_PER_CLASS}: expect a large accuracy loss against one part with "
-            f"nearest-centre prediction (measured: 26-class letter at 144 rows per class and "
-            f"part lost 6.0 points with the random split, at 36 rows 17.4, 2.5 with k-means; "
-            f"binary adult at 286 rows 2.5){hint}; CA-SVM's default combine='neighbors' "
-            f"with part_C='sqrt' lost 0.1 point or less on letter at 36 rows")
+            f"nearest-centre prediction (several points on the benchmarks of "
+            f"bench/results/cpu-2core/casvm_parts.md){hint}; CA-SVM's default "
+            f"combine='neighbors' with part_C='sqrt' keeps far more of it")
     if problems:
         warnings.warn("; ".join(problems) + ". Use a smaller n_partitions, or n_partitions=1 "
                       "for the exact model.", PartitionWarning, stacklevel=8)

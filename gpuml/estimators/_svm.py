@@ -3,7 +3,8 @@
 * targets and per-sample C: LIBSVM's ``C_i = C * class_weight[y_i] * sample_weight_i``,
   rows with ``C_i <= 0`` left out as SVC leaves them out;
 * callable kernels, turned into a precomputed kernel matrix as SVC does;
-* one-vs-one voting and SVC's "ovr"-shaped decision values;
+* ``decision_function`` and ``predict``: one-vs-one voting and SVC's "ovr"-shaped
+  decision values over the pairwise values each estimator computes;
 * SVC's packed ``dual_coef_`` layout and ``coef_`` for the linear kernel;
 * fitted arrays kept on the host, with device copies cached for prediction but
   never pickled, so a model fitted on a GPU loads where there is none;
@@ -141,7 +142,22 @@ _PROBABILITY_DOC = ("as the `probability=True` option of SVC, which gpuml keeps 
 
 
 class KernelSVMMixin:
-    """Shared fit preamble and device caching for the kernel SVM classifiers."""
+    """What the kernel SVM classifiers share: the fit preamble, prediction and device caching.
+
+    An estimator supplies ``_ovo_values(X)``: the pairwise decision values of
+    the rows of ``X``, shape (n_samples, n_pairs), positive for the pair's
+    first class, and a bool array of the same shape saying which pairs vote
+    for each row (None: every pair votes). ``decision_function`` and
+    ``predict`` are written on it.
+    """
+
+    def __sklearn_tags__(self):
+        tags = super().__sklearn_tags__()
+        # As SVC: a callable kernel takes samples, not a kernel matrix.
+        tags.input_tags.pairwise = self.kernel == "precomputed"
+        # As SVC: a precomputed kernel matrix must be dense.
+        tags.input_tags.sparse = self.kernel != "precomputed"
+        return tags
 
     # -- SVC's probability=True (deprecated there; CalibratedClassifierCV underneath) --------
     def _warn_probability(self):
@@ -343,6 +359,70 @@ class KernelSVMMixin:
         if any(is_dask_collection(v) for v in (X, y, sample_weight)):
             return dask_module().score(self, X, y, sample_weight)
         return super().score(X, y, sample_weight)
+
+    def decision_function(self, X):
+        """Decision values in SVC's shapes: (n,) for two classes, else (n, n_classes) or ovo.
+
+        For two classes, positive values mean ``classes_[1]``. For more, with
+        "ovr" column k is the number of one-vs-one votes for class k plus its
+        summed pairwise values squashed into (-1/3, 1/3) (SVC's recipe); with
+        "ovo" the pairwise values, positive for the pair's first class.
+
+        Parameters
+        ----------
+        X : array-like or sparse matrix of shape (n_samples, n_features)
+
+        Returns
+        -------
+        ndarray of shape (n_samples,), (n_samples, n_classes) or (n_samples, n_pairs)
+            float32 for float32 ``X``, else float64 (computed with float64
+            accumulation either way). A lazy Dask array for Dask input (each
+            chunk computed on its worker).
+        """
+        if is_dask_collection(X):
+            check_is_fitted(self)
+            return self._lazy(X, "decision_function")
+        dtype = value_dtype(X)
+        values, voting = self._ovo_values(X)
+        values = to_numpy(values)
+        n_classes = len(self.classes_)
+        if n_classes == 2:
+            decision = -values[:, 0]
+        elif self.decision_function_shape == "ovo":
+            decision = values
+        else:
+            decision = ovr_decision(*ovo_votes(values, n_classes, voting, zero_votes_first=True))
+        return to_output(decision.astype(dtype, copy=False), X)
+
+    def predict(self, X):
+        """Class labels by one-vs-one voting, as SVC (ties: the lowest class).
+
+        A pairwise value of exactly 0 votes for the pair's second class; with
+        ``break_ties=True`` ("ovr", more than two classes) the class is the
+        argmax of :meth:`decision_function` instead. For
+        :class:`~gpuml.estimators.casvm.CASVMClassifier` the votes are those of
+        the parts that judge the sample (``combine``).
+
+        Parameters
+        ----------
+        X : array-like or sparse matrix of shape (n_samples, n_features)
+
+        Returns
+        -------
+        ndarray of shape (n_samples,)
+            A lazy Dask array for Dask input (each chunk predicted on its worker).
+        """
+        check_is_fitted(self)
+        if self.break_ties and self.decision_function_shape == "ovo":
+            raise ValueError("break_ties must be False when decision_function_shape is 'ovo'")
+        if is_dask_collection(X):
+            return self._lazy(X, "predict")
+        if self.break_ties and len(self.classes_) > 2:
+            decision = to_numpy(self.decision_function(X))
+            return to_output(self.classes_[np.argmax(decision, axis=1)], X)
+        values, voting = self._ovo_values(X)
+        votes, _ = ovo_votes(to_numpy(values), len(self.classes_), voting)
+        return to_output(self.classes_[np.argmax(votes, axis=1)], X)
 
     def _lazy(self, X, method):
         """``method`` (``"predict"`` or ``"decision_function"``) over Dask ``X``, lazily:

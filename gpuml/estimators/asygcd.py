@@ -13,7 +13,7 @@ from sklearn.utils import check_random_state
 from sklearn.utils._param_validation import Interval, StrOptions
 from sklearn.utils.validation import check_is_fitted
 
-from .._backend import is_dask_collection, resolve, to_numpy, to_output
+from .._backend import resolve, to_numpy
 from .._progress import Progress
 from .._validation import refuse_dask, validate_X
 from ..kernels import GCDProblem, compile_after_fit, gcd_plan, gcd_solve_batch
@@ -23,11 +23,8 @@ from ._svm import (
     KernelSVMMixin,
     class_pairs,
     gpu_compute_dtype,
-    ovo_votes,
-    ovr_decision,
     pack_dual_coef,
     primal_coef,
-    value_dtype,
 )
 
 #: k-means for the variable blocks runs on at most this many samples (§4.4).
@@ -66,7 +63,7 @@ class AsyGCDSVC(KernelSVMMixin, ClassifierMixin, BaseEstimator):
     kernel launch (each pair its own thread blocks, counters and stop flag).
 
     Workers that step at the same time damp their steps when the others'
-    concurrent steps overshoot their coordinate (our addition to Alg 14, which
+    concurrent steps overshoot their coordinate (an addition to Alg 14, which
     keeps GPU thread blocks running in near lockstep from oscillating; see
     :mod:`gpuml.kernels.gcd.cpu`); one worker is exactly Alg 13.
 
@@ -104,10 +101,10 @@ class AsyGCDSVC(KernelSVMMixin, ClassifierMixin, BaseEstimator):
         problems run at once. None: for two classes, the usable CPU cores (or
         the GPU's streaming multiprocessors); for more classes on the CPU, one
         worker per one-vs-one problem with the problems spread over the cores
-        (independent problems need no atomic adds: letter, 26 classes, 15,000
-        samples on 2 cores fitted in 1.0 s this way against 6.1 s with 2
-        workers per problem), on a GPU ``ceil(SMs / n_pairs)`` workers per
-        problem (see :func:`gpuml.kernels.gcd_plan`).
+        (independent problems need no atomic adds, so this beats several
+        workers per problem: bench/results/cpu-2core/asygcd-runs.md, "Against
+        sklearn SVC"), on a GPU ``ceil(SMs / n_pairs)`` workers per problem
+        (see :func:`gpuml.kernels.gcd_plan`).
         A binary problem of m samples uses ``max(1, min(n_workers, m // 256))``
         workers: blocks of fewer than 256 variables cost more in contention on
         the shared gradient than they gain in parallelism.
@@ -135,13 +132,11 @@ class AsyGCDSVC(KernelSVMMixin, ClassifierMixin, BaseEstimator):
         (K-balance, Alg 9: k-means centres, then each variable to the nearest
         block with room). ``"kmeans"`` is the paper's rule (§4.4): related
         variables in one block, but blocks can be very unequal (on one-hot data
-        such as adult, one block took 99.7% of the variables), so one worker
-        does nearly all the work, and fit warns (largest block over twice the
-        mean share, or over 90% with two workers). Measured with two workers on
-        2 cores (``python -m bench.run asygcd_speedup``): adult 20,000 rows
-        2.75x one worker with K-balance blocks, 0.80x with k-means blocks;
-        letter 1.80x and 2.29x. The blocks only share out the work: every
-        choice solves the same dual. ``"random"`` splits evenly. With
+        one block can take nearly every variable), so one worker does nearly
+        all the work, and fit warns (largest block over twice the mean share,
+        or over 90% with two workers); bench/results/cpu-2core/asygcd_speedup_fit.md
+        compares the two with two workers. The blocks only share out the work:
+        every choice solves the same dual. ``"random"`` splits evenly. With
         ``kernel="precomputed"`` there are no features to cluster and the
         split is always random.
     class_weight : dict, "balanced" or None, default=None
@@ -278,10 +273,6 @@ class AsyGCDSVC(KernelSVMMixin, ClassifierMixin, BaseEstimator):
 
     def __sklearn_tags__(self):
         tags = super().__sklearn_tags__()
-        # As SVC: a callable kernel takes samples, not a kernel matrix.
-        tags.input_tags.pairwise = self.kernel == "precomputed"
-        # As SVC: a precomputed kernel matrix must be dense.
-        tags.input_tags.sparse = self.kernel != "precomputed"
         # No intercept: only kernels with a constant component (rbf) can fit classes that sit
         # off the origin, so the others may score poorly on uncentred data by design.
         tags.classifier_tags.poor_score = self.kernel != "rbf"
@@ -432,8 +423,11 @@ class AsyGCDSVC(KernelSVMMixin, ClassifierMixin, BaseEstimator):
         return primal_coef(self.ovo_dual_coef_, self.support_vectors_,
                            len(self.classes_) == 2)
 
-    def _pair_values(self, X):
-        """Pairwise decision values ``K(X, SV) @ ovo_dual_coef_.T`` (positive: first class)."""
+    def _ovo_values(self, X):
+        """Pairwise decision values ``K(X, SV) @ ovo_dual_coef_.T`` (positive: first class).
+
+        Returns the values, float64 on the host, and None: every pair votes.
+        """
         X = self._check_predict_input(X)
         backend = resolve(self.device, X)
         X = validate_X(self, X, reset=False)
@@ -450,59 +444,4 @@ class AsyGCDSVC(KernelSVMMixin, ClassifierMixin, BaseEstimator):
                 vectors = vectors.astype(gpu_compute_dtype(backend, Xd, vectors.dtype),
                                          copy=False)
                 values = self._kernel.dot(Xd, vectors, coef.T)
-            return to_numpy(values).astype(np.float64, copy=False)
-
-    def decision_function(self, X):
-        """Decision values in SVC's shapes: (n,) for two classes, else (n, n_classes) or ovo.
-
-        For two classes, positive values mean ``classes_[1]``. For more, with
-        "ovr" column k is the number of one-vs-one votes for class k plus its
-        summed pairwise values squashed into (-1/3, 1/3) (SVC's recipe); with
-        "ovo" the pairwise values, positive for the pair's first class.
-
-        Parameters
-        ----------
-        X : array-like or sparse matrix of shape (n_samples, n_features)
-
-        Returns
-        -------
-        ndarray of shape (n_samples,), (n_samples, n_classes) or (n_samples, n_pairs)
-            float32 for float32 ``X``, else float64 (computed with float64
-            accumulation either way). A lazy Dask array for Dask input (each
-            chunk computed on its worker).
-        """
-        if is_dask_collection(X):
-            check_is_fitted(self)
-            return self._lazy(X, "decision_function")
-        dtype = value_dtype(X)
-        values = self._pair_values(X)
-        n_classes = len(self.classes_)
-        if n_classes == 2:
-            return to_output((-values[:, 0]).astype(dtype, copy=False), X)
-        if self.decision_function_shape == "ovo":
-            return to_output(values.astype(dtype, copy=False), X)
-        votes, confidence = ovo_votes(values, n_classes, zero_votes_first=True)
-        return to_output(ovr_decision(votes, confidence).astype(dtype, copy=False), X)
-
-    def predict(self, X):
-        """Class labels by one-vs-one voting, as SVC (a value of exactly 0 votes second).
-
-        Parameters
-        ----------
-        X : array-like or sparse matrix of shape (n_samples, n_features)
-
-        Returns
-        -------
-        ndarray of shape (n_samples,)
-            A lazy Dask array for Dask input (each chunk predicted on its worker).
-        """
-        check_is_fitted(self)
-        if self.break_ties and self.decision_function_shape == "ovo":
-            raise ValueError("break_ties must be False when decision_function_shape is 'ovo'")
-        if is_dask_collection(X):
-            return self._lazy(X, "predict")
-        if self.break_ties and len(self.classes_) > 2:
-            decision = to_numpy(self.decision_function(X))
-            return to_output(self.classes_[np.argmax(decision, axis=1)], X)
-        votes, _ = ovo_votes(self._pair_values(X), len(self.classes_))
-        return to_output(self.classes_[np.argmax(votes, axis=1)], X)
+            return to_numpy(values).astype(np.float64, copy=False), None

@@ -14,64 +14,35 @@ from sklearn.exceptions import ConvergenceWarning
 from sklearn.utils._param_validation import Interval, StrOptions
 from sklearn.utils.validation import check_is_fitted
 
-from .._backend import (
-    is_dask_collection,
-    namespace_of,
-    resolve,
-    stack_rows,
-    to_numpy,
-    to_output,
-)
+from .._backend import namespace_of, stack_rows, to_numpy, to_output
 from .._progress import Progress
-from .._validation import check_n_partitions, validate_X
+from .._validation import check_n_partitions
 from ..distributed import smo_cost
 from ..kernels import SMOProblem, compile_after_fit, smo_solve_batch
 from ..partition import Partitioning, split
-from ..pipeline import (
-    FitData,
-    FitResult,
-    PartitionedFit,
-    predict_on_devices,
-    prediction_group,
-    route_on_devices,
-)
-from ..routing import neighbor_weights, route
-from ._partitioned import (
-    KERNEL_CONSTRAINTS,
-    PARTITION_CONSTRAINTS,
-    on_device,
-    warn_poor_parts,
-)
-from ._svm import (
-    KernelSVMMixin,
-    class_pairs,
-    gpu_compute_dtype,
-    ovo_votes,
-    ovr_decision,
-    pack_dual_coef,
-    primal_coef,
-    value_dtype,
-)
+from ..pipeline import FitData, FitResult, PartitionedFit
+from ._part_prediction import PartPredictionMixin
+from ._partitioned import KERNEL_CONSTRAINTS, PARTITION_CONSTRAINTS, warn_poor_parts
+from ._svm import KernelSVMMixin, class_pairs, pack_dual_coef, primal_coef
+from ._tree import fit_tree
 
-#: Default number of parts, chosen from bench/bench_casvm.py (see docs/casvm.md).
+#: Default number of parts (the trade-off: bench/results/cpu-2core/casvm_tradeoff.md).
 DEFAULT_N_PARTITIONS = 8
 #: Default kernel cache per part in MB (see docs/casvm.md).
 DEFAULT_CACHE_SIZE = 1024.0
 #: The training schemes of You 2020, sections 2.2-2.4, as settings (``method=``):
 #: how the models of the parts become the classifier.
 METHODS = ("casvm", "cascade", "dcsvm", "dcfilter")
-#: The split each method makes with ``partition="auto"``. CA-SVM: FCFS (Alg 3), the
-#: best measured balanced split (bench/results/cpu-2core/casvm_tradeoff.md; docs/casvm.md,
-#: "Defaults"); the baselines: the paper's (Cascade splits evenly, DC-SVM and
-#: DC-Filter cluster with k-means).
+#: The split each method makes with ``partition="auto"``. CA-SVM: FCFS (Alg 3), balanced
+#: and local (bench/results/cpu-2core/casvm_defaults.md); the baselines: the paper's
+#: (Cascade splits evenly, DC-SVM and DC-Filter cluster with k-means).
 METHOD_PARTITION = {"casvm": "fcfs", "cascade": "random", "dcsvm": "kmeans",
                     "dcfilter": "kmeans"}
 #: How C grows in a part of m of the n training rows (``part_C=``): the factor on C.
 PART_C_SCALES = {"sqrt": lambda n, m: np.sqrt(n / m), "linear": lambda n, m: n / m,
                  "none": lambda n, m: 1.0}
-#: Default number of nearest support vectors that weigh the parts (``combine="neighbors"``):
-#: with 5, 10 and 20 the defaults lost 0.67, 0.46, 0.39 point on adult and 0.55, 0.36, 0.29
-#: on MAGIC (P=16, three seeds; bench/results/cpu-2core/casvm_prediction_explore.md).
+#: Default number of nearest support vectors that weigh the parts (``combine="neighbors"``;
+#: values compared in bench/results/cpu-2core/casvm_prediction_explore.md).
 DEFAULT_N_NEIGHBORS = 20
 
 
@@ -104,29 +75,14 @@ class SVMPartFit:
     n_problems: int
 
 
-@dataclass
-class _TreeNode:
-    """A node of a Cascade / DC-SVM / DC-Filter layer: its rows and what its children passed up.
-
-    ``members`` (bool) and ``warm`` (the children's alphas) have shape
-    ``(n_pairs, len(rows))``; ``members=None`` means every row of the pair's two
-    classes, ``warm=None`` a cold start. ``fit`` is set once the node is trained.
-    """
-
-    rows: np.ndarray
-    members: np.ndarray | None = None
-    warm: np.ndarray | None = None
-    fit: SVMPartFit | None = None
-
-
-
 def _part_line(rows, n_problems, n_iter, converged):
     """The ``verbose`` line of one fitted part."""
     return (f"{rows} rows, {n_problems} SMO problem{'s' if n_problems != 1 else ''}, "
             f"{n_iter} iterations" + ("" if converged else ", stopped at max_iter"))
 
 
-class CASVMClassifier(PartitionedFit, KernelSVMMixin, ClassifierMixin, BaseEstimator):
+class CASVMClassifier(PartitionedFit, PartPredictionMixin, KernelSVMMixin, ClassifierMixin,
+                      BaseEstimator):
     """Communication-avoiding kernel SVM: P independent SMO solvers, samples judged by their parts.
 
     ``fit`` splits the training set into ``n_partitions`` parts with the
@@ -134,21 +90,16 @@ class CASVMClassifier(PartitionedFit, KernelSVMMixin, ClassifierMixin, BaseEstim
     per part with SMO; the parts never communicate. The paper's CA-SVM
     (Alg 5; here ``combine="nearest", part_C="none"``) trains every part with
     the same C and sends every sample to the part whose centre is nearest,
-    whose model judges it. By default
-    each part's C is scaled to its size (``part_C="sqrt"``) and a sample's
-    decision values are those of the parts holding its nearest support
-    vectors, weighted by their share (``combine="neighbors"``): at P=16 this
-    lost 0.39 point against SVC on adult, 0.29 on MAGIC and none on 26-class
-    letter, where the paper's rule lost 1.29, 1.36 and 6.5 with the same
-    split and fit time (docs/casvm.md, "Defaults"). ``partition="random"`` is
-    CA-SVM, ``"fcfs"`` (the default)
-    FCFS-SVM (Alg 3), ``"bkm"`` BKM-SVM (Alg 4), ``"kmeans"`` CP-SVM and
-    ``"kbalance"`` the K-balance split of chapter 3. The paper's baselines
-    are settings too (``method=``): Cascade SVM, DC-SVM and DC-Filter train a
-    tree of layers and end with one SVM. With ``n_partitions=1``
-    it is an exact kernel SVM solving the same dual as
-    :class:`sklearn.svm.SVC` (LIBSVM's SMO with second-order working-set
-    selection, shrinking and a kernel cache).
+    whose model judges it. By default each part's C is scaled to its size
+    (``part_C="sqrt"``) and a sample's decision values are those of the parts
+    holding its nearest support vectors, weighted by their share
+    (``combine="neighbors"``), which keeps more of SVC's accuracy at the same
+    split and fit time (bench/results/cpu-2core/casvm_defaults.md;
+    docs/casvm.md, "Defaults"). The paper's baselines are settings too
+    (``method=``): Cascade SVM, DC-SVM and DC-Filter train a tree of layers
+    and end with one SVM. With ``n_partitions=1`` it is an exact kernel SVM
+    solving the same dual as :class:`sklearn.svm.SVC` (LIBSVM's SMO with
+    second-order working-set selection, shrinking and a kernel cache).
 
     Multiclass problems are solved one-vs-one inside each part, as SVC does.
     A part that holds one class always predicts it; a pair with one class
@@ -174,46 +125,37 @@ class CASVMClassifier(PartitionedFit, KernelSVMMixin, ClassifierMixin, BaseEstim
     degree : int, default=3
     coef0 : float, default=0.0
     n_partitions : int, default=8
-        Number of parts P; ``1`` gives the exact SVM. With the other defaults
-        (bench/results/cpu-2core/casvm_tradeoff.md, one seed, adult 20,000
-        rows) P=8 fitted 55x faster than SVC for 0.15 point of accuracy (P=16:
-        68x, 0.27 point; P=64: 120x, 1.05 points); 26-class letter lost no
-        accuracy up to P=64. With the paper's prediction (``part_C="none",
-        combine="nearest"``) the loss is several times larger (adult, random
-        split: 1.4 points at P=8; letter: 10 points at P=8), and many classes
-        need a small P.
+        Number of parts P; ``1`` gives the exact SVM. More parts fit faster
+        and lose more accuracy against SVC. The paper's prediction
+        (``part_C="none", combine="nearest"``) loses more than the defaults
+        do, the more the fewer rows per class a part holds, so with it many
+        classes need a small P (bench/results/cpu-2core/casvm_tradeoff.md,
+        casvm_parts.md).
     partition : {"auto", "random", "contiguous", "fcfs", "kmeans", "kbalance", "bkm"}, \
 default="auto"
-        How the training set is split (docs/casvm.md compares them).
-        ``"auto"``: the method's own split (``partition_`` says which was
-        used): ``"fcfs"`` for CA-SVM, ``"random"`` for Cascade,
-        ``"kmeans"`` for DC-SVM and DC-Filter. FCFS (Alg 3: random centres,
-        each sample to the nearest part with room) gives balanced parts that
-        are also local: at P=16, over three seeds, with the defaults it lost
-        0.39 point against SVC on adult, 0.29 on MAGIC and -0.06 on letter
-        (the random split: 0.24, 0.55, 3.1), at the random split's speed
-        (docs/casvm.md, "Defaults"). ``"kmeans"``'s parts are unequal, so it
-        is 2-4 times slower at the same P and its speed depends on the seed;
-        ``"random"`` is the paper's CA-SVM (Alg 5); ``"contiguous"`` is Alg 5
-        as the paper ran it (casvm2: each node's rows as they lie are its part;
-        part j is the j-th run of consecutive rows): the random split for rows
-        in random order (shuffle sorted data first), and on Dask input no row
-        moves between workers and no partitioning pass runs.
+        How the training set is split (docs/casvm.md, "Partitioners";
+        bench/results/cpu-2core/casvm_partitioners.md). ``"auto"``: the
+        method's own split, which ``partition_`` names: ``"fcfs"`` for CA-SVM,
+        ``"random"`` for Cascade, ``"kmeans"`` for DC-SVM and DC-Filter.
+        ``"fcfs"``: FCFS-SVM (Alg 3: random centres, each sample to the nearest
+        part with room), balanced, local and as fast as the random split.
+        ``"random"``: the paper's CA-SVM (Alg 5). ``"contiguous"``: Alg 5 as
+        the paper ran it (casvm2: part j is the j-th run of consecutive rows),
+        the random split for rows in random order (shuffle sorted data first);
+        on Dask input no row moves between workers and no partitioning pass
+        runs. ``"kmeans"``: CP-SVM, whose parts are unequal, so it is slower
+        at the same P and its speed depends on the seed. ``"kbalance"``: the
+        K-balance split of chapter 3; ``"bkm"``: BKM-SVM (Alg 4).
     method : {"casvm", "cascade", "dcsvm", "dcfilter"}, default="casvm"
         How the parts' models become the classifier (You 2020, sections
         2.2-2.4; docs/casvm.md, "Cascade, DC-SVM, DC-Filter"). ``"casvm"``:
         the parts' SVMs are the model, each sample judged by its parts'
-        (``combine``). The others train a binary tree of layers: every layer
-        merges its nodes two by two and trains each merged node warm-started
-        with its children's alphas, until one SVM (the model, no routing) is
-        left (``part_C`` and ``combine`` do not apply). ``"cascade"`` (Graf et
-        al.) and ``"dcfilter"`` pass only the support vectors of each
-        one-vs-one problem up the tree; ``"dcsvm"`` (Hsieh et al.) passes
-        every row, so its last layer is the whole
-        problem, warm-started, and its model is the exact SVM's. They differ
-        by ``partition="auto"`` as well: Cascade splits at random, DC-SVM
-        and DC-Filter with k-means. One device only (no ``devices``, no Dask
-        input).
+        (``combine``). The others train a binary tree of layers up to one SVM,
+        the model (:mod:`gpuml.estimators._tree`; ``part_C`` and ``combine`` do
+        not apply): ``"cascade"`` (Graf et al.) and ``"dcfilter"`` pass only
+        each one-vs-one problem's support vectors up the tree, ``"dcsvm"``
+        (Hsieh et al.) every row, so its model is the exact SVM's. One device
+        only (no ``devices``, no Dask input).
     part_C : {"sqrt", "linear", "none"}, default="sqrt"
         How ``C`` is scaled in a part of ``m`` of the ``n`` training rows
         (``method="casvm"``; the tree methods keep ``C``): ``"sqrt"`` multiplies
@@ -221,27 +163,26 @@ default="auto"
         ``"none"`` keeps it. A part's SVM sums the hinge losses of m rows
         against the same ``||w||^2``, so with the whole problem's C it is more
         regularised than the whole problem; ``"linear"`` restores the ratio of
-        the two terms, ``"sqrt"`` goes half way, which fits less slowly (a larger
-        C takes more SMO steps). With ``n_partitions=1`` the factor is 1 (the
-        exact SVM). Its gain shows with ``combine="neighbors"``: averaged over
+        the two terms, ``"sqrt"`` goes half way, which fits less slowly (a
+        larger C takes more SMO steps). With ``n_partitions=1`` the factor is 1
+        (the exact SVM). It pays with ``combine="neighbors"``: averaged over
         the parts around a sample, the less regularised part models make up
-        for each other's variance (docs/casvm.md, "Defaults").
+        for each other's variance.
     combine : {"neighbors", "nearest"}, default="neighbors"
-        How the parts' models judge a sample (``method="casvm"``).
-        ``"nearest"``: the model of the part whose centre is nearest (Alg 5).
-        ``"neighbors"``: the pairwise decision values of the parts that hold
-        the sample's ``n_neighbors`` nearest support vectors, each weighted by
-        its share of them (a part holding 5 of 20 weighs 1/4), then voted on
-        as one model's; a sample deep inside one part's region gets that
-        part's values. Routing by the training data rather than by the
-        centres matters for balanced splits, whose parts reach beyond the
-        region their centre stands for. Prediction then evaluates a sample
-        under up to ``n_neighbors`` parts and finds its nearest support
-        vectors (a GEMM against all of them): it costs up to as much as a
-        single SVM's prediction with the same support vectors, more than
-        ``"nearest"``.
+        How the parts' models judge a sample (``method="casvm"``;
+        docs/casvm.md, "Prediction"). ``"nearest"``: the model of the part
+        whose centre is nearest (Alg 5). ``"neighbors"``: the pairwise decision
+        values of the parts that hold the sample's ``n_neighbors`` nearest
+        support vectors, each weighted by its share of them, then voted on as
+        one model's; a sample deep inside one part's region gets that part's
+        values. Routing by the training data rather than by the centres
+        matters for balanced splits, whose parts reach beyond the region their
+        centre stands for. It costs up to a single SVM's prediction with the
+        same support vectors (a GEMM against all of them finds the
+        neighbours), more than ``"nearest"``.
     n_neighbors : int, default=20
-        Support vectors that weigh the parts with ``combine="neighbors"``.
+        Support vectors that weigh the parts with ``combine="neighbors"``
+        (bench/results/cpu-2core/casvm_prediction_explore.md compares values).
     tol : float, default=1e-3
         Stopping tolerance on the KKT gap (LIBSVM's ``eps``).
     max_iter : int, default=-1
@@ -257,9 +198,8 @@ default="auto"
         in an LRU cache of this size.
     shrinking : bool, default=False
         LIBSVM's shrinking heuristic. Off by default, unlike SVC: here a row
-        costs one GEMV, so what shrinking saves per step is less than the
-        full-gradient reconstructions it needs (measured in
-        bench/bench_casvm.py, see docs/casvm.md).
+        costs one GEMV, so shrinking saves less per step than its
+        full-gradient reconstructions cost (docs/casvm.md, "The SMO solver").
     class_weight : dict, "balanced" or None, default=None
         Multiplies C per class, as SVC.
     decision_function_shape : {"ovr", "ovo"}, default="ovr"
@@ -282,15 +222,13 @@ default="auto"
     devices : None, "all" or list, default=None
         Several devices (docs/scale-out.md). None: one device, ``device``.
         ``"all"``: every GPU; or a list of GPU ids / ``"cuda:N"`` names. The
-        rows are sharded over the devices for partitioning (the Lloyd steps'
-        sums through NCCL), the parts placed on the devices balanced by their
-        ``m^2`` cost, each device solves its parts in one batch in its own host
-        thread, and prediction sends each row to its part's device. The fitted
-        model equals the one-device fit with the same partition. A list of
-        ``"cpu"`` entries runs that many CPU ranks (threads of this process)
-        through the same code: for trying a multi-device setup without GPUs,
-        not for speed (``n_jobs`` already spreads the parts over the cores).
-        Leave ``device="auto"`` when giving ``devices``.
+        rows are sharded over the devices for partitioning, the parts placed
+        on the devices by their ``m^2`` cost, each device solves its parts in
+        its own host thread, and prediction sends each row to its part's
+        device; the model equals the one-device fit with the same partition.
+        ``"cpu"`` entries run CPU ranks (threads of this process) through the
+        same code, to try a multi-device setup without GPUs. Leave
+        ``device="auto"`` when giving ``devices``.
     n_jobs : int or None, default=None
         Threads solving parts in parallel on the CPU.
     random_state : int, RandomState or None, default=None
@@ -303,19 +241,11 @@ default="auto"
 
     Attributes
     ----------
-    The attributes SVC has carry SVC's names, shapes, layouts and signs, so that
+    SVC's attributes keep SVC's names, shapes, layouts and signs, so that
     ``CASVMClassifier(n_partitions=1)`` is a drop-in for ``SVC``. With
-    ``n_partitions > 1`` every sample belongs to one part, and so does every
-    support vector: ``support_``, ``support_vectors_``, ``n_support_`` and
-    ``dual_coef_`` are the union of the parts' models (each vector's
-    coefficients come from its own part and ``support_part_`` says which);
-    the per-model arrays ``intercept_`` and ``coef_`` gain a leading part
-    axis, because each part has its own hyperplanes and a sample is scored
-    by the part it is routed to; ``n_iter_`` has one entry per SMO problem
-    solved (the parts' problems in turn). gpuml's own layouts used by
-    prediction are kept as the extra attributes ``ovo_dual_coef_``,
-    ``part_intercept_``, ``part_n_iter_``, ``pair_status_`` and
-    ``objective_``.
+    ``n_partitions > 1`` each support vector belongs to one part
+    (``support_part_``), the SVC arrays are the union of the parts' models,
+    and ``intercept_`` and ``coef_`` gain a leading part axis.
 
     classes_ : ndarray of shape (n_classes,)
     class_weight_ : ndarray of shape (n_classes,)
@@ -361,25 +291,23 @@ default="auto"
         trained in a part has intercept -1, +1 or 0 there (a constant vote
         for the class that is present, or none; see ``pair_status_``).
     n_iter_ : ndarray of shape (n_problems,), int32
-        SMO steps of every one-vs-one problem solved, one entry per problem:
-        ``part_n_iter_[pair_status_ == 2]``, i.e. part by part, and within a
-        part the pairs it trained in SVC's order. A pair that a part could not
-        train (one of its classes absent there) ran no problem and has no
-        entry, so every entry is at least 1 (unless ``max_iter=0``). With one
-        part this is SVC's ``(n_pairs,)`` layout (as SVC, a class left without
-        a sample of positive weight drops its pairs). For the tree methods the
-        model is one SVM: one entry per pair it trained, the steps of that
-        pair summed over every layer (``layer_n_iter_`` splits them by
-        layer).
+        SMO steps of every one-vs-one problem solved:
+        ``part_n_iter_[pair_status_ == 2]``, part by part, and within a part
+        the pairs it trained in SVC's order; a pair a part could not train has
+        no entry, so every entry is at least 1 (unless ``max_iter=0``). With
+        one part this is SVC's ``(n_pairs,)`` (as SVC, a class without a sample
+        of positive weight drops its pairs). For the tree methods, one entry
+        per pair the model trained, summed over every layer (``layer_n_iter_``
+        splits them by layer).
     fit_status_ : int
         0 if every problem converged, 1 if ``max_iter`` stopped one (as SVC).
     support_part_ : ndarray of shape (n_SV,)
         The part each support vector belongs to (and predicts in).
     ovo_dual_coef_ : ndarray of shape (n_pairs, n_SV)
-        gpuml's layout: ``alpha_i y_i`` of every support vector in every
-        one-vs-one problem, ``y = +1`` for the first class of the pair
-        (pairs ordered as SVC's: (0, 1), (0, 2), ..., (1, 2), ...); zero
-        where a vector takes no part. Columns as ``support_``.
+        ``alpha_i y_i`` of every support vector in every one-vs-one problem,
+        ``y = +1`` for the first class of the pair (pairs in SVC's order:
+        (0, 1), (0, 2), ..., (1, 2), ...); zero where a vector takes no part.
+        Columns as ``support_``.
     part_intercept_ : ndarray of shape (n_partitions, n_pairs)
         Per part and pair, LIBSVM's sign (``+`` favours the pair's first
         class) for every number of classes.
@@ -387,9 +315,8 @@ default="auto"
         2: the pair was trained in the part; 1: only one of its classes was
         there (constant vote); 0: neither (no vote).
     part_n_iter_ : ndarray of shape (n_partitions, n_pairs)
-        SMO steps per part and pair, 0 where the pair was not trained
-        (``pair_status_ < 2``); for the tree methods, the last layer's steps
-        (one row).
+        SMO steps per part and pair, 0 where the pair was not trained; for
+        the tree methods, the last layer's steps (one row).
     objective_ : ndarray of shape (n_partitions, n_pairs)
         LIBSVM's dual objective ``1/2 a'Qa - sum(a)`` per problem (NaN when
         not trained).
@@ -478,14 +405,6 @@ default="auto"
         self.n_jobs = n_jobs
         self.random_state = random_state
         self.verbose = verbose
-
-    def __sklearn_tags__(self):
-        tags = super().__sklearn_tags__()
-        # As SVC: a callable kernel takes samples, not a kernel matrix.
-        tags.input_tags.pairwise = self.kernel == "precomputed"
-        # As SVC: a precomputed kernel matrix must be dense.
-        tags.input_tags.sparse = self.kernel != "precomputed"
-        return tags
 
     @_fit_context(prefer_skip_nested_validation=True)
     @compile_after_fit
@@ -612,11 +531,20 @@ default="auto"
         if self.method == "casvm":
             data.extra["_reports"] = executor.reports_parts
             return executor.fit_parts(self, data, partitioning)
+
+        def fit_nodes(node_rows, members, warm):
+            return self._fit_parts(data.X, node_rows, data.targets, data.weights,
+                                   members=members, warm=warm)
+
         with executor.backend.use():
-            final, fits, n_iter = self._fit_tree(data.X, partitioning, data.targets,
-                                                 data.weights)
-        data.extra["_tree"] = (partitioning, final, n_iter)
-        return FitResult(fits, backend=executor.backend)
+            rows, fit, n_iter, self.layer_sizes_, self.layer_n_iter_ = fit_tree(
+                fit_nodes, partitioning.parts, data.targets, data.weights,
+                len(self.classes_), pass_every_row=self.method == "dcsvm")
+            # The model is the root's SVM alone: one part, centred on the mean, no routing.
+            one = split(data.X, 1, "random", None)
+        data.extra["_tree"] = (partitioning, Partitioning(one.labels, one.centers, [rows]),
+                               n_iter)
+        return FitResult([fit], backend=executor.backend)
 
     def _assemble(self, partitioning, result, data):
         """The fitted attributes (:meth:`_assemble_parts`); for the tree methods, the last
@@ -764,77 +692,6 @@ default="auto"
         """The partitioner: ``partition``, or the method's own for ``"auto"``."""
         return METHOD_PARTITION[self.method] if self.partition == "auto" else self.partition
 
-    def _fit_tree(self, X, parts, y_idx, sample_C):
-        """Cascade SVM, DC-SVM and DC-Filter (You 2020, sections 2.2-2.3): a tree of SMO layers.
-
-        Layer 1 trains one SVM per part, as CA-SVM does. Every later layer merges
-        the nodes of the one before two by two, in order (an odd last node
-        waits for the next layer), and trains each merged node warm-started with
-        its children's alphas, until one node is left: its SVM is the model.
-        What a node passes up is what tells the methods apart: Cascade and
-        DC-Filter pass each one-vs-one problem's support vectors only (the
-        filter of Graf et al.; a pair a node could not train passes all its
-        rows), DC-SVM passes every row, so its last layer solves the whole
-        problem from the parts' solution (Hsieh et al.). Cascade splits evenly,
-        DC-SVM and DC-Filter with k-means (``partition="auto"``).
-
-        Returns the root's rows as a one-part :class:`Partitioning`, its fitted
-        model, and the SMO steps per pair summed over all layers;
-        sets ``layer_sizes_`` and ``layer_n_iter_``.
-        """
-        nodes = [_TreeNode(np.asarray(rows, dtype=np.int64)) for rows in parts.parts]
-        n_iter = 0
-        self.layer_sizes_, self.layer_n_iter_ = [], []
-        while True:
-            todo = [node for node in nodes if node.fit is None]
-            fits = self._fit_parts(X, [n.rows for n in todo], y_idx, sample_C,
-                                   members=[n.members for n in todo],
-                                   warm=[n.warm for n in todo])
-            for node, fit in zip(todo, fits):
-                node.fit = fit
-            steps = np.sum([fit.n_iter for fit in fits], axis=0)
-            n_iter = n_iter + steps
-            self.layer_sizes_.append(np.array([len(n.rows) for n in todo], dtype=np.int64))
-            self.layer_n_iter_.append(int(steps.sum()))
-            if len(nodes) == 1:
-                break
-            odd = nodes[len(nodes) - len(nodes) % 2:]
-            nodes = [self._merge(nodes[i], nodes[i + 1], y_idx, sample_C)
-                     for i in range(0, len(nodes) - 1, 2)] + odd
-        root = nodes[0]
-        one = split(X, 1, "random", None)
-        self.layer_n_iter_ = np.array(self.layer_n_iter_, dtype=np.int64)
-        return Partitioning(one.labels, one.centers, [root.rows]), [root.fit], n_iter
-
-    def _passed_up(self, node, y_idx, sample_C):
-        """``(rows, members, alphas)`` that a trained node hands up (see :meth:`_fit_tree`)."""
-        fit = node.fit
-        alpha = np.zeros((fit.dual_coef.shape[0], len(node.rows)))
-        alpha[:, fit.support] = np.abs(fit.dual_coef)
-        if self.method == "dcsvm":
-            return node.rows, node.members, alpha
-        members = node.members
-        if members is None:
-            first, second = np.array(class_pairs(len(self.classes_)),
-                                     dtype=np.int64).reshape(-1, 2).T
-            cls = y_idx[node.rows]
-            members = (((cls[None, :] == first[:, None]) | (cls[None, :] == second[:, None]))
-                       & (sample_C[node.rows] > 0)[None, :])
-        keep = members & ((alpha > 0) | (fit.pair_status < 2)[:, None])
-        used = keep.any(axis=0)
-        return node.rows[used], keep[:, used], alpha[:, used]
-
-    def _merge(self, left, right, y_idx, sample_C) -> _TreeNode:
-        """The parent of two trained nodes: their rows (ascending), members and warm start."""
-        (rows_a, mem_a, warm_a), (rows_b, mem_b, warm_b) = (
-            self._passed_up(left, y_idx, sample_C), self._passed_up(right, y_idx, sample_C))
-        rows = np.concatenate([rows_a, rows_b])
-        order = np.argsort(rows, kind="stable")
-        members = (None if mem_a is None and mem_b is None
-                   else np.concatenate([mem_a, mem_b], axis=1)[:, order])
-        warm = np.concatenate([warm_a, warm_b], axis=1)[:, order]
-        return _TreeNode(rows[order], members, warm)
-
     def _solver_rows(self, Xp):
         """A part's rows as the solver gets them: sparse ones dense when that costs little.
 
@@ -933,199 +790,3 @@ default="auto"
         """The columns (support vectors) of every part, in part order."""
         return [np.flatnonzero(self.support_part_ == p)
                 for p in range(self.part_intercept_.shape[0])]
-
-    def _blends(self) -> bool:
-        """Whether prediction weighs several parts (``combine="neighbors"``, P > 1)."""
-        return (getattr(self, "combine", "nearest") == "neighbors"
-                and self.part_intercept_.shape[0] > 1 and len(self.support_) > 0)
-
-    def _part_weights(self, backend, Xd):
-        """``(n, P)`` host weights of the parts for the rows ``Xd`` (``combine="neighbors"``).
-
-        A part without support vectors (it held one class, or none of its pairs
-        needed one) is never among a row's neighbours, so the rows whose nearest
-        centre is such a part's go to it alone, as with ``combine="nearest"``.
-        """
-        n_parts = self.part_intercept_.shape[0]
-        vectors = on_device(self, backend, ("support_vectors",),
-                            lambda: backend.asarray(self.support_vectors_))
-        weights = neighbor_weights(Xd, vectors, self.support_part_, n_parts, self.n_neighbors)
-        empty = np.bincount(self.support_part_, minlength=n_parts) == 0
-        if empty.any():
-            owner = route(Xd, backend.asarray(self.centers_))
-            alone = empty[owner]
-            weights[alone] = 0.0
-            weights[np.flatnonzero(alone), owner[alone]] = 1.0
-        return weights
-
-    def _ovo_values(self, X):
-        """Pairwise decision values of every row and which pairs vote in it.
-
-        ``combine="nearest"``: each row's values are those of the model of its
-        part (Alg 5); ``"neighbors"``: the weighted sum of the values of the parts
-        that hold its nearest support vectors. Returns the values (on X's
-        device) and a host bool array ``(n, n_pairs)``: the pairs that vote.
-        """
-        X = self._check_predict_input(X)
-        group = prediction_group(getattr(self, "devices_", None))
-        if group is not None:
-            return self._ovo_values_on_devices(group, X)
-        backend = resolve(self.device, X)
-        X = validate_X(self, X, reset=False)
-        precomputed = self._kernel.name == "precomputed"
-        with backend.use():
-            Xd = backend.asarray(X)
-            xp = backend.xp
-            out = xp.zeros((X.shape[0], self.ovo_dual_coef_.shape[0]), dtype=np.float64)
-            if self._blends():
-                weights = self._part_weights(backend, Xd)
-                for p in np.flatnonzero(weights.any(axis=0)).tolist():
-                    rows = np.flatnonzero(weights[:, p])
-                    sel = backend.asarray(rows)
-                    out[sel] += (backend.asarray(weights[rows, p])[:, None]
-                                 * self._part_values(backend, p, Xd[sel]))
-                return out, weights @ (self.pair_status_ > 0) > 0
-            owner = route(Xd, backend.asarray(self.centers_)) if not precomputed \
-                else np.zeros(X.shape[0], dtype=np.int64)
-            for p in np.unique(owner).tolist():
-                sel = backend.asarray(np.flatnonzero(owner == p))
-                out[sel] = self._part_values(backend, p, Xd[sel])
-        return out, self.pair_status_[owner] > 0
-
-    def _part_model(self, backend, p, dtype=None):
-        """Part ``p``'s support vectors (their rows for a precomputed kernel; in ``dtype``
-        when given), ``alpha y`` per pair and intercepts, on ``backend``; copied to a GPU
-        once and cached there."""
-        def upload():
-            cols = np.flatnonzero(self.support_part_ == p)
-            vectors = (self.support_[cols] if self._kernel.name == "precomputed"
-                       else self.support_vectors_[cols])
-            if dtype is not None and self._kernel.name != "precomputed":
-                vectors = vectors.astype(dtype, copy=False)
-            return (backend.asarray(vectors), backend.asarray(self.ovo_dual_coef_[:, cols].T),
-                    backend.asarray(self.part_intercept_[p]))
-
-        return on_device(self, backend, ("part", p, str(dtype)), upload)
-
-    def _part_values(self, backend, p, Xp):
-        """Pairwise decision values of the rows ``Xp`` (on ``backend``) under part ``p``'s model.
-
-        Kernel values in :func:`gpu_compute_dtype` (float32 on a GPU for float32 rows),
-        summed against the float64 coefficients: float64 accumulation.
-        """
-        dtype = (None if self._kernel.name == "precomputed" else
-                 gpu_compute_dtype(backend, Xp, self.support_vectors_.dtype))
-        vectors, coef, intercept = self._part_model(backend, p, dtype)
-        values = intercept[None, :]
-        if vectors.shape[0]:
-            if self._kernel.name == "precomputed":
-                values = values + Xp[:, vectors] @ coef
-            else:
-                values = values + self._kernel.dot(Xp, vectors, coef)
-        return values
-
-    def _ovo_values_on_devices(self, group, X):
-        """Step 3 on the devices of the fit: each row to its part's device, one batch each.
-
-        With ``combine="neighbors"`` the weights are found on the first device,
-        every device weighs the values of its parts for the rows that need them,
-        and the host adds the parts' shares in part order, as the one-device
-        prediction does (the same sums, bit for bit).
-        """
-        X = to_numpy(validate_X(self, X, reset=False))
-        if self._blends():
-            backend = group.backends[0]
-            with backend.use():
-                weights = self._part_weights(backend, backend.asarray(X))
-
-            def weighted_parts(rank, backend):
-                shares = {}
-                for p in np.flatnonzero(self.part_device_ == rank).tolist():
-                    rows = np.flatnonzero(weights[:, p])
-                    if rows.size:
-                        values = self._part_values(backend, p, backend.asarray(X[rows]))
-                        shares[p] = (rows, to_numpy(backend.asarray(weights[rows, p])[:, None]
-                                                    * values))
-                return shares
-
-            shares = {}
-            for device_shares in group.run(weighted_parts):
-                shares.update(device_shares)
-            total = np.zeros((X.shape[0], self.ovo_dual_coef_.shape[0]))
-            for p in sorted(shares):
-                rows, share = shares[p]
-                total[rows] += share
-            return total, weights @ (self.pair_status_ > 0) > 0
-        owner = route_on_devices(group, X, self.centers_)
-
-        def predict_local(backend, Xd, parts):
-            out = backend.xp.empty((Xd.shape[0], self.ovo_dual_coef_.shape[0]),
-                                   dtype=np.float64)
-            for p in np.unique(parts).tolist():
-                sel = backend.asarray(np.flatnonzero(parts == p))
-                out[sel] = self._part_values(backend, p, Xd[sel])
-            return out
-
-        return (predict_on_devices(group, X, owner, self.part_device_, predict_local),
-                self.pair_status_[owner] > 0)
-
-    def _votes(self, X, zero_votes_first=False):
-        """One-vs-one votes per class and the summed pairwise values (SVC's ovr recipe)."""
-        values, voting = self._ovo_values(X)
-        values = to_numpy(values)
-        votes, confidence = ovo_votes(values, len(self.classes_), voting, zero_votes_first)
-        return votes, confidence, values
-
-    def decision_function(self, X):
-        """Decision values in SVC's shapes: (n,) for two classes, else (n, n_classes) or ovo.
-
-        With "ovr", column k is the number of votes for class k plus its summed
-        pairwise values squashed into (-1/3, 1/3), as SVC computes it.
-
-        Parameters
-        ----------
-        X : array-like or sparse matrix of shape (n_samples, n_features)
-
-        Returns
-        -------
-        ndarray of shape (n_samples,), (n_samples, n_classes) or (n_samples, n_pairs)
-            float32 for float32 ``X``, else float64 (computed with float64
-            accumulation either way). A lazy Dask array for Dask input.
-        """
-        if is_dask_collection(X):
-            check_is_fitted(self)
-            return self._lazy(X, "decision_function")
-        dtype = value_dtype(X)
-        votes, confidence, values = self._votes(X, zero_votes_first=True)
-        if len(self.classes_) == 2:
-            return to_output((-values[:, 0]).astype(dtype, copy=False), X)
-        if self.decision_function_shape == "ovo":
-            return to_output(values.astype(dtype, copy=False), X)
-        return to_output(ovr_decision(votes, confidence).astype(dtype, copy=False), X)
-
-    def predict(self, X):
-        """One-vs-one voting inside the part each sample is routed to (ties: lower class).
-
-        As SVC: a pairwise value of exactly 0 votes for the pair's second
-        class, and with ``break_ties=True`` (``"ovr"``, more than two
-        classes) the class is the argmax of ``decision_function``.
-
-        Parameters
-        ----------
-        X : array-like or sparse matrix of shape (n_samples, n_features)
-
-        Returns
-        -------
-        ndarray of shape (n_samples,)
-            A lazy Dask array for Dask input (each chunk predicted on its worker).
-        """
-        check_is_fitted(self)
-        if self.break_ties and self.decision_function_shape == "ovo":
-            raise ValueError("break_ties must be False when decision_function_shape is 'ovo'")
-        if is_dask_collection(X):
-            return self._lazy(X, "predict")
-        if self.break_ties and len(self.classes_) > 2:
-            decision = to_numpy(self.decision_function(X))
-            return to_output(self.classes_[np.argmax(decision, axis=1)], X)
-        votes, _, _ = self._votes(X)
-        return to_output(self.classes_[np.argmax(votes, axis=1)], X)

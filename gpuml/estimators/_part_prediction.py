@@ -1,0 +1,164 @@
+"""How the parts' models of :class:`~gpuml.estimators.casvm.CASVMClassifier` judge a sample.
+
+Step 3 of CA-SVM (You 2020, Alg 5) and its variant: ``combine="nearest"``
+sends every row to the model of the part whose centre is nearest;
+``combine="neighbors"`` weighs the pairwise decision values of the parts that
+hold the row's nearest support vectors by their share of them. After a fit on
+several devices (``devices``) every part predicts on the device it was fitted on.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .._backend import resolve, to_numpy
+from .._validation import validate_X
+from ..pipeline import predict_on_devices, prediction_group, route_on_devices
+from ..routing import neighbor_weights, route
+from ._partitioned import on_device
+from ._svm import gpu_compute_dtype
+
+
+class PartPredictionMixin:
+    """``_ovo_values`` (see :class:`~gpuml.estimators._svm.KernelSVMMixin`) of a model of parts.
+
+    Reads the fitted ``centers_``, ``support_``, ``support_vectors_``,
+    ``support_part_``, ``ovo_dual_coef_``, ``part_intercept_`` and
+    ``pair_status_``, and after a fit on several devices ``devices_`` and
+    ``part_device_``.
+    """
+
+    def _blends(self) -> bool:
+        """Whether prediction weighs several parts (``combine="neighbors"``, P > 1)."""
+        return (getattr(self, "combine", "nearest") == "neighbors"
+                and self.part_intercept_.shape[0] > 1 and len(self.support_) > 0)
+
+    def _part_weights(self, backend, Xd):
+        """``(n, P)`` host weights of the parts for the rows ``Xd`` (``combine="neighbors"``).
+
+        A part without support vectors (it held one class, or none of its pairs
+        needed one) is never among a row's neighbours, so the rows whose nearest
+        centre is such a part's go to it alone, as with ``combine="nearest"``.
+        """
+        n_parts = self.part_intercept_.shape[0]
+        vectors = on_device(self, backend, ("support_vectors",),
+                            lambda: backend.asarray(self.support_vectors_))
+        weights = neighbor_weights(Xd, vectors, self.support_part_, n_parts, self.n_neighbors)
+        empty = np.bincount(self.support_part_, minlength=n_parts) == 0
+        if empty.any():
+            owner = route(Xd, backend.asarray(self.centers_))
+            alone = empty[owner]
+            weights[alone] = 0.0
+            weights[np.flatnonzero(alone), owner[alone]] = 1.0
+        return weights
+
+    def _ovo_values(self, X):
+        """Pairwise decision values of every row and which pairs vote in it.
+
+        ``combine="nearest"``: each row's values are those of the model of its
+        part (Alg 5); ``"neighbors"``: the weighted sum of the values of the parts
+        that hold its nearest support vectors. Returns the values (on X's
+        device) and a host bool array ``(n, n_pairs)``: the pairs that vote.
+        """
+        X = self._check_predict_input(X)
+        group = prediction_group(getattr(self, "devices_", None))
+        if group is not None:
+            return self._ovo_values_on_devices(group, X)
+        backend = resolve(self.device, X)
+        X = validate_X(self, X, reset=False)
+        precomputed = self._kernel.name == "precomputed"
+        with backend.use():
+            Xd = backend.asarray(X)
+            xp = backend.xp
+            out = xp.zeros((X.shape[0], self.ovo_dual_coef_.shape[0]), dtype=np.float64)
+            if self._blends():
+                weights = self._part_weights(backend, Xd)
+                for p in np.flatnonzero(weights.any(axis=0)).tolist():
+                    rows = np.flatnonzero(weights[:, p])
+                    sel = backend.asarray(rows)
+                    out[sel] += (backend.asarray(weights[rows, p])[:, None]
+                                 * self._part_values(backend, p, Xd[sel]))
+                return out, weights @ (self.pair_status_ > 0) > 0
+            owner = route(Xd, backend.asarray(self.centers_)) if not precomputed \
+                else np.zeros(X.shape[0], dtype=np.int64)
+            for p in np.unique(owner).tolist():
+                sel = backend.asarray(np.flatnonzero(owner == p))
+                out[sel] = self._part_values(backend, p, Xd[sel])
+        return out, self.pair_status_[owner] > 0
+
+    def _part_model(self, backend, p, dtype=None):
+        """Part ``p``'s support vectors (their rows for a precomputed kernel; in ``dtype``
+        when given), ``alpha y`` per pair and intercepts, on ``backend``; copied to a GPU
+        once and cached there."""
+        def upload():
+            cols = np.flatnonzero(self.support_part_ == p)
+            vectors = (self.support_[cols] if self._kernel.name == "precomputed"
+                       else self.support_vectors_[cols])
+            if dtype is not None and self._kernel.name != "precomputed":
+                vectors = vectors.astype(dtype, copy=False)
+            return (backend.asarray(vectors), backend.asarray(self.ovo_dual_coef_[:, cols].T),
+                    backend.asarray(self.part_intercept_[p]))
+
+        return on_device(self, backend, ("part", p, str(dtype)), upload)
+
+    def _part_values(self, backend, p, Xp):
+        """Pairwise decision values of the rows ``Xp`` (on ``backend``) under part ``p``'s model.
+
+        Kernel values in :func:`gpu_compute_dtype` (float32 on a GPU for float32 rows),
+        summed against the float64 coefficients: float64 accumulation.
+        """
+        dtype = (None if self._kernel.name == "precomputed" else
+                 gpu_compute_dtype(backend, Xp, self.support_vectors_.dtype))
+        vectors, coef, intercept = self._part_model(backend, p, dtype)
+        values = intercept[None, :]
+        if vectors.shape[0]:
+            if self._kernel.name == "precomputed":
+                values = values + Xp[:, vectors] @ coef
+            else:
+                values = values + self._kernel.dot(Xp, vectors, coef)
+        return values
+
+    def _ovo_values_on_devices(self, group, X):
+        """Step 3 on the devices of the fit: each row to its part's device, one batch each.
+
+        With ``combine="neighbors"`` the weights are found on the first device,
+        every device weighs the values of its parts for the rows that need them,
+        and the host adds the parts' shares in part order, as the one-device
+        prediction does (the same sums, bit for bit).
+        """
+        X = to_numpy(validate_X(self, X, reset=False))
+        if self._blends():
+            backend = group.backends[0]
+            with backend.use():
+                weights = self._part_weights(backend, backend.asarray(X))
+
+            def weighted_parts(rank, backend):
+                shares = {}
+                for p in np.flatnonzero(self.part_device_ == rank).tolist():
+                    rows = np.flatnonzero(weights[:, p])
+                    if rows.size:
+                        values = self._part_values(backend, p, backend.asarray(X[rows]))
+                        shares[p] = (rows, to_numpy(backend.asarray(weights[rows, p])[:, None]
+                                                    * values))
+                return shares
+
+            shares = {}
+            for device_shares in group.run(weighted_parts):
+                shares.update(device_shares)
+            total = np.zeros((X.shape[0], self.ovo_dual_coef_.shape[0]))
+            for p in sorted(shares):
+                rows, share = shares[p]
+                total[rows] += share
+            return total, weights @ (self.pair_status_ > 0) > 0
+        owner = route_on_devices(group, X, self.centers_)
+
+        def predict_local(backend, Xd, parts):
+            out = backend.xp.empty((Xd.shape[0], self.ovo_dual_coef_.shape[0]),
+                                   dtype=np.float64)
+            for p in np.unique(parts).tolist():
+                sel = backend.asarray(np.flatnonzero(parts == p))
+                out[sel] = self._part_values(backend, p, Xd[sel])
+            return out
+
+        return (predict_on_devices(group, X, owner, self.part_device_, predict_local),
+                self.pair_status_[owner] > 0)
