@@ -2,9 +2,9 @@
 
 The CPU solvers (SMO for CA-SVM, Asy-GCD, the partitioners' greedy fills and the
 fused nearest-centre sweep) and LAMB/LARS's fused CPU kernels are numba functions
-compiled with ``cache=True``: the first process that needs one compiles it (CA-SVM's
-SMO about 5 s, Asy-GCD's workers about 6 s on the shared 2-core machine; the 14
-optimizer kernels: 11 s) and writes the machine code next to the sources (in
+compiled with ``cache=True``: the first process that needs one compiles it (seconds
+per solver; this module prints the time each takes, and the cost of a cold first fit is
+in bench/results/cpu-2core/first_fit.md) and writes the machine code next to the sources (in
 ``__pycache__``, or under ``NUMBA_CACHE_DIR`` when that is set); every later process
 loads it in a fraction of a second. Run this module once after installing (in a
 Docker image build, a CI setup step, ``make install``) so that no user-facing fit

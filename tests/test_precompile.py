@@ -13,8 +13,9 @@ def _numba_functions():
     from gpuml.kernels.gcd import vexp
     from gpuml.kernels.nearest import cpu as partition
     from gpuml.kernels.smo import cpu as smo
+    from gpuml.kernels.smo import loop as smo_loop
 
-    return {f"{mod.__name__}.{name}": obj for mod in (vexp, gcd, partition, smo)
+    return {f"{mod.__name__}.{name}": obj for mod in (vexp, gcd, partition, smo, smo_loop)
             for name, obj in vars(mod).items() if hasattr(obj, "overloads")}
 
 

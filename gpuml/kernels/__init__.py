@@ -4,9 +4,10 @@ Estimators and partitioners call the functions exported here; each takes
 arrays of either namespace (NumPy or CuPy) and dispatches to the CPU or the
 CUDA half of a solver. The package is cut by concept: ``smo/`` and ``gcd/``
 each hold their neutral types (``__init__.py``), their numba half
-(``cpu.py``), their CuPy half (``cuda.py``) and its CUDA C (``<name>.cu``);
-``krr.py`` the batched Cholesky and eigen solves of kernel ridge, host and
-device; ``nearest.py`` the nearest-centre sweep. ``_jit.py`` compiles the
+(``cpu.py``; SMO's iteration itself is ``smo/loop.py``), their CuPy half
+(``cuda.py``) and its CUDA C (``<name>.cu``); ``krr.py`` the batched Cholesky
+and eigen solves of kernel ridge, host and device; ``nearest/`` the
+nearest-centre sweep. ``_jit.py`` compiles the
 numba halves in the background and ``_cuda.py`` loads the CUDA sources. The
 kernel functions themselves are :mod:`gpuml.pairwise` (re-exported here), memory
 probing and readback :mod:`gpuml._backend`. Nothing outside this package
@@ -411,15 +412,14 @@ def gcd_plan(like, n_problems: int, n_workers=None) -> tuple[int, int]:
     that many workers each (the paper's setting). With ``None`` and several
     problems (one-vs-one pairs), each problem gets one worker and the problems
     spread over the cores: independent problems share nothing, which on small
-    problems beats sharing a problem's work (letter 15,000, 325 pairs, 2 cores,
-    measured with the first, atomic-add CPU solver: 2 workers per pair 5.3-6.1 s,
-    1 worker per pair in turn 1.6 s, pairs spread over the cores 1.0 s; SVC 1.5 s).
+    problems beats sharing a problem's work (letter's 325 one-vs-one pairs:
+    "Against sklearn SVC" in bench/results/cpu-2core/asygcd-runs.md).
 
     GPU: every problem runs at once, in one launch (:func:`gcd_solve_batch`).
     With ``None``, one problem gets one worker per SM; several share the SMs,
-    ``ceil(SMs / n_problems)`` workers each (letter's 325 pairs on 132 SMs:
-    one block each, all resident at once, instead of 325 launches of about 4
-    blocks each).
+    ``ceil(SMs / n_problems)`` workers each (letter's 325 pairs on a GPU with
+    fewer SMs: one block each, all resident at once, instead of 325 launches of
+    a few blocks each).
     """
     cores = gcd_default_workers(like)
     on_gpu = like is not None and is_cupy_array(like)

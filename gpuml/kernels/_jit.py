@@ -1,9 +1,9 @@
 """Compile numba functions in a background thread while a NumPy twin serves small problems.
 
-The first fit in a fresh install would otherwise spend seconds in numba's compiler
-(type inference and lowering, in Python) before solving a problem that takes
-milliseconds: a CA-SVM fit of 2,000 rows compiles its SMO for about 5 s and solves
-its sixteen parts in 0.02 s. So a caller with a small problem asks :func:`ready`
+The first fit in a fresh install would otherwise wait for numba's compiler (type
+inference and lowering, in Python) far longer than a small problem takes to solve
+(a CA-SVM fit of 2,000 rows, cold and warm: ``bench/bench_first_fit.py``,
+bench/results/cpu-2core/first_fit.md). So a caller with a small problem asks :func:`ready`
 first: when the numba function already holds the specialisation for its arguments
 (in memory), it runs it; otherwise the specialisation is queued for one background
 thread (which loads it from numba's disk cache when it is there, else compiles it,
@@ -13,7 +13,7 @@ same algorithm. Later calls find the compiled function and use it.
 The compile runs in Python and holds the GIL most of the time (and numba's compiler
 lock throughout), so the estimators' ``fit`` methods are wrapped in :func:`deferring`:
 what a fit queues starts compiling when it returns, beside whatever the caller does
-next, which shares the interpreter with it for those seconds. The thread is a daemon,
+next, which shares the interpreter with it meanwhile. The thread is a daemon,
 so a process may exit before it is done (the next process then compiles again).
 Large problems never take the twin: they compile in the calling thread as before, the
 compile being small against the solve.
@@ -29,6 +29,8 @@ import functools
 import os
 import queue
 import threading
+
+import numpy as np
 
 _lock = threading.Lock()
 _queued: set = set()
@@ -69,12 +71,39 @@ def ready(dispatcher, *args) -> bool:
     numba). False otherwise, after queueing that specialisation for the background
     thread: the caller should take its NumPy path this time.
     """
+    if not _background_enabled():
+        return True
+    key = _cheap_key(args)
+    if key is not None and (dispatcher, key) in _compiled:
+        return True
     sig = signature(dispatcher, args)
-    if (sig in dispatcher.overloads or not _background_enabled()
-            or (dispatcher, sig) in _failed):
+    if sig in dispatcher.overloads or (dispatcher, sig) in _failed:
+        if key is not None:
+            _compiled.add((dispatcher, key))
         return True
     _submit(dispatcher, sig)
     return False
+
+
+#: ``(dispatcher, _cheap_key(args))`` whose specialisation is known to be in memory: numba's
+#: own typing of the arguments costs more than a small problem's solve
+_compiled: set = set()
+
+
+def _cheap_key(args):
+    """What decides numba's typing of ``args`` (arrays: dtype, dimensions, layout, flags;
+    scalars: their type), or None for an argument of another kind."""
+    key = []
+    for a in args:
+        if isinstance(a, np.ndarray):
+            f = a.flags
+            key.append((a.dtype.str, a.ndim, f.c_contiguous, f.f_contiguous, f.writeable,
+                        f.aligned))
+        elif isinstance(a, (bool, int, float, np.generic)):
+            key.append(type(a))
+        else:
+            return None
+    return tuple(key)
 
 
 def _submit(dispatcher, sig):

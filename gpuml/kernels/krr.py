@@ -51,13 +51,10 @@ _SYEVJ_BATCHED_MAX = 32
 
 #: Largest block size m for which equal-size parts are factored together by one
 #: ``potrfBatched`` call; larger blocks get one single-matrix ``potrf`` each.
-#: Measured on an H100 (float64, 16 equal blocks, ``bench/profile_bkrr_gpu.py``,
-#: bench/results/h100-80gb-hbm3/profile_bkrr.txt): batched vs one ``potrf`` per
-#: block 1.5 vs 2.8 ms at m = 64, 3.2 vs 6.1 ms at 512, 11.8 vs 12.3 ms at 1,152,
-#: 30.5 vs 19.9 ms at 2,048; at g = 144 blocks of m <= 256 batched is 7-8x faster.
-#: ``potrfBatched`` is built for many small matrices: one 18,432 block through it
-#: took 1.6 s where one ``potrf`` takes 0.056 s. The crossover lies between 1,152
-#: and 2,048.
+#: ``potrfBatched`` is built for many small matrices: it wins on small blocks and
+#: loses on large ones, and this value lies between the largest block size at which
+#: it was measured faster and the smallest at which it was slower (the crossover of
+#: ``bench/profile_bkrr_gpu.py``, bench/results/h100-80gb-hbm3/profile_bkrr.txt).
 POTRF_BATCHED_MAX = 1536
 
 #: Kernel blocks built and factored by one call are at most this large together
@@ -577,8 +574,9 @@ class Tridiagonal:
 
     * **Householder** (CPU, LAPACK ``sytrd``): Q is the product of the
       reflectors ``sytrd`` leaves below the first subdiagonal; it is applied by
-      ``ormqr`` (level-3 BLAS) and never formed. The reduction costs about
-      three Cholesky factorisations of A, a third of ``syevd``.
+      ``ormqr`` (level-3 BLAS) and never formed. The reduction costs a few
+      Cholesky factorisations of A, well under ``syevd`` (the measured unit costs:
+      bench/results/cpu-2core/bkrr-runs.md).
     * **Eigen** (``e=None``, T diagonal): ``Q`` explicit, from ``eigh``; this
       is what the GPU path and the leave-one-out diagonal use.
 

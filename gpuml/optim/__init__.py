@@ -14,8 +14,8 @@ except ModuleNotFoundError as e:  # say what to do, not just which module is mis
                       "`pip install torch` (https://pytorch.org lists the build for your "
                       "CUDA version); the rest of gpuml works without it") from e
 
-from gpuml.optim._common import param_groups_by_name
 from gpuml.optim._numba import compile_all as compile_cpu_kernels
+from gpuml.optim._optimizer import param_groups_by_name
 from gpuml.optim.lamb import LAMB, FusedLAMB, lamb
 from gpuml.optim.lars import LARS, FusedLARS, lars
 from gpuml.optim.schedules import (

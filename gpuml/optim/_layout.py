@@ -1,6 +1,6 @@
 """Layout and environment checks shared by the optimizers and the fused kernels.
 
-Kept apart from :mod:`gpuml.optim._common` (the optimizer classes' shared code) so that
+Kept apart from :mod:`gpuml.optim._common` (what the implementations share) so that
 :mod:`gpuml.optim._triton` can use them without importing ``_common``, which itself imports
 ``_triton`` (lazily) for the fused path: the dependency runs one way only.
 """

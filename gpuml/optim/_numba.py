@@ -8,7 +8,7 @@ norm is read first) where the for-loop path's elementwise operations move about 
 
 Why numba. The other ways to fuse on the CPU were weighed: a C++ extension needs a
 compiler at install or run time; ``torch.compile`` of the per-tensor update needs a C++
-compiler at run time (Inductor generates C++), compiles for tens of seconds and again for
+compiler at run time (Inductor generates C++), and compiles at run time again for
 new shapes; numba is already a dependency of gpuml (its CPU solvers, ``gpuml.kernels``),
 needs no compiler, and its machine code is cached on disk (``cache=True``; ``python -m
 gpuml.precompile`` fills the cache at install time, as for the solvers).
@@ -19,7 +19,7 @@ channels-last: elementwise updates do not care about the order, only that elemen
 of each view is the same element of the tensor). Each chunk's loop runs over slices
 indexed from 0 (``range(hi - lo)``): numba then knows no index is negative, drops its
 wrap-around check and LLVM vectorises the loop (with ``range(lo, hi)`` it did not:
-scalar ``sqrtss``/``divss``, 1.7x slower). Work is split into chunks of
+scalar ``sqrtss``/``divss``). Work is split into chunks of
 :data:`CHUNK` elements over numba's threads (``prange``) for tensors of at least
 :data:`PARALLEL_MIN` elements, one thread below that (a parallel region's start costs
 more than a small tensor's update). The threads follow ``torch.get_num_threads()``.

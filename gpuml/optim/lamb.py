@@ -20,13 +20,21 @@ from torch import Tensor
 
 from gpuml.optim import _common as C
 from gpuml.optim import _sharding as S
+from gpuml.optim._optimizer import (
+    LayerwiseOptimizer,
+    check_beta,
+    check_bounds,
+    check_nonneg,
+    check_positive,
+    pinned_to_fused,
+)
 
 __all__ = ["LAMB", "FusedLAMB", "lamb"]
 
 _VARIANTS = ("lamb", "nlamb", "nnlamb")
 
 
-class LAMB(C.LayerwiseOptimizer):
+class LAMB(LayerwiseOptimizer):
     r"""LAMB optimizer (You et al.; You 2020 Algorithm 16, with Alg 17-18 as variants).
 
     For every tensor :math:`x^{(i)}` (a "layer") with gradient :math:`g` at step
@@ -131,9 +139,10 @@ class LAMB(C.LayerwiseOptimizer):
     thesis leaves :math:`\gamma_l, \gamma_u` open). A test checks this in
     float64 to 1e-12. The thesis is silent on the BERT recipe's global clipping at
     1.0 and on keeping 1-D tensors out of the trust ratio and the weight decay;
-    measured (``bench/bench_optim_defaults.py``: a CNN on Fashion-MNIST at batch
-    32, 256 and 1024, an MLP with a LayerNorm on digits), neither trained better
-    than Alg 16, so the defaults stay the paper's.
+    measured by ``bench/bench_optim_defaults.py`` (a CNN on Fashion-MNIST at batch
+    32, 256 and 1024, an MLP with a LayerNorm on digits:
+    bench/results/cpu-2core/optim_defaults.md), neither trained better than Alg 16,
+    so the defaults stay the paper's.
 
     apex ``FusedLAMB`` (defaults) equals ``LAMB(params, eps=1e-6, weight_decay=0.01,
     max_grad_norm=1.0, eps_inside_sqrt=False, always_adapt=False,
@@ -194,13 +203,13 @@ class LAMB(C.LayerwiseOptimizer):
     def _check_rule(self, group: dict) -> None:
         if not isinstance(group["betas"], (tuple, list)) or len(group["betas"]) != 2:
             raise ValueError(f"betas must be a pair, got {group['betas']!r}")
-        C.check_beta("beta1", group["betas"][0])
-        C.check_beta("beta2", group["betas"][1])
-        C.check_nonneg("eps", group["eps"])  # 0 allowed, as torch.optim.AdamW allows it
-        C.check_nonneg("weight_decay", group["weight_decay"])
+        check_beta("beta1", group["betas"][0])
+        check_beta("beta2", group["betas"][1])
+        check_nonneg("eps", group["eps"])  # 0 allowed, as torch.optim.AdamW allows it
+        check_nonneg("weight_decay", group["weight_decay"])
         if group["max_grad_norm"] is not None:
-            C.check_positive("max_grad_norm", group["max_grad_norm"])
-        group["trust_bounds"] = C.check_bounds(group["trust_bounds"])
+            check_positive("max_grad_norm", group["max_grad_norm"])
+        group["trust_bounds"] = check_bounds(group["trust_bounds"])
         if group["variant"] not in _VARIANTS:
             raise ValueError(f"variant must be one of {_VARIANTS}, got {group['variant']!r}")
         if group["variant"] != "lamb" and not group["bias_correction"]:
@@ -249,7 +258,7 @@ class FusedLAMB(LAMB):
     """:class:`LAMB` pinned to the fused path (Triton on CUDA tensors, numba on CPU ones)."""
 
     def __init__(self, params, *args, **kwargs):
-        super().__init__(params, *args, **C.pinned_to_fused("LAMB", kwargs))
+        super().__init__(params, *args, **pinned_to_fused("LAMB", kwargs))
 
 
 def lamb_coefficients(t, beta1: float, beta2: float, beta3: float, bias_correction: bool,

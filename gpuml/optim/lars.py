@@ -13,13 +13,21 @@ from torch import Tensor
 
 from gpuml.optim import _common as C
 from gpuml.optim import _sharding as S
+from gpuml.optim._optimizer import (
+    LayerwiseOptimizer,
+    check_beta,
+    check_bounds,
+    check_nonneg,
+    check_positive,
+    pinned_to_fused,
+)
 
 __all__ = ["LARS", "FusedLARS", "lars"]
 
 _MODES = ("classic", "normalized")
 
 
-class LARS(C.LayerwiseOptimizer):
+class LARS(LayerwiseOptimizer):
     r"""LARS optimizer (You, Gitman & Ginsburg; You 2020 eq. 5.1, §5.3 and Algorithm 15).
 
     ``mode="classic"`` is the five-step sequence of chapter 5 with torch's SGD
@@ -109,15 +117,16 @@ class LARS(C.LayerwiseOptimizer):
     is large (the default 1.0, against a per-layer scale of about :math:`\gamma l`):
     a plain momentum-SGD step at rate 1.0. So by default every tensor is adapted,
     tensors with ``ndim <= 1`` included, and those are only kept out of the weight
-    decay: their local rate is :math:`l\|w\|/(\|g\| + \epsilon)`. Measured
-    (``bench/bench_optim_defaults.py``, ``lr=1.0``, momentum 0.9, weight decay 5e-4, LEGW
-    + sqrt scaling), this beats excluding them by 0.4, 0.8 and 2.5 test points on a CNN
-    on Fashion-MNIST at batches 32, 256 and 1024, and trains as well as decaying them too
-    (apex's LARC, timm) or giving them their own group at :math:`\gamma l`. A tensor
-    whose norm is 0 (a LayerNorm bias at initialisation) still takes one step with
-    :math:`\alpha = 1` (You et al. 2019, Alg 1; apex, timm), after which its norm is
-    positive. ``exclude_from_adaptation=None`` gives the former rule (1-D tensors
-    excluded, the BERT recipe's choice for LAMB).
+    decay: their local rate is :math:`l\|w\|/(\|g\| + \epsilon)`. Measured by
+    ``bench/bench_optim_defaults.py`` (``lr=1.0``, momentum 0.9, weight decay 5e-4, LEGW
+    + sqrt scaling, a CNN on Fashion-MNIST at batches 32, 256 and 1024:
+    bench/results/cpu-2core/optim_defaults.md), this trains better than excluding them at
+    every batch, and as well as decaying them too (apex's LARC, timm) or giving them their
+    own group at :math:`\gamma l`. A tensor whose norm is 0 (a LayerNorm bias at
+    initialisation) still takes one step with :math:`\alpha = 1` (You et al. 2019,
+    Alg 1; apex, timm), after which its norm is positive.
+    ``exclude_from_adaptation=None`` gives the former rule (1-D tensors excluded, the
+    BERT recipe's choice for LAMB).
 
     GradScaler, NaN gradients and ``capturable`` behave as described in
     :class:`gpuml.optim.LAMB`.
@@ -162,14 +171,14 @@ class LARS(C.LayerwiseOptimizer):
             foreach, fused, maximize, differentiable)
 
     def _check_rule(self, group: dict) -> None:
-        C.check_beta("momentum", group["momentum"])
-        C.check_nonneg("dampening", group["dampening"])
+        check_beta("momentum", group["momentum"])
+        check_nonneg("dampening", group["dampening"])
         if group["dampening"] > 1:
             raise ValueError(f"Invalid dampening: {group['dampening']!r} (must lie in [0, 1])")
-        C.check_nonneg("weight_decay", group["weight_decay"])
-        C.check_positive("trust_coefficient", group["trust_coefficient"])
-        C.check_nonneg("eps", group["eps"])  # 0 allowed, as torch.optim.AdamW allows it
-        group["trust_bounds"] = C.check_bounds(group["trust_bounds"])
+        check_nonneg("weight_decay", group["weight_decay"])
+        check_positive("trust_coefficient", group["trust_coefficient"])
+        check_nonneg("eps", group["eps"])  # 0 allowed, as torch.optim.AdamW allows it
+        group["trust_bounds"] = check_bounds(group["trust_bounds"])
         if group["mode"] not in _MODES:
             raise ValueError(f"mode must be one of {_MODES}, got {group['mode']!r}")
         if group["nesterov"] and (group["momentum"] <= 0 or group["dampening"] != 0):
@@ -196,7 +205,7 @@ class FusedLARS(LARS):
     """:class:`LARS` pinned to the fused path (Triton on CUDA tensors, numba on CPU ones)."""
 
     def __init__(self, params, *args, **kwargs):
-        super().__init__(params, *args, **C.pinned_to_fused("LARS", kwargs))
+        super().__init__(params, *args, **pinned_to_fused("LARS", kwargs))
 
 
 def lars(params: list[Tensor], grads: list[Tensor], momentum_buffers: list[Tensor | None],

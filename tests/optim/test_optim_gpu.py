@@ -1,6 +1,6 @@
 """The fused optimizers on a real GPU (marker ``gpu``; skipped without CUDA).
 
-Run with ``make gpu-check`` (``pytest -m gpu``) on the lent machine: fused vs the loop
+Run with ``make gpu-check`` (``pytest -m gpu``) on a GPU machine: fused vs the loop
 reference on CUDA with full-size chunks (16-byte-aligned tensors and views that are not), no
 host synchronisation inside ``step()``, a step captured in a CUDA graph (also after the cache
 of kernel tables was cleared), and launches on the parameters' device.

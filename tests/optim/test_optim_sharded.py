@@ -159,7 +159,7 @@ FUSED_STEPS = 6
 def test_fused_path_under_fsdp2_in_the_triton_interpreter():
     """The fused kernels (Triton interpreter, CPU tensors, chunks of 32 elements): pass 1,
     per-tensor sums, one all-reduce, pass 2 with the sums over the ranks. A smaller case than
-    the others (6 steps, not 20): the interpreter takes 1-2 s per step here."""
+    the others (6 steps, not 20): the interpreter takes seconds per step on a CPU."""
     pytest.importorskip("triton", reason=NO_TRITON)
     if torch.cuda.is_available():
         pytest.skip("the interpreter runs where there is no GPU (test_optim_gpu.py covers the "

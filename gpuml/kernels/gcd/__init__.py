@@ -35,8 +35,8 @@ RUNNING, CERTIFIED, CAPPED = 0, 1, 2
 def default_max_updates(n: int) -> int:
     """The update cap when none is given: ``max(10**7, 100 n)``, LIBSVM's cap on SMO steps.
 
-    A bound that no healthy run reaches (the benchmarks converge in under
-    ``20 n`` updates) but that ends any run, so no solve can loop forever.
+    A bound far above what any benchmark run needed (docs/asygcd.md) but that
+    ends any run, so no solve can loop forever.
     """
     return max(10**7, 100 * int(n))
 

@@ -7,7 +7,8 @@ native instruction or to a compare-and-swap loop (x86), so concurrent adds
 from several threads never lose an update. Asy-GCD's CPU workers (You 2020,
 Alg 14) use them for their update counter and the publication of update-log
 entries (:mod:`.cpu`); they no longer add into a shared gradient with them
-(a ``lock cmpxchg`` loop per entry kept two workers slower than one).
+(a ``lock cmpxchg`` loop per entry kept two workers slower than one:
+bench/results/cpu-2core/asygcd-runs.md).
 
 Orderings: ``atomic_add`` is ``monotonic`` (every add lands, in some order);
 ``atomic_add_seq``, ``atomic_load`` and ``atomic_store`` are ``seq_cst``, so a

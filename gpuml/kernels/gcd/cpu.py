@@ -30,8 +30,8 @@ every worker add ``delta q_i`` into the whole shared ``g`` with atomic adds.
 On x86 a float atomic add is a ``lock cmpxchg`` loop, tens of cycles against
 one for a vectorised add, and with two workers writing all of ``g`` every
 cache line of it moves between the cores on every update: the first CPU
-version (shared ``g``, atomic adds) ran 0.92x (adult) and 0.42x (letter) with
-two workers against one on two cores. Here each row of ``g`` has one writer,
+version (shared ``g``, atomic adds) was slower with two workers than with one
+(bench/results/cpu-2core/asygcd-runs.md). Here each row of ``g`` has one writer,
 its owner, which adds every update into its rows with plain vectorised adds
 and computes only its rows of the kernel column ``q_i`` (its LRU cache holds
 block-long pieces of columns, §4.4 "Kernel Caching"). An update costs each of
@@ -76,8 +76,8 @@ correlated (greedy picks the largest violators, which for near-duplicate
 points have the same large gradient) the steps add up and overshoot: a
 Jacobi-style instability in which the iterates swing between the bounds and
 the run never ends. GPU thread blocks run nearly in lockstep, which makes
-this the normal case there (digits, 8 blocks: no convergence in 20,000
-synchronous rounds). So each worker keeps a step factor ``eta`` in
+this the normal case there (docs/asygcd.md, "Damped steps"; ``_lockstep`` in
+``tests/test_gcd_solver.py`` models it). So each worker keeps a step factor ``eta`` in
 ``[2**-12, 1]``, starting at 1, and steps ``P[0,C_i](a_i - eta g_i / Q_ii)``.
 When it next computes a step it looks again at the coordinate ``i`` it
 updated last: if ``g_i`` changed sign and kept over half its magnitude
@@ -142,9 +142,9 @@ ETA_GROWTH = 1.1
 #: Schmidt, Laradji, Friedlander and Koepke, "Coordinate descent converges faster with the
 #: Gauss-Southwell rule than random selection", ICML 2015); else it waits, reading the log.
 #: An update costs every worker its rows, so a worker with a small or nearly converged
-#: block would otherwise make many cheap, small steps that the others must all add in:
-#: on letter with k-means blocks (unequal) two workers made 157,626 updates to the serial
-#: run's 25,060; with the rule 34,342, and the fit 2.9 s -> 1.6 s (serial 3.7 s).
+#: block would otherwise make many cheap, small steps that the others must all add in
+#: (on unequal blocks the rule cuts two workers' updates and fit time: "Other figures"
+#: in bench/results/cpu-2core/asygcd-runs.md).
 GREEDY_SHARE = 0.5
 #: What :func:`_work` returns: the run is over, or the worker found nothing to do for a while.
 DONE, IDLE = 0, 1
@@ -176,7 +176,7 @@ def damped_step_factor(eta, g_now, g_before):
 
 @njit(nogil=True, cache=True, fastmath=True, inline="always", _nrt=False)
 def _dot(a, b):
-    # Row views, not X[i, k]: without index wrap-around checks the loop vectorises (2x).
+    # Row views, not X[i, k]: without index wrap-around checks the loop vectorises.
     s = 0.0
     for k in range(a.shape[0]):
         s += a[k] * b[k]
@@ -365,7 +365,7 @@ def _work(w, X, sq_norms, y, C, qdiag, starts, kind, gamma, coef0, degree, tol,
     ring = log_seq.shape[0]
     mask = ring - 1
     done = applied[w * PAD]
-    # The LRU clock resumes after the latest use (a loop: np.max costs ~1 s more to compile).
+    # The LRU clock resumes after the latest use (a loop: np.max adds to the compile time).
     clock = np.int64(0)  # not the literal 0: one compiled _catch_up for both call sites
     for t in range(slot_time.shape[0]):
         clock = max(clock, slot_time[t])
@@ -478,7 +478,7 @@ def _cores() -> int:
 
 
 def _pool() -> ThreadPoolExecutor:
-    """Threads reused across solves (starting threads costs milliseconds on a busy machine)."""
+    """Threads reused across solves (starting threads is slow on a busy machine)."""
     return _pool_of_process(os.getpid())
 
 

@@ -29,7 +29,7 @@
 // steps computed from the same gradient at the same time; for strongly correlated coordinates
 // (greedy picks the largest violators, which for near-duplicate points share one large
 // gradient) the steps add up and overshoot, and the iterates swing between the bounds forever
-// (digits, 8 blocks: no convergence in 20,000 synchronous rounds). Each block keeps a factor
+// (docs/asygcd.md, "Damped steps"). Each block keeps a factor
 // eta in [2^-12, 1] and steps P[0,C_i](a_i - eta g_i / Q_ii) - a_i; at its next step it reads
 // g again at the coordinate it moved last: a sign change keeping over half the magnitude
 // (g_now / g_before < -1/2) means the others' concurrent steps overshot it, and eta halves;

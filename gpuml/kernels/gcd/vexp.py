@@ -1,12 +1,13 @@
 """A vectorisable ``exp`` for non-positive arguments (the RBF kernel's range).
 
 ``math.exp`` in a numba loop is a libm call per element, which blocks SIMD:
-for an RBF kernel column (n = 15,000, d = 16) it costs more than the inner
-products. :func:`exp_nonpositive` is Cody–Waite range reduction plus a
+for an RBF kernel column of data with few features it costs more than the
+inner products. :func:`exp_nonpositive` is Cody–Waite range reduction plus a
 degree-13 Taylor polynomial, with the ``2^k`` scale built from the exponent
-bits in a second pass, so both loops vectorise (5–6x faster than the libm
-loop on the 2-core machine). Error: within about 1 ulp of ``math.exp`` for
-``x >= -708``; below that (true values under 3.3e-308) it returns 0.
+bits in a second pass, so both loops vectorise (a column's cost with either:
+bench/results/cpu-2core/asygcd-runs.md). Error: within two ulps of ``math.exp``
+for ``x >= -708`` (``tests/test_gcd_solver.py`` checks it); below that (true
+values under 3.3e-308) it returns 0.
 """
 
 import math
@@ -26,7 +27,7 @@ def exp_nonpositive(x, out, scratch):
     """``out[j] = exp(x[j])`` for ``x[j] <= 0``.
 
     Give ``out`` distinct from ``x``: LLVM's runtime overlap check sends an
-    in-place call down the scalar loop (still correct, 4x slower).
+    in-place call down the scalar loop (still correct, not vectorised).
 
     ``scratch`` is an int64 array at least as long as ``x``, overwritten.
     """

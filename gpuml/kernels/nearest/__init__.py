@@ -42,10 +42,9 @@ from ...pairwise import shifted_sq_distances, squared_norms
 #: Bound on each temporary (rows x P) distance block of the GEMM path.
 BLOCK_BYTES = 8 << 20
 
-#: Largest ``P * d`` for which the fused loop runs. Measured on the 2-core
-#: machine (``OPENBLAS_NUM_THREADS=1``, one Lloyd pass, fused / GEMM time):
-#: 0.29 at P*d = 256 (n = 1M), 0.48 at 1,728 (adult, P = 16), 0.80 at 4,096,
-#: 1.44 at 6,912 and 3.3 at 200,704 (MNIST, P = 256), where BLAS wins.
+#: Largest ``P * d`` for which the fused loop runs: the crossover of one Lloyd pass's
+#: time fused and as blocked GEMMs (BLAS on one thread), above which BLAS wins; the
+#: measured ratios are quoted in docs/partition.md ("k-means").
 FUSED_MAX_ENTRIES = 4096
 
 

@@ -7,7 +7,7 @@ from scipy import sparse
 from .. import _jit
 
 #: Largest distance block (rows x parts) the NumPy twin of :func:`fill_nearest_open`
-#: takes while numba compiles it (a Python step per row: ~5 us each).
+#: takes while numba compiles it (a Python step per row).
 NUMPY_TWIN_MAX_ENTRIES = 1 << 20
 
 
