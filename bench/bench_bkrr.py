@@ -7,8 +7,8 @@ Four measurements, ours and the baselines in one process on the same data:
    part whose prediction is closest to the true target), at P = 4, 8, 16, 32,
    with the mean fit time per grid point. The paper's sizes: 18,432 train /
    2,208 test, standardised features. Exact KRR over the whole grid at
-   n = 18,432 costs 9 dense 18,432² Cholesky solves (hours on the shared
-   2-core machine), so the grid table has exact KRR at n = 4,608 and the
+   n = 18,432 costs 9 dense 18,432² Cholesky solves (the time of one:
+   bench/results/cpu-2core/bkrr_fit_time.md), so the grid table has exact KRR at n = 4,608 and the
    full-size exact KRR appears at one grid point in ``bkrr_fit_time``.
 2. ``bkrr_fit_time``: fit time vs P at n = 18,432 (with exact KRR and
    scikit-learn's KernelRidge), and vs n at fixed n/P = 1,152, against the
@@ -18,7 +18,7 @@ Four measurements, ours and the baselines in one process on the same data:
    ``bkrr_accuracy_seeds``: BKRR2 vs DC-KRR of ``bkrr_accuracy`` at n = 18,432
    over three seeds of the split and the partition.
 4. ``bkrr_gpu`` (``--gpu``): batched Cholesky throughput and exact KRR on the
-   GPU vs the device machine's CPU.
+   GPU vs the same machine's CPU.
 """
 
 from __future__ import annotations
@@ -181,8 +181,9 @@ def fit_time(quick):
     sigma, lam = 1.0, 1e-5
     warm = BKRRRegressor(n_partitions=4, device="cpu", random_state=0)
     warm.fit(Xtr[:1000], ytr[:1000])  # numba compile of the K-balance fill
-    # The KernelRidge comparison is at n/2: one more n x n Cholesky of each at n = 18,432
-    # costs a quarter of an hour of the shared machine's single core.
+    # The KernelRidge comparison is at n/2: at n = 18,432 it would add one more full-size
+    # n x n solve to a run already long on a small CPU (the exact fit's time at each size:
+    # bench/results/cpu-2core/bkrr_fit_time.md).
     n_ref = n // 2
     ref = KernelRidge(alpha=lam * n_ref, kernel="rbf", gamma=1 / (2 * sigma**2))
     t_ref = timeit(lambda: ref.fit(Xtr[:n_ref], ytr[:n_ref]), repeat=1)

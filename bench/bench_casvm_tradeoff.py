@@ -12,7 +12,8 @@ loss in points (SVC's test accuracy minus ours) and the speed-up (SVC's fit
 time over ours). The plot (``docs/img/casvm_tradeoff.png``) draws one curve per
 setting through its P values, one panel per data set.
 
-Data (real sets only; sizes keep a run near 25 minutes on 2 shared cores):
+Data (real sets only, at sizes a 2-core machine runs in well under an hour; the run
+time: bench/results/cpu-2core/casvm-runs.md):
 adult 20,000 train / 10,000 test, MAGIC gamma telescope 14,000 / 5,020 (all
 its rows), letter (26 classes) 15,000 / 5,000. C=1 and gamma="scale" for
 all (You 2020 gives no SVM hyperparameters for these sets in chapter 2).

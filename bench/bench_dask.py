@@ -13,17 +13,17 @@ chunk's rows and targets on one worker, half of the chunks on each), and their
 fits alternate, so that the drift of this shared machine's speed over a minute
 falls on both alike. While one cluster fits, the other's worker processes are
 stopped (SIGSTOP, then SIGCONT): idle, they still wake every few milliseconds
-(heartbeats, the profiler), which cost the 2-worker fit 2-5 % on these two
-cores (alternating A/B, 14 pairs) — a cost of measuring two clusters, not of
-one.
+(heartbeats, the profiler), which slows the 2-worker fit on two cores (measured:
+bench/results/cpu-2core/dask-runs.md, "Method") — a cost of measuring two
+clusters, not of one.
 
 Both clusters run with Dask's own periodic work made rarer (:data:`QUIET`: the
 event-loop probe every scheduler, nanny and worker runs every 20 ms, the
 nannies' memory monitor every 100 ms, the system monitor every 500 ms, the
-workers' profiler every 10 ms). With the defaults that work took about 7 % of the
-two cores while both workers of a 2-worker cluster computed (:func:`quiet_ab`
+workers' profiler every 10 ms). With the defaults that work takes a share of the
+two cores while both workers of a 2-worker cluster compute (:func:`quiet_ab`
 measures it); a machine with a core to spare runs it there. What the fits gain
-from it here is within this host's noise (docs/scale-out.md).
+from it: docs/scale-out.md and bench/results/cpu-2core/dask-runs.md.
 
 Bytes moved per fit, counted three ways and added:
 
@@ -128,7 +128,8 @@ def _between_workers(client) -> int:
     The log is emptied before each fit rather than filtered by time: its times are
     shifted by the worker's estimate of the scheduler's clock offset, which a worker
     stopped and resumed (see :func:`_stopped`) can get wrong by more than a fit's
-    length (one run of 26 November lost a fit's 4 MB of rows that way).
+    length, and then a fit's transfers fall outside its window
+    (bench/results/cpu-2core/dask-runs.md, "Method").
     """
 
     def incoming(dask_worker):

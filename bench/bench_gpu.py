@@ -76,7 +76,8 @@ SVM = dict(C=1.0, gamma="scale", tol=1e-3)
 KRR_SIGMA, KRR_LAM = 2.0, 1e-5
 #: Asy-GCD stopping tolerances: the thread-scaling runs, and the GPU-vs-CPU agreement
 #: (decision values of two solvers stopped at tol differ by about tol relative; 1e-5
-#: leaves a margin of 10 under the 1e-4 target on adult 5k, measured).
+#: leaves a margin of 10 under the 1e-4 target; measured on adult 5k:
+#: bench/results/h100-80gb-hbm3/gpu_asygcd.md).
 GCD_SCALING_TOL, GCD_AGREEMENT_TOL = 1e-3, 1e-5
 #: Optimizer steps compared between the fused and the loop path.
 OPTIM_STEPS = 3
@@ -371,7 +372,8 @@ def krr(run: Run) -> tuple[dict, list[dict]]:
             ("BKRR2 (gpuml)", 16, 100.0, dict(partition="kbalance", combine="nearest",
                                               random_state=0))):
         run.say(f"   BKRRRegressor(n_partitions={P}, device={run.device!r})")
-        # KernelRidge's model (no intercept), as in the H100 runs this target was set on.
+        # KernelRidge's model (no intercept), the model the target compares with
+        # (bench/results/h100-80gb-hbm3/gpu_krr.md).
         est = BKRRRegressor(sigma=KRR_SIGMA, lam=KRR_LAM, n_partitions=P, device=run.device,
                             fit_intercept=False, **kw)
         cold, warm = run.cold_warm(lambda est=est: est.fit(Xtr, ytr))

@@ -32,12 +32,12 @@ LAMB at its tuned rate, global batch 256 (64 a rank), the same number of steps f
 (C = 1) and coarse, medium-coarse and fine (C = 2), each writing the example's CSV. The four
 runs share one launch (the worker at the bottom of this file joins the group once and calls
 ``train`` per scheme, as the example's ``main`` does for one): starting 4 Python processes
-that import torch costs more than training on this machine.
+that import torch costs more than the training itself on a small CPU machine.
 
 Writes ``bench/results/<machine>/large_batch{,_grid,_schemes}.{json,md}``,
 ``docs/img/large_batch.png`` and ``docs/img/schemes_accuracy.png``. Run:
-``python -m bench.run large_batch`` (13.6 minutes on the loaded 2-core machine). ``--quick``
-(the test suite's run, about a minute, most of it starting 2 processes that import torch and
+``python -m bench.run large_batch`` (its run time: bench/results/cpu-2core/training-runs.md).
+``--quick`` (the test suite's run, most of it starting 2 processes that import torch and
 gpuml): 1,024 images, 1 epoch, batches B0 and 8 B0, 2
 learning rates, 2 ranks for 2 schemes, ``*_quick`` records and the plots next to them (in
 ``$GPUML_BENCH_OUT`` or the temporary folder), never in ``docs/``. Fashion-MNIST is the
@@ -413,7 +413,7 @@ if __name__ == "__main__":
         # Leave without the interpreter's teardown: torch's C++ threads can still be running
         # as its static objects are destroyed, and the rank then aborts ("terminate called
         # without an active exception", SIGABRT) after its work is done and the group is
-        # destroyed; seen in about one torchrun in five on this machine.
+        # destroyed (bench/results/cpu-2core/training-runs.md).
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(code)

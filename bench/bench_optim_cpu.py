@@ -163,7 +163,7 @@ def main(quick: bool = True, gpu: bool = False) -> None:
             "compilation when the cache is cold). vs_adamw_foreach / vs_timm / vs_adamw_fused: "
             "step time over that variant's, in the same rounds. Same hyperparameters for ours "
             "and timm's (LAMB lr 1e-3, wd 0.01, clipping 1.0; LARS lr 1.0, momentum 0.9, wd "
-            "1e-4). The machine was shared with other sessions: read the ratios. "
+            "1e-4). The machine was shared with other jobs: read the ratios. "
             + " ".join(n for n in notes if n))
     record("optim_cpu", rows, title="LAMB / LARS CPU step time vs timm and torch AdamW",
            notes=text, command="python -m bench.run optim_cpu" + (" --quick" if quick else ""))

@@ -28,8 +28,8 @@ sqrt learning-rate scaling + linear decay, as ``bench_large_batch``):
   zero), scikit-learn's digits, batch 512 from B0 = 32, 30 epochs, seeds 0-2.
 
 Writes ``bench/results/<machine>/optim_defaults.{json,md}``. ``python -m bench.run
-optim_defaults`` (9 minutes on the shared 2-core machine; ``--quick``: 1,024 images, one
-epoch, batches 32 and 256, one seed). Without Fashion-MNIST (Debian package
+optim_defaults`` (its run time: bench/results/cpu-2core/optim-runs.md; ``--quick``: 1,024
+images, one epoch, batches 32 and 256, one seed). Without Fashion-MNIST (Debian package
 ``dataset-fashion-mnist``) the CNN task runs on the example's synthetic stand-in and the
 record says so.
 """

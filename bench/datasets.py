@@ -24,9 +24,9 @@ inputs", Machine Learning, 2016): flows at 8 sites of the Mississippi basin
 lagged 0-60 hours as inputs, the flows 48 hours ahead as the 8 targets. A set
 found in neither place raises :class:`DatasetMissing` with the commands that provide it.
 
-The ``.npz`` files exist for machines without the packages (the lent GPU
-machine): ``python -m bench.datasets --export bench/data`` (``make gpu-data``)
-writes all six, about 3.5 MiB in all, small enough to travel with the source
+The ``.npz`` files exist for machines without the packages (a GPU machine
+without network or installs): ``python -m bench.datasets --export bench/data``
+(``make gpu-data``) writes all six, a few MiB in all, small enough to travel with the source
 tree. Each array is stored in the narrowest dtype that gives back every value
 bit for bit (pixels and one-hot columns as ``uint8``) and cast back on load,
 so a set read from ``.npz`` equals the package loader's output exactly
@@ -256,7 +256,7 @@ def load(name: str):
 def _main(argv=None) -> int:
     parser = argparse.ArgumentParser(
         description="Export the benchmark data sets as compact .npz files (for machines "
-                    "without the carrier packages, such as the lent GPU machine).")
+                    "without the carrier packages, such as a GPU machine without network).")
     parser.add_argument("--export", metavar="DIR", required=True, help="folder to write")
     parser.add_argument("names", nargs="*", help=f"sets to write (default all): {sorted(LOADERS)}")
     args = parser.parse_args(argv)

@@ -7,8 +7,7 @@ of the first fits in a process (numba compiling its CPU kernels, or loading them
 numba's disk cache, which ``make`` fills at install), which has a row of its own.
 Then the partitioners and the kernel functions at work on adult, and the large-batch
 optimizer comparison (:mod:`gpuml.optim.demo`). Sizes are kept small enough for a
-laptop-class CPU (about two minutes on 2 cores); the full-size comparisons live in
-``bench/``.
+laptop-class CPU with 2 cores; the full-size comparisons live in ``bench/``.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The ``make gpu-check`` harness: guard, test runner, summary, unpacking.
 
-``make gpu-check`` runs on a lent GPU machine with the image's ``python3`` (no
+``make gpu-check`` runs on a GPU machine with the image's ``python3`` (no
 installs, no network) and writes everything that must come back into one flat
 folder ``OUT`` (``make gpu-check OUT=DIR``, default ``gpu-out``):
 

@@ -95,7 +95,8 @@ OPTIMIZERS = ("lamb", "lars", "adamw", "sgd")
 #: Learning rate at the base batch per optimizer: the choices of the optimizer convergence
 #: benchmark at batch 64 on a validation split (an MLP, ``bench/bench_optim_convergence.py``);
 #: for this CNN at B0 = 32 the large-batch benchmark (``bench/bench_large_batch.py``) tunes
-#: its own: LAMB 0.01, AdamW 0.003, SGD 0.03. Weight decay: each optimizer's usual value.
+#: its own (bench/results/cpu-2core/large_batch_grid.md). Weight decay: each optimizer's
+#: usual value.
 DEFAULT_LR = {"lamb": 3e-3, "lars": 3.0, "adamw": 1e-3, "sgd": 0.03}
 DEFAULT_WEIGHT_DECAY = {"lamb": 0.01, "lars": 5e-4, "adamw": 0.01, "sgd": 5e-4}
 CSV_COLUMNS = ("step", "epoch", "loss", "val_acc", "test_acc", "lr")
@@ -299,7 +300,7 @@ def load_data(cfg: Config) -> dict:
 def make_model(name: str = "cnn") -> nn.Sequential:
     """``"cnn"``: a 5x5 convolution to 8 channels and a 3x3 one to 16, both with stride 2 and
     ReLU, then a linear classifier (9.2 k parameters, 0.1 M multiply-adds an image: an epoch
-    of Fashion-MNIST takes about 3 s on one CPU thread); ``"mlp"``: 784-128-10. No batch
+    of Fashion-MNIST takes seconds on one CPU thread); ``"mlp"``: 784-128-10. No batch
     norm and no dropout: each rank's forward depends on its own batch only, so the M-rank run
     and one process agree, and a resumed run draws nothing."""
     if name == "mlp":

@@ -373,8 +373,9 @@ def _lockstep(Q, C, blocks, damped, rounds, tol=1e-4):
 
 
 def test_damped_steps_stop_the_lockstep_oscillation(digits_reference):
-    # The hang seen on an H100 (greedy, 8 blocks, digits): blocks in lockstep take exact
-    # steps from one gradient on correlated coordinates and overshoot together, forever.
+    # The GPU run that never ends with exact steps (greedy, 8 blocks, digits; docs/asygcd.md,
+    # "Damped steps"): blocks in lockstep take exact steps from one gradient on correlated
+    # coordinates and overshoot together, forever.
     kernel = make_kernel("rbf", "scale", 3, 0.0, X_DIG)
     C = np.ones(len(Y_DIG))
     Q = _q_matrix(kernel, X_DIG, Y_DIG)

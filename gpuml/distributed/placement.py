@@ -16,7 +16,8 @@ Cost model. A part of ``m`` samples costs
 
 Balanced partitioners (random, fcfs, kbalance, bkm) make parts that differ by
 at most one sample, and any placement of ``ceil(P / R)`` parts per device is
-then optimal; the model matters for k-means, whose parts can differ by 10x.
+then optimal; the model matters for k-means, whose parts can differ in size by orders of
+magnitude (``max_over_min`` in bench/results/cpu-2core/partition.md).
 The heuristic is Graham's LPT (largest cost first, each to the least-loaded
 device), within 4/3 of the best makespan (R. L. Graham, "Bounds on
 multiprocessing timing anomalies", SIAM J. Appl. Math. 17, 1969).
@@ -69,9 +70,10 @@ def balance(costs, n_devices: int) -> list[np.ndarray]:
 
 
 #: LPT's placement replaces :func:`balance_local`'s only when its makespan is lower by
-#: more than this fraction. The costs are estimates (an SMO part's time scatters by
-#: 10-25 % around ``m^2``), a row that moves is certain work, and without a margin a gain
-#: of 0.03 % (contiguous parts of 2,290 and 2,289 rows) moved half of all rows.
+#: more than this fraction. The costs are estimates (an SMO part's time scatters around
+#: ``m^2``), a row that moves is certain work, and without a margin a negligible gain can
+#: move half of all rows (measured: bench/results/cpu-2core/dask-runs.md, "LPT moved half
+#: the rows").
 LPT_MARGIN = 0.02
 
 

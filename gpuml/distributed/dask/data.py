@@ -139,9 +139,10 @@ class _Chunk:
 
 @sizeof.register(_Chunk)
 def _sizeof_chunk(chunk) -> int:
-    """Its arrays' bytes. Without this Dask sizes a chunk at ~60 bytes (``sys.getsizeof``),
-    and its scheduler, thinking a worker's held chunks free to move, stole a take task
-    to the other worker and copied all of them there (every chunk, megabytes of rows)."""
+    """Its arrays' bytes. Without this Dask sizes a chunk by ``sys.getsizeof`` (the
+    object alone, not its arrays), and its scheduler, thinking a worker's held chunks
+    free to move, may steal a take task to the other worker and copy all of them there
+    (every chunk, megabytes of rows; bench/results/cpu-2core/dask-runs.md)."""
     return int(chunk.X.nbytes + chunk.y.nbytes + (0 if chunk.w is None else chunk.w.nbytes))
 
 
@@ -180,8 +181,8 @@ def _summary(chunk, seeds, classes: bool):
 
     One temporary the size of the chunk: Dask's nannies start workers with
     ``MALLOC_TRIM_THRESHOLD_`` set, which makes glibc map and unmap every large
-    allocation (a 2 MB temporary costs page faults each time: four of them made
-    this pass 4x slower in a worker than in the client).
+    allocation, so every large temporary costs page faults each time (measured:
+    ``MALLOC_TRIM_THRESHOLD_`` in bench/results/cpu-2core/dask-runs.md).
     """
     X = chunk.X
     m = X.shape[0]
@@ -222,9 +223,9 @@ class DaskRows:
     (``gamma="scale"``).
 
     Every step is one task per worker over the chunks it holds (:meth:`each`),
-    however many chunks there are: a task costs a few milliseconds of the
-    scheduler's and the worker's time (about 2 ms each on this project's 2-core
-    machine, against 9 ms for a round trip), and a Dask array is often cut into
+    however many chunks there are: each task costs the scheduler and the worker
+    time of their own, and a round trip more (measured:
+    bench/results/cpu-2core/dask-runs.md), and a Dask array is often cut into
     many more chunks than there are workers. The per-chunk results of a step stay
     on the worker as one list (a "state" later steps read) unless gathered
     (:meth:`gathered`: in chunk order, so the client adds them in the same order

@@ -191,9 +191,9 @@ class _RowsActor:
     """A worker's chunks for k-means' small steps, as a Dask actor.
 
     Made on the worker holding them (the chunks are not copied); the client calls
-    its methods directly, each call one message to the worker and one back (about
-    5 ms on this project's 2-core machine, against about 20 ms for a round of
-    tasks: submit, schedule, run, report, gather). The distances to the nearest
+    its methods directly, each call one message to the worker and one back, a
+    fraction of the cost of a round of tasks: submit, schedule, run, report, gather
+    (measured: bench/results/cpu-2core/dask-runs.md). The distances to the nearest
     centre so far stay here between calls. The per-chunk functions are the tasks'.
     """
 
