@@ -1,0 +1,102 @@
+"""A/B of two source trees of gpuml on the same fits: is a change faster, slower, the same?
+
+Two versions of one package cannot share a process, so each round runs the
+workload once in a fresh interpreter per tree, the trees alternating (A B, then
+B A, ...), and every fit is timed inside its process after a warm-up fit (no
+import or compile time counted). The medians and their ratio are printed, with
+the models' predictions compared (a behaviour-preserving change gives equal
+predictions).
+
+    python -m bench.bench_ab OLD_TREE NEW_TREE [--rounds 5] [--quick]
+
+``OLD_TREE``/``NEW_TREE``: folders holding a ``gpuml`` package (e.g. a
+``git worktree`` of the commit before a change, and this checkout). The Dask
+workload starts a two-worker ``LocalCluster`` in each process.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+
+import numpy as np
+
+WORKLOADS = ("casvm", "bkrr", "dask")
+
+_CHILD = r"""
+import json, sys, time, warnings
+import numpy as np
+warnings.simplefilter("ignore")
+from sklearn.datasets import make_classification, make_regression
+kind, n = sys.argv[1], int(sys.argv[2])
+from gpuml import BKRRRegressor, CASVMClassifier
+if kind == "bkrr":
+    X, y = make_regression(n, 16, noise=1.0, random_state=0)
+    X = X / X.std(axis=0); y = y / y.std()
+    make = lambda: BKRRRegressor(n_partitions=16, random_state=0, device="cpu")
+else:
+    X, y = make_classification(n, 28, n_informative=20, n_redundant=4, flip_y=0.05,
+                               class_sep=0.8, random_state=0)
+    make = lambda: CASVMClassifier(n_partitions=16, random_state=0, device="cpu")
+data = (X, y)
+if kind == "dask":
+    import dask.array as da
+    from distributed import Client, LocalCluster
+    cluster = LocalCluster(n_workers=2, threads_per_worker=1, dashboard_address=":0",
+                           silence_logs=50)
+    client = Client(cluster)
+    data = client.persist([da.from_array(X, chunks=(n // 8, X.shape[1])),
+                           da.from_array(y, chunks=n // 8)])
+make().fit(*data)  # warm-up: compiles, imports, the cluster's first tasks
+t0 = time.perf_counter(); model = make().fit(*data); seconds = time.perf_counter() - t0
+pred = np.asarray(model.predict(X[:2000]))
+print(json.dumps({"seconds": seconds, "pred": pred.tolist()}))
+"""
+
+
+def _run(tree, kind, n):
+    env = dict(os.environ, PYTHONPATH=tree)
+    out = subprocess.run([sys.executable, "-c", _CHILD, kind, str(n)], env=env,
+                         capture_output=True, text=True, check=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("old")
+    ap.add_argument("new")
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--quick", action="store_true", help="small data, two rounds")
+    ap.add_argument("--workloads", default=",".join(WORKLOADS))
+    args = ap.parse_args(argv)
+    n = 4000 if args.quick else 20000
+    rounds = 2 if args.quick else args.rounds
+    print(f"n={n}, {rounds} rounds, trees alternating; A = {args.old}, B = {args.new}")
+    for kind in args.workloads.split(","):
+        times = {"A": [], "B": []}
+        same = True
+        for r in range(rounds):
+            order = ("A", "B") if r % 2 == 0 else ("B", "A")
+            preds = {}
+            for label in order:
+                tree = args.old if label == "A" else args.new
+                out = _run(tree, kind, n)
+                times[label].append(out["seconds"])
+                preds[label] = np.asarray(out["pred"])
+            same &= bool(np.allclose(preds["A"], preds["B"], rtol=1e-9, atol=1e-12))
+        a, b = np.median(times["A"]), np.median(times["B"])
+        print(f"{kind:6s} A {a:7.3f} s  B {b:7.3f} s  B/A {b / a:5.2f}  "
+              f"(A {np.round(times['A'], 3).tolist()}, B {np.round(times['B'], 3).tolist()})"
+              f"  predictions {'equal' if same else 'DIFFER'}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    t0 = time.perf_counter()
+    code = main()
+    print(f"{time.perf_counter() - t0:.0f} s in all")
+    sys.exit(code)
