@@ -113,6 +113,8 @@ def nearest_parts_weights(X, vectors, vector_part, n_parts, n_neighbors, centers
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--partition", default="fcfs", help="the partitioner (default: fcfs, "
+                    "CASVMClassifier's)")
     args = ap.parse_args(argv)
     warnings.simplefilter("ignore")
     full_rule = prediction.neighbor_weights
@@ -124,7 +126,8 @@ def main(argv=None) -> int:
         Xtr, Xte, ytr, yte = train_test_split_std(X, y, train_size=n_train, test_size=n_test,
                                                   random_state=0)
         for seed in ((0,) if args.quick else (0, 1, 2)):
-            clf = CASVMClassifier(n_partitions=16, random_state=seed).fit(Xtr, ytr)
+            clf = CASVMClassifier(n_partitions=16, partition=args.partition,
+                                  random_state=seed).fit(Xtr, ytr)
             t0 = time.perf_counter()
             full = float((clf.predict(Xte) == yte).mean())
             t_full = time.perf_counter() - t0
@@ -147,15 +150,19 @@ def main(argv=None) -> int:
             lines.append("| " + " | ".join(cells) + " |")
             print(lines[-1], flush=True)
     head = ("| data | seed | accuracy, full rule (%) | pruned: parts visited per row | "
-            "pruned: weights equal to the full rule's (ties at the k-th place aside) | " + " | ".join(f"q={q}" for q in QS) + " |")
+            "pruned: weights equal to the full rule's (ties at the k-th place aside) | "
+            + " | ".join(f"q={q}" for q in QS) + " |")
     rule = "|" + "---|" * (5 + len(QS))
-    out = RESULTS / machine_name() / "casvm_neighbours.md"
+    suffix = "" if args.partition == "fcfs" else f"_{args.partition}"
+    out = RESULTS / machine_name() / f"casvm_neighbours{suffix}.md"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(
         "# CA-SVM's neighbours rule over fewer support vectors\n\n"
         f"Machine: `{machine_name()}`. Command: `python -m bench.explore_casvm_neighbours"
-        f"{' --quick' if args.quick else ''}`.\n\nCASVMClassifier(n_partitions=16) with its "
-        "defaults (fcfs, part_C='sqrt', combine='neighbors', 20 neighbours). q=*: the "
+        f"{' --quick' if args.quick else ''}"
+        f"{'' if args.partition == 'fcfs' else ' --partition ' + args.partition}`.\n\n"
+        f"CASVMClassifier(n_partitions=16, partition={args.partition!r}) with its other "
+        "defaults (part_C='sqrt', combine='neighbors', 20 neighbours). q=*: the "
         "accuracy change against the full rule and predict's speed-up when each row's "
         "neighbours are searched among its q nearest parts' support vectors only.\n\n"
         + head + "\n" + rule + "\n" + "\n".join(lines) + "\n")
