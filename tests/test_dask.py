@@ -107,6 +107,21 @@ def test_bkrr2_p16_equals_in_process(client, regression, method):
     np.testing.assert_allclose(pred.compute(), local.predict(X), rtol=1e-8, atol=1e-10)
 
 
+def test_bkrr_kbalance_on_a_sample_equals_in_process(client, regression, monkeypatch):
+    # Many rows: k-means runs on a sample gathered to the client, every row is assigned.
+    from gpuml.partition import algorithms
+
+    monkeypatch.setattr(algorithms, "KMEANS_MIN_ROWS", 500)
+    monkeypatch.setattr(algorithms, "KMEANS_ROWS_PER_CENTRE", 10)
+    X, y = regression
+    params = dict(sigma=2.0, lam=1e-3, n_partitions=16, random_state=0)
+    on_dask = BKRRRegressor(**params).fit(*_dask(X, y))
+    local = BKRRRegressor(**params).fit(X, y)
+    np.testing.assert_array_equal(on_dask.part_sizes_, local.part_sizes_)
+    np.testing.assert_array_equal(on_dask.X_fit_, local.X_fit_)
+    np.testing.assert_allclose(on_dask.dual_coef_, local.dual_coef_, rtol=1e-8, atol=1e-10)
+
+
 def test_dataframes_and_multi_output(client, regression):
     import pandas as pd
 

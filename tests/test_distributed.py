@@ -254,3 +254,18 @@ def test_random_state_instance_advances_as_in_one_process(blobs):
     partition_on_devices(DeviceGroup([CPU] * 2, timeout=20), blobs, 4, "kmeans", random_state=a)
     partition(blobs, 4, "kmeans", random_state=b)
     assert a.randint(1 << 30) == b.randint(1 << 30)
+
+
+@pytest.mark.parametrize("method", ["kmeans", "kbalance", "bkm"])
+def test_sharded_kmeans_on_a_sample_equals_one_process(method, blobs, monkeypatch):
+    # k-means on a sample of the rows (gathered to every rank), then every row assigned.
+    from gpuml.partition import algorithms
+
+    monkeypatch.setattr(algorithms, "KMEANS_MIN_ROWS", 300)
+    monkeypatch.setattr(algorithms, "KMEANS_ROWS_PER_CENTRE", 10)
+    for X in (blobs, sp.csr_matrix(np.where(np.abs(blobs) > 1.0, blobs, 0.0))):
+        labels, centers = bounded(lambda X=X: partition_on_devices(
+            DeviceGroup([CPU] * 3, timeout=20), X, 7, method, random_state=2))
+        expected_labels, expected_centers = partition(X, 7, method, random_state=2)
+        np.testing.assert_array_equal(labels, expected_labels)
+        np.testing.assert_allclose(centers, expected_centers, rtol=1e-12, atol=1e-12)

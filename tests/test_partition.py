@@ -11,7 +11,15 @@ import gpuml.partition.local as local_module
 from gpuml.kernels import fill_nearest_open, nearest_centres, part_sums, read_lag, read_later
 from gpuml.kernels import nearest as nearest_module
 from gpuml.pairwise import squared_norms
-from gpuml.partition import PARTITIONERS, LocalRows, assign_nearest, divide, kmeans, partition
+from gpuml.partition import (
+    PARTITIONERS,
+    LocalRows,
+    algorithms,
+    assign_nearest,
+    divide,
+    kmeans,
+    partition,
+)
 from gpuml.partition.algorithms import kmeans_pp
 
 _BC = load_breast_cancer().data[:540]
@@ -516,3 +524,37 @@ def test_gpu_seeding_ahead_falls_back_like_the_host():
     np.testing.assert_array_equal(kmeans_pp(LocalRows(cp.asarray(X)), 5, gpu_rng).get(),
                                   expected)
     assert gpu_rng.randint(2**31) == host_rng.randint(2**31)
+
+
+# -- k-means on a sample (many rows) --------------------------------------------------------------
+
+def _blobs(n, seed=0):
+    rng = np.random.default_rng(seed)
+    centres = rng.normal(scale=3.0, size=(12, 6))
+    return centres[rng.integers(0, 12, size=n)] + rng.normal(size=(n, 6))
+
+
+def test_kmeans_on_many_rows_runs_on_a_sample_then_assigns_every_row(monkeypatch):
+    X = _blobs(6000)
+    monkeypatch.setattr(algorithms, "KMEANS_MIN_ROWS", 500)
+    monkeypatch.setattr(algorithms, "KMEANS_ROWS_PER_CENTRE", 50)
+    assert algorithms.kmeans_rows(6000, 8) == 500 and algorithms.kmeans_rows(6000, 20) == 1000
+    assert algorithms.kmeans_rows(300, 20) == 300
+    # Written out: k-means (k-means++ seeds, Lloyd) on 1,000 rows drawn without
+    # replacement from the same generator, then every row to its nearest centre.
+    rng = check_random_state(4)
+    ids = np.sort(rng.choice(6000, 1000, replace=False))
+    expected, _ = algorithms.lloyd(LocalRows(X[ids]), 20, rng)
+    centers, sizes = algorithms.lloyd(LocalRows(X), 20, check_random_state(4))
+    np.testing.assert_array_equal(centers, expected)
+    np.testing.assert_array_equal(sizes, np.bincount(assign_nearest(X, centers), minlength=20))
+    # K-balance stays balanced.
+    sizes = np.bincount(partition(X, 20, "kbalance", random_state=0)[0], minlength=20)
+    assert sizes.max() - sizes.min() <= 1
+    # As good a clustering of all rows as k-means on all of them.
+    labels, centers = partition(X, 20, "kmeans", random_state=0)
+    monkeypatch.setattr(algorithms, "KMEANS_MIN_ROWS", 10**9)
+    labels_all, centers_all = partition(X, 20, "kmeans", random_state=0)
+    assert not np.array_equal(centers, centers_all)
+    inertia = ((X - centers[labels]) ** 2).sum()
+    assert inertia <= 1.03 * ((X - centers_all[labels_all]) ** 2).sum()

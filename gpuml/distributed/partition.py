@@ -33,7 +33,7 @@ from sklearn.utils import check_random_state
 from .._backend import namespace_of, to_numpy
 from ..kernels import fill_nearest_open, nearest_centres, part_sums, row_blocks
 from ..pairwise import shifted_sq_distances, sq_distances, squared_norms
-from ..partition import SPLITS, dense_rows, divide
+from ..partition import SPLITS, LocalRows, dense_rows, divide
 from .placement import shard_bounds
 
 
@@ -86,6 +86,14 @@ class ShardRows:
 
     def stack(self, rows):
         return self.xp.stack(rows)
+
+    def sample(self, ids):
+        """The global rows ``ids`` on every rank (one allreduce), as rows of this rank: every
+        rank then runs the same k-means on the same rows, with the same draws."""
+        return LocalRows(self.rows(ids))
+
+    def stack_centers(self, centers):
+        return centers
 
     def local(self, labels):
         """This rank's slice of a host array over all rows, in the shard's namespace."""

@@ -89,6 +89,12 @@ class Rows(Protocol):
     def local(self, labels: np.ndarray):
         """Labels over all rows (a host array) in this :class:`Rows`' own form."""
 
+    def sample(self, ids):
+        """The global rows ``ids`` (ascending) as rows of this process (a ``LocalRows``)."""
+
+    def stack_centers(self, centers):
+        """Centres found on a :meth:`sample`, as this :class:`Rows`' steps take them."""
+
 
 def capacities(n: int, n_parts: int, larger_first=None) -> np.ndarray:
     """Part capacities ``n // P``, plus one for ``n % P`` parts (``larger_first`` order)."""
@@ -186,6 +192,19 @@ def kmeans_pp(rows: Rows, n_parts, rng):
     return rows.stack(centers)
 
 
+#: k-means finds its centres on at most ``KMEANS_ROWS_PER_CENTRE * P`` rows (and at least
+#: ``KMEANS_MIN_ROWS``), drawn at random once when there are more: each Lloyd pass costs a
+#: pass over the rows it runs on, and beyond a hundred rows a centre more rows hardly move
+#: the centres a balanced split starts from. The sizes and labels are then those of all rows.
+KMEANS_ROWS_PER_CENTRE = 100
+KMEANS_MIN_ROWS = 50_000
+
+
+def kmeans_rows(n: int, n_parts: int) -> int:
+    """How many rows k-means finds its centres on (see :data:`KMEANS_ROWS_PER_CENTRE`)."""
+    return min(n, max(KMEANS_ROWS_PER_CENTRE * n_parts, KMEANS_MIN_ROWS))
+
+
 def lloyd(rows: Rows, n_parts, rng, max_iter=100, tol=1e-4):
     """Lloyd's k-means from k-means++ seeds: ``(centers, sizes)`` of the last pass.
 
@@ -196,7 +215,17 @@ def lloyd(rows: Rows, n_parts, rng, max_iter=100, tol=1e-4):
     device (``rows.read_lag`` passes may be queued before it is read), later
     passes are queued first; passes run past the stop are dropped, so every
     :class:`Rows` stops where reading each shift at once would.
+
+    With more rows than :func:`kmeans_rows`, the centres are those of k-means on
+    that many rows drawn at random (``rows.sample``, in this process), and the
+    sizes those of one assignment of every row to them.
     """
+    m = kmeans_rows(rows.n, n_parts)
+    if m < rows.n:
+        ids = np.sort(rng.choice(rows.n, m, replace=False))
+        centers, _ = lloyd(rows.sample(ids), n_parts, rng, max_iter=max_iter, tol=tol)
+        centers = rows.stack_centers(centers)
+        return centers, rows.assign(centers)[1]
     centers = kmeans_pp(rows, n_parts, rng)
     threshold = tol * rows.variance()
     sums, counts = rows.assign(centers)

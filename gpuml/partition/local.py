@@ -158,5 +158,11 @@ class LocalRows:
     def local(self, labels):
         return self.xp.asarray(labels)
 
+    def sample(self, ids):
+        return LocalRows(self.X[self.xp.asarray(ids)])
+
+    def stack_centers(self, centers):
+        return centers
+
     def means(self, labels, n_parts, fallback=None):
         return divide(*part_sums(self.X, labels, n_parts), fallback)

@@ -17,7 +17,7 @@ from sklearn.utils import check_random_state
 
 from ...kernels import fill_nearest_open, nearest_centres, row_blocks
 from ...pairwise import shifted_sq_distances, squared_norms
-from ...partition import PARTITIONERS, SPLITS, fcfs_seeds
+from ...partition import PARTITIONERS, SPLITS, LocalRows, fcfs_seeds
 from .data import DaskRows, _rows
 from .driver import LostData, LostWorker, _in_order_sum, _nbytes, _on, live_workers
 
@@ -386,6 +386,14 @@ class ChunkRows:
 
     def nearest(self, centers):
         return self.steps.labels(centers)
+
+    def sample(self, ids):
+        """The global rows ``ids`` gathered to the client (one task per worker), as rows of
+        this process."""
+        return LocalRows(self.rows(ids))
+
+    def stack_centers(self, centers):
+        return np.ascontiguousarray(centers, dtype=self.data.dtype)
 
     def local(self, labels):
         b = self.data.bounds
