@@ -195,6 +195,39 @@ def test_neighbor_weights_match_a_written_out_count():
             partitioned.NEIGHBOR_BLOCK_BYTES = small
 
 
+def test_neighbor_weights_among_the_nearest_parts_match_a_written_out_count(monkeypatch):
+    """With more parts holding support vectors than ``n_searched``, a row's neighbours are
+    searched among the vectors of its ``n_searched`` nearest parts (by centre) only."""
+    import gpuml.routing as routing
+
+    rng = np.random.default_rng(1)
+    X, V = rng.normal(size=(41, 5)), rng.normal(size=(90, 5))
+    part = rng.integers(0, 9, size=90)
+    part[part == 4] = 5  # part 4 holds no vector: never searched
+    centers = rng.normal(size=(9, 5))
+    held = np.unique(part)
+    for q, k in ((2, 3), (3, 20), (5, 1), (5, 60)):
+        expected = np.zeros((41, 9))
+        for i, x in enumerate(X):
+            dc = ((centers[held] - x) ** 2).sum(1)
+            searched = held[np.argsort(dc)[:q]]
+            cand = np.flatnonzero(np.isin(part, searched))
+            d = ((V[cand] - x) ** 2).sum(1)
+            nearest = cand[np.argsort(d)[:min(k, cand.size)]]
+            expected[i] = np.bincount(part[nearest], minlength=9) / nearest.size
+        got = routing.neighbor_weights(X, V, part, 9, k, centers=centers, n_searched=q)
+        np.testing.assert_allclose(got, expected, rtol=0, atol=1e-15)
+        monkeypatch.setattr(routing, "NEIGHBOR_BLOCK_BYTES", 8 * 7 * (30 + 2 * k))
+        np.testing.assert_allclose(routing.neighbor_weights(X, V, part, 9, k, centers=centers,
+                                                            n_searched=q), expected,
+                                   rtol=0, atol=1e-15)
+        monkeypatch.undo()
+    # As many parts searched as hold vectors: every vector, the full rule.
+    np.testing.assert_array_equal(
+        routing.neighbor_weights(X, V, part, 9, 7, centers=centers, n_searched=8),
+        routing.neighbor_weights(X, V, part, 9, 7))
+
+
 @pytest.mark.parametrize("k", [1, 7])
 @pytest.mark.parametrize("data", ["cancer", "digits"])
 def test_neighbors_blend_the_parts_decision_values(data, k, request):
@@ -544,3 +577,39 @@ def test_probability_true_is_calibrated_classifier_cv_with_svc_warnings(cancer):
         assert clf.probA_.shape == (1,)
     plain = cpu(n_partitions=1).fit(Xtr, ytr)
     assert not hasattr(plain, "predict_proba")
+
+
+def test_auto_n_partitions_bounds_the_part_size(monkeypatch):
+    import gpuml.estimators.casvm as casvm
+
+    assert [cpu()._n_parts(n) for n in (1, 2048, 2049, 10_000)] == [1, 1, 2, 5]
+    assert cpu()._n_parts(10_000, gpu=True) == 2
+    X, y = load_digits(return_X_y=True)
+    # Up to AUTO_PART_ROWS rows: one part, the exact SVM (SVC's model).
+    clf = cpu().fit(X, y)
+    assert clf.n_partitions_ == 1 and clf.partition_sizes_.tolist() == [len(X)]
+    np.testing.assert_array_equal(clf.predict(X), SVC().fit(X, y).predict(X))
+    # More rows: ceil(n / AUTO_PART_ROWS) balanced parts, as the integer setting.
+    monkeypatch.setattr(casvm, "AUTO_PART_ROWS", 400)
+    auto = cpu(random_state=0).fit(X, y)
+    assert auto.n_partitions_ == 5 and auto.partition_sizes_.max() <= 400
+    fixed = cpu(n_partitions=5, random_state=0).fit(X, y)
+    np.testing.assert_array_equal(auto.decision_function(X), fixed.decision_function(X))
+    assert fixed.n_partitions_ == 5
+    # A precomputed kernel: one part.
+    K = X @ X.T
+    assert cpu(kernel="precomputed").fit(K, y).n_partitions_ == 1
+    with pytest.raises(ValueError, match="n_partitions='bad'|n_partitions"):
+        cpu(n_partitions="bad").fit(X, y)
+
+
+@pytest.mark.parametrize("combine", ["neighbors", "nearest"])
+def test_prediction_in_row_blocks_equals_one_block(combine, monkeypatch):
+    import gpuml.estimators._part_prediction as prediction
+
+    X, y = load_digits(return_X_y=True)
+    clf = cpu(n_partitions=6, combine=combine, random_state=0).fit(X, y)
+    values, labels = clf.decision_function(X), clf.predict(X)
+    monkeypatch.setattr(prediction, "PREDICT_BLOCK_ROWS", 97)
+    np.testing.assert_array_equal(clf.decision_function(X), values)
+    np.testing.assert_array_equal(clf.predict(X), labels)

@@ -106,6 +106,12 @@ def test_neighbor_weights_on_gpu_match_cpu(dtype):
     for k in (1, 20):
         np.testing.assert_array_equal(neighbor_weights(cp.asarray(X), cp.asarray(V), part, 6, k),
                                       neighbor_weights(X, V, part, 6, k))
+        # Among each row's 3 nearest parts (by centre) only.
+        C = rng.normal(size=(6, 12)).astype(dtype)
+        np.testing.assert_array_equal(
+            neighbor_weights(cp.asarray(X), cp.asarray(V), part, 6, k, centers=cp.asarray(C),
+                             n_searched=3),
+            neighbor_weights(X, V, part, 6, k, centers=C, n_searched=3))
 
 
 def test_neighbors_prediction_on_gpu_matches_cpu():

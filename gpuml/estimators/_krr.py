@@ -46,7 +46,7 @@ from ..pairwise import HOST_KERNELS, Kernel, PairwiseKernel, resolve_gamma
 from ..partition import split
 from ..pipeline import dask_module, predict_on_devices, prediction_group, route_on_devices
 from ..routing import route
-from ._partitioned import PARTITION_CONSTRAINTS, on_device
+from ._partitioned import PARTITION_CONSTRAINTS, auto_n_partitions, on_device
 
 #: ``n_partitions="auto"`` makes parts of at most this many samples. Fit time
 #: is ``P (n/P)^3`` and the error grows with P (accuracy and fit time against P:
@@ -70,7 +70,7 @@ _COMMON_CONSTRAINTS = {
 
 def _n_partitions(n_partitions, n_samples: int) -> int:
     if n_partitions == "auto":
-        return max(1, math.ceil(n_samples / AUTO_PART_SIZE))
+        return auto_n_partitions(n_samples, AUTO_PART_SIZE)
     return check_n_partitions(n_partitions, n_samples)
 
 
@@ -232,8 +232,9 @@ class _BKRRBase(RegressorMixin, BaseEstimator):
         """Step 1 (Alg 9 for K-balance): the parts, their sample indices (host) and sizes."""
         return split(X, self._n_parts(X.shape[0]), self.partition, self.random_state)
 
-    def _n_parts(self, n: int) -> int:
-        """P for ``n`` samples: one part for a precomputed kernel (no features to split on)."""
+    def _n_parts(self, n: int, gpu: bool = False) -> int:
+        """P for ``n`` samples (on a GPU or not: the same P): one part for a precomputed
+        kernel (no features to split on)."""
         if getattr(self, "kernel", "rbf") == "precomputed":
             return 1
         return _n_partitions(self.n_partitions, n)

@@ -18,6 +18,9 @@ from ..routing import neighbor_weights, route
 from ._partitioned import on_device
 from ._svm import gpu_compute_dtype
 
+#: Rows predicted at a time (``predict``, ``decision_function``).
+PREDICT_BLOCK_ROWS = 16384
+
 
 class PartPredictionMixin:
     """``_ovo_values`` (see :class:`~gpuml.estimators._svm.KernelSVMMixin`) of a model of parts.
@@ -43,7 +46,8 @@ class PartPredictionMixin:
         n_parts = self.part_intercept_.shape[0]
         vectors = on_device(self, backend, ("support_vectors",),
                             lambda: backend.asarray(self.support_vectors_))
-        weights = neighbor_weights(Xd, vectors, self.support_part_, n_parts, self.n_neighbors)
+        weights = neighbor_weights(Xd, vectors, self.support_part_, n_parts, self.n_neighbors,
+                                   centers=backend.asarray(self.centers_))
         empty = np.bincount(self.support_part_, minlength=n_parts) == 0
         if empty.any():
             owner = route(Xd, backend.asarray(self.centers_))
@@ -67,24 +71,35 @@ class PartPredictionMixin:
         backend = resolve(self.device, X)
         X = validate_X(self, X, reset=False)
         precomputed = self._kernel.name == "precomputed"
+        n = X.shape[0]
         with backend.use():
-            Xd = backend.asarray(X)
-            xp = backend.xp
-            out = xp.zeros((X.shape[0], self.ovo_dual_coef_.shape[0]), dtype=np.float64)
-            if self._blends():
-                weights = self._part_weights(backend, Xd)
-                for p in np.flatnonzero(weights.any(axis=0)).tolist():
-                    rows = np.flatnonzero(weights[:, p])
-                    sel = backend.asarray(rows)
-                    out[sel] += (backend.asarray(weights[rows, p])[:, None]
-                                 * self._part_values(backend, p, Xd[sel]))
-                return out, weights @ (self.pair_status_ > 0) > 0
-            owner = route(Xd, backend.asarray(self.centers_)) if not precomputed \
-                else np.zeros(X.shape[0], dtype=np.int64)
-            for p in np.unique(owner).tolist():
-                sel = backend.asarray(np.flatnonzero(owner == p))
-                out[sel] = self._part_values(backend, p, Xd[sel])
-        return out, self.pair_status_[owner] > 0
+            out = backend.xp.zeros((n, self.ovo_dual_coef_.shape[0]), dtype=np.float64)
+            voting = np.zeros(out.shape, dtype=bool)
+            # In blocks of rows: what a block needs beside its output (weights, routes,
+            # kernel values) does not grow with the number of rows predicted.
+            for start in range(0, n, PREDICT_BLOCK_ROWS):
+                stop = min(start + PREDICT_BLOCK_ROWS, n)
+                Xd = backend.asarray(X[start:stop])
+                voting[start:stop] = self._ovo_block(backend, Xd, out[start:stop], precomputed)
+        return out, voting
+
+    def _ovo_block(self, backend, Xd, out, precomputed):
+        """:meth:`_ovo_values` of the rows ``Xd`` on one device, written to ``out``;
+        returns which pairs vote."""
+        if self._blends():
+            weights = self._part_weights(backend, Xd)
+            for p in np.flatnonzero(weights.any(axis=0)).tolist():
+                rows = np.flatnonzero(weights[:, p])
+                sel = backend.asarray(rows)
+                out[sel] += (backend.asarray(weights[rows, p])[:, None]
+                             * self._part_values(backend, p, Xd[sel]))
+            return weights @ (self.pair_status_ > 0) > 0
+        owner = route(Xd, backend.asarray(self.centers_)) if not precomputed \
+            else np.zeros(Xd.shape[0], dtype=np.int64)
+        for p in np.unique(owner).tolist():
+            sel = backend.asarray(np.flatnonzero(owner == p))
+            out[sel] = self._part_values(backend, p, Xd[sel])
+        return self.pair_status_[owner] > 0
 
     def _part_model(self, backend, p, dtype=None):
         """Part ``p``'s support vectors (their rows for a precomputed kernel; in ``dtype``

@@ -45,13 +45,22 @@ KERNEL_CONSTRAINTS = {
 
 #: ``_parameter_constraints`` entries for partitioning, device and parallelism.
 PARTITION_CONSTRAINTS = {
-    "n_partitions": [Interval(Integral, 1, None, closed="left")],
+    "n_partitions": [Interval(Integral, 1, None, closed="left"), StrOptions({"auto"})],
     "partition": [StrOptions(set(PARTITIONERS))],
     "device": [str],
     "devices": [None, StrOptions({"all"}), list, tuple],
     "n_jobs": [Integral, None],
     "random_state": ["random_state"],
 }
+
+
+def auto_n_partitions(n: int, part_rows: int) -> int:
+    """``n_partitions="auto"``: the fewest parts of at most ``part_rows`` rows.
+
+    >>> auto_n_partitions(2048, 2048), auto_n_partitions(2049, 2048), auto_n_partitions(10**6, 2048)
+    (1, 2, 489)
+    """
+    return max(1, -(-int(n) // int(part_rows)))
 
 
 #: Fewer rows than this in a part: the local model has too little data (P is large for n).

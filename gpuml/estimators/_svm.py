@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import copy
 import warnings
+from dataclasses import dataclass
 
 import numpy as np
 import scipy.sparse as sp
@@ -139,6 +140,35 @@ PROBABILITY_FOLDS = 5
 
 _PROBABILITY_DOC = ("as the `probability=True` option of SVC, which gpuml keeps for code "
                     "written for SVC, was deprecated in scikit-learn 1.9 and is removed in 1.11")
+
+
+@dataclass
+class SVMPartFit:
+    """The fitted local model of one part: small host arrays, picklable.
+
+    Attributes
+    ----------
+    support : int ndarray of shape (n_SV,)
+        Positions of the part's support vectors among the part's rows, ascending.
+    support_vectors : ndarray or CSR of shape (n_SV, n_features)
+        (0, 0) for ``kernel="precomputed"``.
+    dual_coef : ndarray of shape (n_pairs, n_SV)
+    intercept, pair_status, n_iter, objective : ndarrays of shape (n_pairs,)
+        As the rows of the estimator's attributes of those names.
+    converged : bool
+    n_problems : int
+        One-vs-one problems trained in the part.
+    """
+
+    support: np.ndarray
+    support_vectors: object
+    dual_coef: np.ndarray
+    intercept: np.ndarray
+    pair_status: np.ndarray
+    n_iter: np.ndarray
+    objective: np.ndarray
+    converged: bool
+    n_problems: int
 
 
 class KernelSVMMixin:

@@ -37,7 +37,7 @@ class _TreeNode:
     ``members`` (bool) and ``warm`` (the children's alphas) have shape
     ``(n_pairs, len(rows))``; ``members=None`` means every row of the pair's two
     classes, ``warm=None`` a cold start. ``fit`` (the node's
-    :class:`~gpuml.estimators.casvm.SVMPartFit`) is set once the node is trained.
+    :class:`~gpuml.estimators._svm.SVMPartFit`) is set once the node is trained.
     """
 
     rows: np.ndarray
@@ -53,7 +53,7 @@ def fit_tree(fit_nodes, parts, y_idx, sample_C, n_classes, pass_every_row):
     ----------
     fit_nodes : callable
         ``fit_nodes(node_rows, members, warm)``: one fitted
-        :class:`~gpuml.estimators.casvm.SVMPartFit` per node, given each node's
+        :class:`~gpuml.estimators._svm.SVMPartFit` per node, given each node's
         rows, members and warm start (as :class:`_TreeNode`).
     parts : list of int ndarrays
         The rows of each part of the split: the nodes of the first layer.

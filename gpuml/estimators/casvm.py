@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import warnings
-from dataclasses import dataclass
 from numbers import Integral, Real
 
 import numpy as np
@@ -22,12 +21,21 @@ from ..kernels import SMOProblem, compile_after_fit, smo_solve_batch
 from ..partition import Partitioning, split
 from ..pipeline import FitData, FitResult, PartitionedFit
 from ._part_prediction import PartPredictionMixin
-from ._partitioned import KERNEL_CONSTRAINTS, PARTITION_CONSTRAINTS, warn_poor_parts
-from ._svm import KernelSVMMixin, class_pairs, pack_dual_coef, primal_coef
+from ._partitioned import (
+    KERNEL_CONSTRAINTS,
+    PARTITION_CONSTRAINTS,
+    auto_n_partitions,
+    warn_poor_parts,
+)
+from ._svm import KernelSVMMixin, SVMPartFit, class_pairs, pack_dual_coef, primal_coef
 from ._tree import fit_tree
 
-#: Default number of parts (the trade-off: bench/results/cpu-2core/casvm_tradeoff.md).
-DEFAULT_N_PARTITIONS = 8
+#: Default number of parts: ``ceil(n / AUTO_PART_ROWS)`` (docs/casvm.md, "How many parts").
+DEFAULT_N_PARTITIONS = "auto"
+#: ``n_partitions="auto"``: the most rows a part holds, solved on the CPU / on a GPU (an
+#: SMO solve of m rows costs m^2 or more: bounded parts, a fit linear in n).
+AUTO_PART_ROWS = 2048
+AUTO_PART_ROWS_GPU = 8192
 #: Default kernel cache per part in MB (see docs/casvm.md).
 DEFAULT_CACHE_SIZE = 1024.0
 #: The training schemes of You 2020, sections 2.2-2.4, as settings (``method=``):
@@ -44,35 +52,6 @@ PART_C_SCALES = {"sqrt": lambda n, m: np.sqrt(n / m), "linear": lambda n, m: n /
 #: Default number of nearest support vectors that weigh the parts (``combine="neighbors"``;
 #: values compared in bench/results/cpu-2core/casvm_prediction_explore.md).
 DEFAULT_N_NEIGHBORS = 20
-
-
-@dataclass
-class SVMPartFit:
-    """The fitted local model of one part: small host arrays, picklable.
-
-    Attributes
-    ----------
-    support : int ndarray of shape (n_SV,)
-        Positions of the part's support vectors among the part's rows, ascending.
-    support_vectors : ndarray or CSR of shape (n_SV, n_features)
-        (0, 0) for ``kernel="precomputed"``.
-    dual_coef : ndarray of shape (n_pairs, n_SV)
-    intercept, pair_status, n_iter, objective : ndarrays of shape (n_pairs,)
-        As the rows of the estimator's attributes of those names.
-    converged : bool
-    n_problems : int
-        One-vs-one problems trained in the part.
-    """
-
-    support: np.ndarray
-    support_vectors: object
-    dual_coef: np.ndarray
-    intercept: np.ndarray
-    pair_status: np.ndarray
-    n_iter: np.ndarray
-    objective: np.ndarray
-    converged: bool
-    n_problems: int
 
 
 def _part_line(rows, n_problems, n_iter, converged):
@@ -124,9 +103,12 @@ class CASVMClassifier(PartitionedFit, PartPredictionMixin, KernelSVMMixin, Class
         Kernel coefficient, resolved on the whole training set as SVC does.
     degree : int, default=3
     coef0 : float, default=0.0
-    n_partitions : int, default=8
+    n_partitions : int or "auto", default="auto"
         Number of parts P; ``1`` gives the exact SVM. More parts fit faster
-        and lose more accuracy against SVC. The paper's prediction
+        and lose more accuracy against SVC. ``"auto"``: parts of at most
+        2048 rows (8192 on a GPU), ``ceil(n / 2048)``: the exact SVM up to
+        2048 rows, a fit time linear in n beyond (docs/casvm.md, "How many
+        parts"); one part for a precomputed kernel. The paper's prediction
         (``part_C="none", combine="nearest"``) loses more than the defaults
         do, the more the fewer rows per class a part holds, so with it many
         classes need a small P (bench/results/cpu-2core/casvm_tradeoff.md,
@@ -160,26 +142,19 @@ default="auto"
         How ``C`` is scaled in a part of ``m`` of the ``n`` training rows
         (``method="casvm"``; the tree methods keep ``C``): ``"sqrt"`` multiplies
         it by ``sqrt(n / m)`` (4 for 16 equal parts), ``"linear"`` by ``n / m``,
-        ``"none"`` keeps it. A part's SVM sums the hinge losses of m rows
-        against the same ``||w||^2``, so with the whole problem's C it is more
-        regularised than the whole problem; ``"linear"`` restores the ratio of
-        the two terms, ``"sqrt"`` goes half way, which fits less slowly (a
-        larger C takes more SMO steps). With ``n_partitions=1`` the factor is 1
-        (the exact SVM). It pays with ``combine="neighbors"``: averaged over
-        the parts around a sample, the less regularised part models make up
-        for each other's variance.
+        ``"none"`` keeps it; 1 with ``n_partitions=1`` (the exact SVM). A part
+        with the whole problem's C is more regularised than the whole problem;
+        this pays with ``combine="neighbors"`` (docs/casvm.md, "Prediction").
     combine : {"neighbors", "nearest"}, default="neighbors"
         How the parts' models judge a sample (``method="casvm"``;
         docs/casvm.md, "Prediction"). ``"nearest"``: the model of the part
         whose centre is nearest (Alg 5). ``"neighbors"``: the pairwise decision
         values of the parts that hold the sample's ``n_neighbors`` nearest
         support vectors, each weighted by its share of them, then voted on as
-        one model's; a sample deep inside one part's region gets that part's
-        values. Routing by the training data rather than by the centres
-        matters for balanced splits, whose parts reach beyond the region their
-        centre stands for. It costs up to a single SVM's prediction with the
-        same support vectors (a GEMM against all of them finds the
-        neighbours), more than ``"nearest"``.
+        one model's (the neighbours searched among the support vectors of the
+        sample's 16 nearest parts when more hold any). It costs more than
+        ``"nearest"``, at most a single SVM's prediction with the same
+        support vectors.
     n_neighbors : int, default=20
         Support vectors that weigh the parts with ``combine="neighbors"``
         (bench/results/cpu-2core/casvm_prediction_explore.md compares values).
@@ -263,6 +238,9 @@ default="auto"
         The partitioner used (``partition`` with ``"auto"`` resolved).
     partition_sizes_ : ndarray of shape (n_partitions,)
         Rows per part of the split (the first layer for the tree methods).
+    n_partitions_ : int
+        The number of parts P of the split (``n_partitions`` with ``"auto"``
+        resolved).
     layer_sizes_ : list of int ndarrays
         Tree methods only: the rows of each node trained in each layer, first
         layer first (a node carried up unmerged is not repeated).
@@ -436,9 +414,10 @@ default="auto"
     def _check_fit(self, executor, sample_weight=None):
         """Settings that some executors cannot run, refused before any work."""
         precomputed = self._kernel_name == "precomputed"
-        if precomputed and self.n_partitions != 1:
-            raise ValueError(f"kernel={self.kernel!r} needs n_partitions=1: partitioning and "
-                             "nearest-centre routing need the samples' features")
+        if precomputed and self.n_partitions not in (1, "auto"):
+            raise ValueError(f"kernel={self.kernel!r} needs n_partitions=1 (or 'auto'): "
+                             "partitioning and nearest-centre routing need the samples' "
+                             "features")
         if executor.where == "devices":
             if precomputed:
                 raise ValueError(f"kernel={self.kernel!r} fits on one device: use "
@@ -482,10 +461,13 @@ default="auto"
         if data.targets is not None:  # in memory (on Dask the chunks' tasks weigh their rows)
             data.weights = self._row_C(data.targets, data.weights)
         # The tree's layers report as a whole (its parts are not the model's).
-        data.extra["_progress"] = Progress("CASVM", self.n_partitions if self.method == "casvm"
+        data.extra["_progress"] = Progress("CASVM", data.n_parts if self.method == "casvm"
                                           else 0, self.verbose)
 
-    def _n_parts(self, n: int) -> int:
+    def _n_parts(self, n: int, gpu: bool = False) -> int:
+        if self.n_partitions == "auto":
+            return 1 if self._kernel_name == "precomputed" else auto_n_partitions(
+                n, AUTO_PART_ROWS_GPU if gpu else AUTO_PART_ROWS)
         return check_n_partitions(self.n_partitions, n)
 
     #: what the part solver reads of the fitted attributes (``shape_fit_``: the parts' C scale)
@@ -566,6 +548,7 @@ default="auto"
         # (the steps of each pair the model trained, summed over every layer).
         self.n_iter_ = n_iter[self.pair_status_[0] == 2].astype(np.int32)
         self.partition_sizes_ = split_parts.sizes
+        self.n_partitions_ = len(split_parts.sizes)
 
     def _finish_fit(self, data, X, y, sample_weight):
         if data.targets is not None:
@@ -753,6 +736,7 @@ default="auto"
         self.fit_status_ = 0 if converged else 1
         self.centers_ = to_numpy(parts.centers)
         self.partition_sizes_ = parts.sizes
+        self.n_partitions_ = len(parts.sizes)
         warn_poor_parts(parts.parts, y_idx, len(self.classes_), self.partition_,
                         blended=self.method == "casvm" and self.combine == "neighbors")
         if not converged:

@@ -60,6 +60,8 @@ class OnDask:
     where = "dask"
     #: the workers fit the parts: their lines come from the client after
     reports_parts = False
+    #: whether the parts are solved on GPUs (set by :meth:`load`)
+    gpu = False
 
     def __init__(self, client=None):
         # None: the current client, looked up with the data (after the estimator's checks)
@@ -72,6 +74,8 @@ class OnDask:
         if y is None:
             raise ValueError("requires y to be passed, but the target y is None")
         self.client = self.client or current_client()
+        # Each worker solves on its own device: a GPU where the estimator asks for one.
+        self.gpu = str(estimator._fit_device()).startswith("cuda")
         features = feature_source(X)
         classifier = is_classifier(estimator)
         X, y, w = check_dask_input(X, y, sample_weight, multi_output=not classifier)

@@ -19,7 +19,8 @@ class FitData:
     ``sample_weight`` for kernel ridge; on Dask the chunks hold them).
     ``stats`` is what data-driven defaults read (``shape`` and ``var()``: X
     itself in memory). A classifier's ``classes`` (sorted) and their
-    ``class_counts``. ``features``: where scikit-learn reads the feature names
+    ``class_counts``. ``n_parts``: the number of parts P (set once chosen).
+    ``features``: where scikit-learn reads the feature names
     and count of chunked input (its metadata); None when the estimator's own
     validation did. ``extra``: the estimator's and the executor's values for
     this fit; those whose key starts with ``_`` stay in this process.
@@ -35,6 +36,7 @@ class FitData:
     class_counts: np.ndarray | None = None
     backend: Backend | None = None
     features: object = None
+    n_parts: int | None = None
     extra: dict = field(default_factory=dict)
 
     def for_workers(self) -> FitData:

@@ -35,6 +35,11 @@ class InProcess:
     def __init__(self, backend: Backend):
         self.backend = backend
 
+    @property
+    def gpu(self) -> bool:
+        """Whether the parts are solved on a GPU (an estimator's ``n_partitions="auto"``)."""
+        return self.backend.is_gpu
+
     def load(self, estimator, X, y, sample_weight) -> FitData:
         return estimator._validate(X, y, sample_weight, self.backend)
 
@@ -76,6 +81,10 @@ class OnDevices:
 
     def __init__(self, group: DeviceGroup):
         self.group = group
+
+    @property
+    def gpu(self) -> bool:
+        return any(backend.is_gpu for backend in self.group.backends)
 
     def load(self, estimator, X, y, sample_weight) -> FitData:
         return estimator._validate(X, y, sample_weight, CPU)

@@ -30,7 +30,7 @@ class PartitionedFit:
     ``_setup(data)``
         the fitted settings that come from the data before the split (classes,
         kernel width, λ, ...), set on the estimator;
-    ``_n_parts(n)``, ``_split_method()``
+    ``_n_parts(n, gpu)``, ``_split_method()``
         how many parts, split how;
     ``_check_fit_memory(sizes, data, backend, n_samples=, n_parts=)``
         refuse, before allocating, parts too large for a device;
@@ -58,10 +58,11 @@ class PartitionedFit:
         data = executor.load(self, X, y, sample_weight)
         if data.features is not None:  # chunked input: its metadata, scikit-learn's rules
             validate_data(self, data.features, skip_check_array=True, reset=True)
-        n_parts = self._n_parts(data.n)
+        n_parts = self._n_parts(data.n, executor.gpu)
         # No partition of n rows into P parts has a smaller largest part: refuse before work.
         executor.check_memory(self, data, [-(-data.n // n_parts)], n_parts)
         data = executor.summarise(self, data, n_parts)
+        data.n_parts = n_parts
         self._setup(data)
         partitioning = executor.split(data, n_parts, self._split_method(), self.random_state)
         result = self._fit_split(executor, data, partitioning)
