@@ -134,6 +134,19 @@ class Backend:
                 return self.xp.asarray(a, dtype=dtype)
         return to_numpy(a) if dtype is None else to_numpy(a).astype(dtype, copy=False)
 
+    def upload(self, a):
+        """``a`` (host rows) on this backend's device, copied on a stream of its own and
+        complete on return, so that a thread may copy while another computes (as
+        :meth:`asarray` on the CPU)."""
+        if not self.is_gpu:
+            return self.asarray(a)
+        with self.use():
+            stream = self.xp.cuda.Stream(non_blocking=True)
+            with stream:
+                out = self.asarray(a)
+            stream.synchronize()
+        return out
+
     def __reduce__(self):
         # Modules do not pickle; a backend is rebuilt from its device (CPU stays CPU).
         return resolve, (self.device,)

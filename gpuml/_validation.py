@@ -120,3 +120,35 @@ def check_n_partitions(n_partitions, n_samples: int) -> int:
             "every partition needs at least one sample"
         )
     return int(n_partitions)
+
+
+_BYTE_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
+               "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
+
+
+def check_memory_bytes(value, name: str = "max_device_memory") -> int | None:
+    """A memory size as bytes: None, a positive integer (bytes) or a string such as
+    ``"512MB"`` or ``"2 GiB"`` (kB/MB/GB/TB: powers of 10; KiB/MiB/GiB/TiB: of 2).
+
+    >>> check_memory_bytes("1.5 GiB"), check_memory_bytes(4096), check_memory_bytes(None)
+    (1610612736, 4096, None)
+    """
+    if value is None:
+        return None
+    if isinstance(value, str):
+        text = value.strip().lower().replace(" ", "")
+        number = text.rstrip("abcdefghijklmnopqrstuvwxyz")
+        unit = text[len(number):]
+        try:
+            size = float(number) * _BYTE_UNITS[unit]
+        except (ValueError, KeyError):
+            raise ValueError(f"{name}={value!r} is not a memory size: give bytes, or a number "
+                             "with kB, MB, GB, KiB, MiB or GiB") from None
+    elif isinstance(value, numbers.Real) and not isinstance(value, bool):
+        size = float(value)
+    else:
+        raise TypeError(f"{name} must be None, a number of bytes or a string such as '2GB', "
+                        f"got {value!r}")
+    if not size >= 1:
+        raise ValueError(f"{name}={value!r} must be at least one byte")
+    return int(size)

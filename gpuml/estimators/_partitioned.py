@@ -49,6 +49,7 @@ PARTITION_CONSTRAINTS = {
     "partition": [StrOptions(set(PARTITIONERS))],
     "device": [str],
     "devices": [None, StrOptions({"all"}), list, tuple],
+    "max_device_memory": [None, Interval(Real, 0.0, None, closed="neither"), str],
     "n_jobs": [Integral, None],
     "random_state": ["random_state"],
 }

@@ -205,6 +205,14 @@ default="kbalance"
         entries runs that many CPU ranks (threads of this process) through
         the same code: for trying a multi-device setup without GPUs, not for
         speed. Leave ``device="auto"`` when giving ``devices``.
+    max_device_memory : int, str or None, default=None
+        Bytes (or ``"2GB"``, ``"512MiB"``) the fit may use on its device. Given
+        (or, when None, on a GPU whose free memory is less than twice the
+        data), the data stay on the host and the parts go through the device in
+        groups that fit (each part's rows and kernel block), each group's rows
+        copied while the previous one is solved; a part that alone does not fit
+        is refused before any work (docs/scale.md). The model is the one of an
+        unbounded fit.
     n_jobs : int or None, default=None
         Threads over parts on the CPU (joblib); each part's LAPACK call is
         itself multi-threaded by BLAS.
@@ -299,6 +307,7 @@ default="kbalance"
         "lam": [Interval(Real, 0.0, None, closed="left"), StrOptions({"auto"})],
         **_COMMON_CONSTRAINTS,
         "devices": PARTITION_CONSTRAINTS["devices"],
+        "max_device_memory": PARTITION_CONSTRAINTS["max_device_memory"],
         "alpha": [Interval(Real, 0.0, None, closed="left"), None],
         "gamma": [Interval(Real, 0.0, None, closed="neither"), StrOptions({"auto", "scale"}),
                   None],
@@ -308,8 +317,8 @@ default="kbalance"
 
     def __init__(self, kernel="rbf", sigma="scale", lam="auto", fit_intercept=True, degree=3,
                  coef0=1.0, n_partitions="auto", partition="kbalance", combine="nearest",
-                 dtype=None, device="auto", devices=None, n_jobs=None, random_state=None,
-                 alpha=None, gamma=None, kernel_params=None, verbose=0):
+                 dtype=None, device="auto", devices=None, max_device_memory=None, n_jobs=None,
+                 random_state=None, alpha=None, gamma=None, kernel_params=None, verbose=0):
         self.kernel = kernel
         self.sigma = sigma
         self.lam = lam
@@ -322,6 +331,7 @@ default="kbalance"
         self.dtype = dtype
         self.device = device
         self.devices = devices
+        self.max_device_memory = max_device_memory
         self.n_jobs = n_jobs
         self.random_state = random_state
         self.alpha = alpha
@@ -369,6 +379,9 @@ default="kbalance"
             raise ValueError("kernel='precomputed' needs n_partitions=1 (or 'auto'): "
                              "partitioning and nearest-centre routing need the samples' "
                              "features")
+        if executor.streams and self.kernel == "precomputed":
+            raise ValueError("max_device_memory streams parts of rows with features: "
+                             "kernel='precomputed' cannot be streamed")
         if executor.where == "devices" and self.kernel == "precomputed":
             raise ValueError("kernel='precomputed' fits on one device: use devices=None")
         if self._host_only() and (executor.where == "devices"
@@ -404,6 +417,11 @@ default="kbalance"
         return FitData(X, int(X.shape[0]), int(X.shape[1]), targets=y, weights=sample_weight,
                        stats=X, backend=backend, extra={"_take": take,
                                                         "itemsize": X.dtype.itemsize})
+
+    def _part_bytes(self, sizes, data, backend):
+        """Device bytes of each part solved alone: its rows, targets and kernel block."""
+        sizes = np.asarray(sizes, dtype=np.int64)
+        return sizes * (data.n_features + sizes + 2) * data.extra["itemsize"]
 
     def _check_fit_memory(self, sizes, data, backend, n_samples=None, n_parts=None):
         self._check_memory(sizes, data.extra["itemsize"], backend, n_samples=n_samples,

@@ -204,6 +204,13 @@ default="auto"
         ``"cpu"`` entries run CPU ranks (threads of this process) through the
         same code, to try a multi-device setup without GPUs. Leave
         ``device="auto"`` when giving ``devices``.
+    max_device_memory : int, str or None, default=None
+        Bytes (or ``"2GB"``, ``"512MiB"``) the fit may use on its device. Given
+        (or, when None, on a GPU whose free memory is less than twice the
+        data), the data stay on the host and the parts go through the device in
+        groups that fit, each group's rows copied while the previous one is
+        solved; a part that alone does not fit is refused before any work
+        (docs/scale.md). The model is the one of an unbounded fit.
     n_jobs : int or None, default=None
         Threads solving parts in parallel on the CPU.
     random_state : int, RandomState or None, default=None
@@ -358,7 +365,8 @@ default="auto"
                  part_C="sqrt", combine="neighbors", n_neighbors=DEFAULT_N_NEIGHBORS, tol=1e-3,
                  max_iter=-1, cache_size=DEFAULT_CACHE_SIZE, shrinking=False, class_weight=None,
                  decision_function_shape="ovr", break_ties=False, probability="deprecated",
-                 device="auto", devices=None, n_jobs=None, random_state=None, verbose=0):
+                 device="auto", devices=None, max_device_memory=None, n_jobs=None,
+                 random_state=None, verbose=0):
         self.C = C
         self.kernel = kernel
         self.gamma = gamma
@@ -380,6 +388,7 @@ default="auto"
         self.probability = probability
         self.device = device
         self.devices = devices
+        self.max_device_memory = max_device_memory
         self.n_jobs = n_jobs
         self.random_state = random_state
         self.verbose = verbose
@@ -418,6 +427,9 @@ default="auto"
             raise ValueError(f"kernel={self.kernel!r} needs n_partitions=1 (or 'auto'): "
                              "partitioning and nearest-centre routing need the samples' "
                              "features")
+        if executor.streams and (precomputed or self.method != "casvm"):
+            raise ValueError("max_device_memory streams the parts of method='casvm' with "
+                             f"features (got method={self.method!r}, kernel={self.kernel!r})")
         if executor.where == "devices":
             if precomputed:
                 raise ValueError(f"kernel={self.kernel!r} fits on one device: use "
@@ -503,6 +515,14 @@ default="auto"
 
     def _part_costs(self, sizes, n_features):
         return smo_cost(sizes)
+
+    def _part_bytes(self, sizes, data, backend):
+        """Device bytes of each part solved alone: its rows and its kernel matrix (at most
+        ``cache_size``)."""
+        sizes = np.asarray(sizes, dtype=np.int64)
+        itemsize = getattr(data.X, "dtype", np.dtype(np.float64)).itemsize
+        return (sizes * data.n_features * itemsize
+                + np.minimum(sizes ** 2 * 8, int(self.cache_size * 2**20)))
 
     def _solve_parts(self, backend, data, X, targets, weights, part_rows, part_ids):
         """The one-vs-one SMO problems of the given parts, as one batch on ``backend``."""

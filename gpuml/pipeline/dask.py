@@ -62,6 +62,7 @@ class OnDask:
     reports_parts = False
     #: whether the parts are solved on GPUs (set by :meth:`load`)
     gpu = False
+    streams = False
 
     def __init__(self, client=None):
         # None: the current client, looked up with the data (after the estimator's checks)

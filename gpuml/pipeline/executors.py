@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .._backend import CPU, Backend, resolve, resolve_devices, to_numpy
+from .._backend import CPU, Backend, available_bytes, resolve, resolve_devices, to_numpy
 from .._validation import check_n_partitions
 from ..distributed import DeviceGroup, balance, partition_on_devices
 from ..distributed.placement import shard_bounds
@@ -31,6 +31,8 @@ class InProcess:
     where = "process"
     #: the estimator's solver reports each part as it ends (it runs in the calling thread)
     reports_parts = True
+    #: whether the parts go through the device in groups (:class:`Streamed`)
+    streams = False
 
     def __init__(self, backend: Backend):
         self.backend = backend
@@ -78,6 +80,7 @@ class OnDevices:
 
     where = "devices"
     reports_parts = False
+    streams = False
 
     def __init__(self, group: DeviceGroup):
         self.group = group
@@ -124,23 +127,158 @@ class OnDevices:
         return FitResult(host, backend=CPU, part_device=part_device, devices=group.devices)
 
 
+class Streamed:
+    """One device whose memory the whole fit would exceed: the parts streamed through it.
+
+    The data stay on the host (validated there, split there); the parts are
+    fitted in groups, in part order, each group as large as fits the budget by
+    the estimator's ``_part_bytes`` (a part's rows and its solve), its rows
+    copied to the device while the previous group is solved (a host thread;
+    on a GPU the copy runs on its own stream). A part that alone needs more
+    than the budget is refused before any work. The fits are those of one
+    resident fit (the same rows, in the same order, per part).
+    """
+
+    where = "process"
+    #: the parts' lines come from the host, in part order, after the groups
+    reports_parts = False
+    streams = True
+
+    def __init__(self, backend: Backend, budget: int):
+        self.backend, self.budget = backend, int(budget)
+        self.groups = []
+
+    @property
+    def gpu(self) -> bool:
+        return self.backend.is_gpu
+
+    def load(self, estimator, X, y, sample_weight) -> FitData:
+        return estimator._validate(X, y, sample_weight, CPU)
+
+    def summarise(self, estimator, data, n_parts) -> FitData:
+        return data
+
+    def check_memory(self, estimator, data, sizes, n_parts=None):
+        """Refuse a part that alone needs more than the budget, naming a P that fits."""
+        largest = int(np.max(sizes))
+        need = int(estimator._part_bytes(np.array([largest]), data, self.backend).sum())
+        if need <= self.budget:
+            return
+        n = data.n
+
+        def fit_in(P):
+            return estimator._part_bytes(np.array([-(-n // P)]), data,
+                                         self.backend).sum() <= self.budget
+
+        # The smallest P whose balanced parts fit (a part's need falls as P grows).
+        lo, hi = max(len(sizes), n_parts or 1) + 1, n
+        fits = None if lo > n or not fit_in(n) else hi
+        while fits is not None and lo < hi:
+            mid = (lo + hi) // 2
+            lo, hi = (lo, mid) if fit_in(mid) else (mid + 1, hi)
+            fits = hi
+        change = (f"use n_partitions>={fits} (parts of at most {-(-n // fits)} rows)"
+                  if fits else "even one row per part does not fit")
+        raise MemoryError(
+            f"{type(estimator).__name__}: a part of {largest} rows needs about "
+            f"{need / 2**20:.1f} MiB on {self.backend.device} (its rows and its solve), more "
+            f"than max_device_memory ({self.budget / 2**20:.1f} MiB); {change}, or allow more "
+            "device memory")
+
+    def split(self, data, n_parts, method, random_state) -> Partitioning:
+        return split(data.X, n_parts, method, random_state)
+
+    def _groups(self, estimator, data, sizes):
+        """Consecutive parts, each run as large as the budget takes."""
+        need = estimator._part_bytes(np.asarray(sizes), data, self.backend)
+        groups, start, used = [], 0, 0
+        for j, b in enumerate(need.tolist()):
+            if j > start and used + b > self.budget:
+                groups.append(np.arange(start, j))
+                start, used = j, 0
+            used += b
+        return groups + [np.arange(start, len(sizes))]
+
+    def fit_parts(self, estimator, data, partitioning) -> FitResult:
+        from concurrent.futures import ThreadPoolExecutor
+
+        parts = partitioning.parts
+        self.check_memory(estimator, data, partitioning.sizes)
+        self.groups = self._groups(estimator, data, partitioning.sizes)
+        backend = self.backend
+
+        def upload(ids):
+            rows = np.concatenate([parts[j] for j in ids.tolist()])
+            with backend.use():
+                return rows, backend.upload(data.X[rows])
+
+        fits = []
+        with ThreadPoolExecutor(1) as pool:
+            ahead = pool.submit(upload, self.groups[0])
+            for g, ids in enumerate(self.groups):
+                rows, X_group = ahead.result()
+                if g + 1 < len(self.groups):
+                    ahead = pool.submit(upload, self.groups[g + 1])
+                bounds = np.cumsum([0] + [len(parts[j]) for j in ids.tolist()])
+                local = [np.arange(bounds[k], bounds[k + 1]) for k in range(len(ids))]
+                with backend.use():
+                    group_fits = estimator._solve_parts(
+                        backend, data, X_group, _rows_of(data.targets, rows),
+                        _rows_of(data.weights, rows), local, ids)
+                del X_group
+                fits += [estimator._part_to_host(fit, data.X[parts[j]])
+                         for j, fit in zip(ids.tolist(), group_fits)]
+        return FitResult(fits, backend=CPU)
+
+
+def device_budget(estimator, X):
+    """The bytes a fit may use on its device (``max_device_memory``), or None: unbounded.
+
+    Set: that many bytes. Not set: on a GPU, its free memory when the training data
+    alone would take more than half of it (the fit is then streamed); otherwise None.
+    """
+    from .._validation import check_memory_bytes
+
+    budget = check_memory_bytes(getattr(estimator, "max_device_memory", None))
+    if budget is not None:
+        return budget
+    backend = resolve(estimator._fit_device(), X)
+    if backend.is_gpu and hasattr(X, "shape") and len(X.shape) == 2:
+        with backend.use():
+            free = available_bytes(backend.xp)
+        if 8 * X.shape[0] * X.shape[1] > free // 2:
+            return free
+    return None
+
+
 def fit_executor(estimator, X, y=None, sample_weight=None):
     """The executor of one fit, chosen once from the input and the estimator's ``devices``:
-    Dask input runs on its cluster, ``devices=`` on a device group, the rest in process.
+    Dask input runs on its cluster, ``devices=`` on a device group, the rest in process,
+    streamed through the device under a memory budget (:func:`device_budget`).
 
     Validated before any work (see :func:`gpuml._backend.resolve_devices`).
     """
     from .._backend import is_dask_collection
 
+    streamed = getattr(estimator, "max_device_memory", None) is not None
     if any(is_dask_collection(v) for v in (X, y, sample_weight)):
+        if streamed:
+            raise ValueError("max_device_memory is for a fit in this process: on Dask each "
+                             "worker's memory_limit bounds its parts")
         dask_module()  # a clear error when Dask is not installed
         from .dask import OnDask
 
         return OnDask()
     group = device_group(estimator)
     if group is not None:
+        if streamed:
+            raise ValueError("max_device_memory is for one device: leave devices=None")
         return OnDevices(group)
-    return InProcess(resolve(estimator._fit_device(), X, y))
+    budget = device_budget(estimator, X)
+    backend = resolve(estimator._fit_device(), X, y)
+    if budget is not None:
+        return Streamed(backend, budget)
+    return InProcess(backend)
 
 
 def dask_module():
