@@ -86,7 +86,7 @@ def estimator_rows():
                                               random_state=0)
     adult = (Xtr, ytr, Xte, yte)
     rows.append(_compare("classify", "adult 8k",
-                         lambda e: f"CASVMClassifier() (P={e.n_partitions}, {e.partition})",
+                         lambda e: f"CASVMClassifier() (P={e.n_partitions_}, {e.partition_})",
                          lambda: CASVMClassifier(random_state=0), "SVC", SVC, adult, baselines))
     rows.append(_compare("classify", "adult 8k", "CASVMClassifier(P=1, exact)",
                          lambda: CASVMClassifier(n_partitions=1), "SVC", SVC, adult,
