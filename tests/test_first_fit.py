@@ -45,6 +45,21 @@ def test_ready_queues_a_background_compile(background):
         assert _jit.ready(twice, np.int64(1))  # compiled by the caller's own call
 
 
+def test_a_known_specialisation_is_found_without_numba_typing(background, monkeypatch):
+    # None, as the SMO solver passes for "no shrinking", keeps the cheap key: once a
+    # specialisation is known, numba's own typing of the arguments is not asked again.
+    @njit
+    def first(x, flag):
+        return x[0] if flag is None else -x[0]
+
+    args = (np.ones(3), None)
+    assert not _jit.ready(first, *args)
+    _jit.wait()
+    assert _jit.ready(first, *args)
+    monkeypatch.setattr(_jit, "signature", lambda *a: pytest.fail("typed again"))
+    assert _jit.ready(first, *args) and first(*args) == 1.0
+
+
 def test_compiles_queued_during_a_fit_start_after_it(background):
     @njit
     def half(x):

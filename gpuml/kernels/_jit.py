@@ -92,14 +92,14 @@ _compiled: set = set()
 
 def _cheap_key(args):
     """What decides numba's typing of ``args`` (arrays: dtype, dimensions, layout, flags;
-    scalars: their type), or None for an argument of another kind."""
+    scalars and None: their type), or None for an argument of another kind."""
     key = []
     for a in args:
         if isinstance(a, np.ndarray):
             f = a.flags
             key.append((a.dtype.str, a.ndim, f.c_contiguous, f.f_contiguous, f.writeable,
                         f.aligned))
-        elif isinstance(a, (bool, int, float, np.generic)):
+        elif a is None or isinstance(a, (bool, int, float, np.generic)):
             key.append(type(a))
         else:
             return None
