@@ -13,7 +13,12 @@ seeds):
   nearest parts (by centre) only: an approximation; reported: the accuracy change
   and the speed-up of ``predict``.
 
-    python -m bench.explore_casvm_neighbours [--quick]
+    python -m bench.explore_casvm_neighbours [--quick] [--partition P] [--large]
+
+``--large``: the rule as shipped at large P (since ``n_partitions="auto"``, P grows with
+n; beyond 16 parts with support vectors a row's neighbours are searched among its 16
+nearest parts), against the search over every part, on 100,000 to 400,000 synthetic
+rows (``casvm_neighbours_large.md``).
 
 Writes ``casvm_neighbours.md`` beside the other results of this machine.
 """
@@ -110,13 +115,66 @@ def nearest_parts_weights(X, vectors, vector_part, n_parts, n_neighbors, centers
     return search.weights(n_parts)
 
 
+def large(quick: bool) -> int:
+    """``--large``: the rule as shipped at large P (``CASVMClassifier()``'s
+    ``n_partitions="auto"`` on synthetic data): each row's neighbours among its
+    ``NEIGHBOR_PARTS`` (16) nearest parts, against every part and the nearest centre."""
+    from sklearn.datasets import make_classification
+
+    import gpuml.routing as routing
+
+    n_test = 10_000
+    sizes = (30_000,) if quick else (100_000, 200_000, 400_000)
+    X, y = make_classification(max(sizes) + n_test, n_features=28, n_informative=20,
+                               n_redundant=4, flip_y=0.05, class_sep=0.8, random_state=0)
+    X = X.astype(np.float32)
+    Xte, yte = X[-n_test:], y[-n_test:]
+    lines, shipped = [], routing.NEIGHBOR_PARTS
+    for n in sizes:
+        clf = CASVMClassifier(random_state=0).fit(X[:n], y[:n])
+        cells = [f"{n:,}", str(clf.n_partitions_), f"{len(clf.support_):,}"]
+        for _rule, q, combine in (("16 nearest parts", shipped, "neighbors"),
+                                  ("every part", clf.n_partitions_, "neighbors"),
+                                  ("nearest centre", shipped, "nearest")):
+            routing.NEIGHBOR_PARTS, clf.combine = q, combine
+            try:
+                clf.predict(Xte[:200])  # warm
+                t0 = time.perf_counter()
+                acc = float((clf.predict(Xte) == yte).mean())
+                cells.append(f"{100 * acc:.2f} %, {time.perf_counter() - t0:.2f} s")
+            finally:
+                routing.NEIGHBOR_PARTS, clf.combine = shipped, "neighbors"
+        lines.append("| " + " | ".join(cells) + " |")
+        print(lines[-1], flush=True)
+    out = RESULTS / machine_name() / f"casvm_neighbours_large{'_quick' if quick else ''}.md"
+    out.write_text(
+        "# CA-SVM's neighbours rule at large P: the 16 nearest parts searched\n\n"
+        f"Machine: `{machine_name()}`. Command: `python -m bench.explore_casvm_neighbours "
+        f"--large{' --quick' if quick else ''}`.\n\n"
+        "CASVMClassifier() (n_partitions='auto': parts of at most 2,048 rows) on "
+        "make_classification(n_features=28, n_informative=20, n_redundant=4, flip_y=0.05, "
+        "class_sep=0.8), float32; accuracy on 10,000 test rows and the time to predict them "
+        "(one run after a warm-up, shared 2-core machine) with each row's 20 nearest support "
+        "vectors searched among its 16 nearest parts (the shipped rule, "
+        "gpuml.routing.NEIGHBOR_PARTS), among every part, and with the nearest-centre rule "
+        "(combine='nearest') on the same model.\n\n"
+        "| n_train | P | support vectors | 16 nearest parts | every part | nearest centre |\n"
+        "|---|---|---|---|---|---|\n" + "\n".join(lines) + "\n")
+    print(f"wrote {out}")
+    return 0
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--large", action="store_true", help="the shipped rule at large P "
+                    "(synthetic data, n_partitions='auto')")
     ap.add_argument("--partition", default="fcfs", help="the partitioner (default: fcfs, "
                     "CASVMClassifier's)")
     args = ap.parse_args(argv)
     warnings.simplefilter("ignore")
+    if args.large:
+        return large(args.quick)
     full_rule = prediction.neighbor_weights
     lines = []
     for name, (loader, n_train, n_test) in SETS.items():
