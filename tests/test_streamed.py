@@ -10,6 +10,7 @@ from sklearn.datasets import make_classification, make_regression
 
 import gpuml.pipeline.executors as executors
 from gpuml import BKRRRegressor, CASVMClassifier
+from gpuml._backend import cuda_available
 from gpuml._validation import check_memory_bytes
 
 
@@ -133,3 +134,22 @@ def test_memory_sizes():
         check_memory_bytes(0.5)
     with pytest.raises(TypeError):
         check_memory_bytes([1])
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not cuda_available(), reason="needs a CUDA device")
+def test_streamed_through_a_gpu_equals_the_resident_gpu_fit(classification, regression):
+    """On a GPU: the rows copied group by group on a side stream, the same model as a fit
+    with every row on the device; the BKRR fit equals the CPU's to rounding."""
+    X, y = classification
+    resident = CASVMClassifier(random_state=0, device="cuda").fit(X, y)
+    streamed = CASVMClassifier(random_state=0, device="cuda", max_device_memory="70MB")
+    streamed.fit(X, y)
+    np.testing.assert_array_equal(streamed.support_, resident.support_)
+    np.testing.assert_allclose(streamed.dual_coef_, resident.dual_coef_, atol=1e-8)
+    np.testing.assert_array_equal(streamed.predict(X), resident.predict(X))
+    Xr, Y = regression
+    cpu = BKRRRegressor(random_state=0, device="cpu").fit(Xr, Y)
+    gpu = BKRRRegressor(random_state=0, device="cuda", max_device_memory=30 * 2**20).fit(Xr, Y)
+    np.testing.assert_array_equal(gpu.part_sizes_, cpu.part_sizes_)
+    np.testing.assert_allclose(gpu.predict(Xr), cpu.predict(Xr), rtol=1e-6, atol=1e-6)
