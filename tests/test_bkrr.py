@@ -737,10 +737,12 @@ def test_balanced_sizes():
 
 
 def test_fitting_partitions_bisects_to_the_smallest():
-    assert _krr._fitting_partitions(1000, 3, lambda P: P >= 17) == 17
-    assert _krr._fitting_partitions(1000, 3, lambda P: True) == 4
-    assert _krr._fitting_partitions(1000, 3, lambda P: False) is None
-    assert _krr._fitting_partitions(5, 5, lambda P: True) is None
+    from gpuml.partition import fewest_parts_fitting
+
+    assert fewest_parts_fitting(1000, 3, lambda P: P >= 17) == 17
+    assert fewest_parts_fitting(1000, 3, lambda P: True) == 4
+    assert fewest_parts_fitting(1000, 3, lambda P: False) is None
+    assert fewest_parts_fitting(5, 5, lambda P: True) is None
 
 
 def _fake_gpu():

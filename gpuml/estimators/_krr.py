@@ -43,7 +43,7 @@ from .._validation import check_n_partitions, validate_X, validate_X_y
 from ..kernels import NotPositiveDefiniteError, gpu_solve_bytes, krr_lstsq_part, krr_solve_parts
 from ..kernels.krr import GPU_HEADROOM_BYTES
 from ..pairwise import HOST_KERNELS, Kernel, PairwiseKernel, resolve_gamma
-from ..partition import split
+from ..partition import fewest_parts_fitting, split
 from ..pipeline import dask_module, predict_on_devices, prediction_group, route_on_devices
 from ..routing import route
 from ._partitioned import PARTITION_CONSTRAINTS, auto_n_partitions, on_device
@@ -111,26 +111,6 @@ def _format_bytes(n: int) -> str:
 def _balanced_sizes(n: int, n_parts: int) -> np.ndarray:
     """Part sizes of a balanced split of n samples into P parts (as K-balance makes)."""
     return np.full(n_parts, n // n_parts, dtype=np.int64) + (np.arange(n_parts) < n % n_parts)
-
-
-def _fitting_partitions(n: int, n_parts: int, fits) -> int | None:
-    """The smallest P in (n_parts, n] with ``fits(P)``, by bisection; None if P = n does not fit.
-
-    The need of balanced parts falls as P grows, except around the size where
-    parts become small enough to be factored in batches on a GPU
-    (:func:`gpuml.kernels.gpu_solve_plan`); there the bisection may return a
-    larger P than the smallest, but never one that does not fit.
-    """
-    lo, hi = n_parts + 1, n
-    if lo > n or not fits(n):
-        return None
-    while lo < hi:
-        mid = (lo + hi) // 2
-        if fits(mid):
-            hi = mid
-        else:
-            lo = mid + 1
-    return lo
 
 
 def _gpu_search_bytes(sizes, itemsize: int) -> int:
@@ -271,7 +251,7 @@ class _BKRRBase(RegressorMixin, BaseEstimator):
         avail = available_bytes(backend.xp)
         if need <= avail:
             return
-        suggest = _fitting_partitions(
+        suggest = fewest_parts_fitting(
             n, n_parts, lambda P: self._memory_need(_balanced_sizes(n, P), itemsize, backend,
                                                     search) <= avail)
         if suggest is None:

@@ -54,6 +54,7 @@ from .algorithms import (
     contiguous_labels,
     divide,
     fcfs_seeds,
+    fewest_parts_fitting,
     random_labels,
     split_kmeans,
 )
@@ -183,6 +184,7 @@ __all__ = [
     "dense_rows",
     "divide",
     "fcfs_seeds",
+    "fewest_parts_fitting",
     "kmeans",
     "partition",
     "random_labels",

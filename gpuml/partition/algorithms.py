@@ -96,6 +96,27 @@ class Rows(Protocol):
         """Centres found on a :meth:`sample`, as this :class:`Rows`' steps take them."""
 
 
+def fewest_parts_fitting(n: int, n_parts: int, fits) -> int | None:
+    """The smallest P in (n_parts, n] with ``fits(P)``, by bisection; None if P = n does not fit.
+
+    ``fits(P)``: whether balanced parts of ``n`` rows into P fit a memory budget. The
+    need of such parts falls as P grows, except around the size where parts become
+    small enough to be factored in batches on a GPU (:func:`gpuml.kernels.gpu_solve_plan`);
+    there the bisection may return a larger P than the smallest, but never one that
+    does not fit.
+    """
+    lo, hi = n_parts + 1, n
+    if lo > n or not fits(n):
+        return None
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if fits(mid):
+            hi = mid
+        else:
+            lo = mid + 1
+    return lo
+
+
 def capacities(n: int, n_parts: int, larger_first=None) -> np.ndarray:
     """Part capacities ``n // P``, plus one for ``n % P`` parts (``larger_first`` order)."""
     lo, r = divmod(n, n_parts)

@@ -12,10 +12,10 @@ from __future__ import annotations
 import numpy as np
 
 from .._backend import CPU, Backend, available_bytes, resolve, resolve_devices, to_numpy
-from .._validation import check_n_partitions
+from .._validation import check_memory_bytes, check_n_partitions
 from ..distributed import DeviceGroup, balance, partition_on_devices
 from ..distributed.placement import shard_bounds
-from ..partition import Partitioning, split
+from ..partition import Partitioning, fewest_parts_fitting, split
 from ..routing import route
 from .data import FitData, FitResult
 
@@ -170,13 +170,7 @@ class Streamed:
             return estimator._part_bytes(np.array([-(-n // P)]), data,
                                          self.backend).sum() <= self.budget
 
-        # The smallest P whose balanced parts fit (a part's need falls as P grows).
-        lo, hi = max(len(sizes), n_parts or 1) + 1, n
-        fits = None if lo > n or not fit_in(n) else hi
-        while fits is not None and lo < hi:
-            mid = (lo + hi) // 2
-            lo, hi = (lo, mid) if fit_in(mid) else (mid + 1, hi)
-            fits = hi
+        fits = fewest_parts_fitting(n, max(len(sizes), n_parts or 1), fit_in)
         change = (f"use n_partitions>={fits} (parts of at most {-(-n // fits)} rows)"
                   if fits else "even one row per part does not fit")
         raise MemoryError(
@@ -231,18 +225,15 @@ class Streamed:
         return FitResult(fits, backend=CPU)
 
 
-def device_budget(estimator, X):
+def device_budget(estimator, X, backend):
     """The bytes a fit may use on its device (``max_device_memory``), or None: unbounded.
 
     Set: that many bytes. Not set: on a GPU, its free memory when the training data
     alone would take more than half of it (the fit is then streamed); otherwise None.
     """
-    from .._validation import check_memory_bytes
-
     budget = check_memory_bytes(getattr(estimator, "max_device_memory", None))
     if budget is not None:
         return budget
-    backend = resolve(estimator._fit_device(), X)
     if backend.is_gpu and hasattr(X, "shape") and len(X.shape) == 2:
         with backend.use():
             free = available_bytes(backend.xp)
@@ -274,8 +265,8 @@ def fit_executor(estimator, X, y=None, sample_weight=None):
         if streamed:
             raise ValueError("max_device_memory is for one device: leave devices=None")
         return OnDevices(group)
-    budget = device_budget(estimator, X)
     backend = resolve(estimator._fit_device(), X, y)
+    budget = device_budget(estimator, X, backend)
     if budget is not None:
         return Streamed(backend, budget)
     return InProcess(backend)
