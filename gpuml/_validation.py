@@ -11,6 +11,7 @@ from __future__ import annotations
 import numbers
 
 import numpy as np
+from sklearn.utils.multiclass import check_classification_targets
 from sklearn.utils.validation import check_array, validate_data
 
 from ._backend import is_cupy_array, is_dask_collection
@@ -99,6 +100,26 @@ def validate_X_y(estimator, X, y, *, y_numeric: bool = False, multi_output: bool
         return X, y
     return validate_data(estimator, X, y, accept_sparse="csr", dtype=FLOAT_DTYPES,
                          y_numeric=y_numeric, multi_output=multi_output)
+
+
+def check_class_labels(y):
+    """scikit-learn's ``check_classification_targets`` for validated 1-D labels.
+
+    Integer and boolean labels, and floats that are whole numbers, are class
+    labels without further work (scikit-learn's ``type_of_target`` calls them
+    binary or multiclass); anything else goes through scikit-learn's check,
+    which raises its own message for continuous or other unfit targets. The
+    shortcut matters on small data, where ``type_of_target`` costs as much as
+    an SVM fit of a hundred rows.
+    """
+    if isinstance(y, np.ndarray) and y.ndim == 1 and y.size:
+        kind = y.dtype.kind
+        if kind in "iub":
+            return
+        if kind == "f" and bool(np.all(np.isfinite(y))) and np.array_equal(
+                y, y.astype(np.int64)):
+            return
+    check_classification_targets(y)
 
 
 def as_float_matrix(X, name: str = "X"):

@@ -613,3 +613,48 @@ def test_prediction_in_row_blocks_equals_one_block(combine, monkeypatch):
     monkeypatch.setattr(prediction, "PREDICT_BLOCK_ROWS", 97)
     np.testing.assert_array_equal(clf.decision_function(X), values)
     np.testing.assert_array_equal(clf.predict(X), labels)
+
+
+@pytest.mark.parametrize("y", [
+    np.array([0, 1, 2, 1]), np.array([True, False, True, True]), np.array([3.0, -1.0, 3.0, 0.0]),
+    np.array([0.5, 1.0, 2.0, 1.0]), np.array(["a", "b", "a", "c"], dtype=object),
+    np.array(["a", "b", "a", "c"]), np.array([1e20, 0.0, 1e20, 0.0]), np.array([7, 7, 7, 7]),
+    np.array([0, 1, 2, 1], dtype=np.uint8), np.array([1.0, 2.0, 1.0, np.inf]),
+])
+def test_class_label_check_accepts_and_refuses_as_scikit_learns(y):
+    """The shortcut for plain labels raises exactly where scikit-learn's check raises."""
+    from sklearn.utils.multiclass import check_classification_targets
+
+    from gpuml._validation import check_class_labels
+
+    try:
+        check_classification_targets(y)
+    except ValueError as err:
+        with pytest.raises(ValueError, match=re.escape(str(err))):
+            check_class_labels(y)
+    else:
+        check_class_labels(y)
+
+
+def test_parameter_names_read_once_are_scikit_learns_and_per_class():
+    from sklearn.base import BaseEstimator
+
+    from gpuml import AsyGCDSVC, BKRRRegressor, BKRRRegressorCV
+
+    class Wider(CASVMClassifier):
+        def __init__(self, extra=1, C=1.0):
+            super().__init__(C=C)
+            self.extra = extra
+
+    class Varargs(CASVMClassifier):
+        def __init__(self, *args):
+            super().__init__()
+
+    for cls in (CASVMClassifier, BKRRRegressor, BKRRRegressorCV, AsyGCDSVC):
+        assert cls._get_param_names() == BaseEstimator._get_param_names.__func__(cls)
+    names = CASVMClassifier._get_param_names()
+    names.append("not a parameter")  # the caller's copy: the next call is unchanged
+    assert "not a parameter" not in CASVMClassifier._get_param_names()
+    assert Wider._get_param_names() == ["C", "extra"]  # its own, not its parent's
+    with pytest.raises(RuntimeError, match="varargs"):
+        Varargs._get_param_names()  # scikit-learn's own refusal, not a cached answer

@@ -46,6 +46,7 @@ from ..pairwise import HOST_KERNELS, Kernel, PairwiseKernel, resolve_gamma
 from ..partition import fewest_parts_fitting, split
 from ..pipeline import dask_module, predict_on_devices, prediction_group, route_on_devices
 from ..routing import route
+from ._params import CachedParamNames
 from ._partitioned import PARTITION_CONSTRAINTS, auto_n_partitions, on_device
 
 #: ``n_partitions="auto"`` makes parts of at most this many samples. Fit time
@@ -161,7 +162,7 @@ def _part_masses(part_rows, weights=None) -> list:
     return [m if m > 0 else len(idx) for m, idx in zip(masses, part_rows)]
 
 
-class _BKRRBase(RegressorMixin, BaseEstimator):
+class _BKRRBase(CachedParamNames, RegressorMixin, BaseEstimator):
     """Validation, partitioning, memory check, prediction and pickling shared by both."""
 
     def __sklearn_tags__(self):

@@ -27,7 +27,6 @@ from sklearn.utils import _safe_indexing, check_random_state
 from sklearn.utils._available_if import available_if
 from sklearn.utils.class_weight import compute_class_weight
 from sklearn.utils.deprecation import deprecated
-from sklearn.utils.multiclass import check_classification_targets
 from sklearn.utils.validation import (
     _check_sample_weight,
     check_consistent_length,
@@ -35,7 +34,7 @@ from sklearn.utils.validation import (
 )
 
 from .._backend import is_dask_collection, namespace_of, to_numpy, to_output
-from .._validation import validate_X_y
+from .._validation import check_class_labels, validate_X_y
 from ..pairwise import make_kernel, squared_norms
 from ..pipeline import dask_module
 
@@ -313,14 +312,15 @@ class KernelSVMMixin:
             X = self._callable_gram(X)
         X, y = validate_X_y(self, X, y)
         y_host = to_numpy(y)
-        check_classification_targets(y_host)
+        check_class_labels(y_host)
         if self._kernel_name == "precomputed" and X.shape[0] != X.shape[1]:
             raise ValueError(f"Precomputed matrix must be a square matrix. Input is a "
                              f"{X.shape[0]}x{X.shape[1]} matrix.")
         classes, y_idx = np.unique(y_host, return_inverse=True)
         # Negative weights are allowed and, as in SVC, drop their rows (C_i <= 0).
-        sw = _check_sample_weight(sample_weight, X, dtype=np.float64,
-                                  allow_all_zero_weights=True)
+        sw = (np.ones(X.shape[0]) if sample_weight is None else  # as the check gives None
+              _check_sample_weight(sample_weight, X, dtype=np.float64,
+                                   allow_all_zero_weights=True))
         if self._kernel_name != "precomputed" and not bool(
                 namespace_of(X).isfinite(squared_norms(X)).all()):
             # Before any work: kernel values of such samples overflow, and the solver's
@@ -338,8 +338,10 @@ class KernelSVMMixin:
                              f"(the number of classes has to be greater than one; got "
                              f"{len(classes)} class)")
         self.classes_ = classes
-        self.class_weight_ = compute_class_weight(self.class_weight, classes=classes,
-                                                  y=np.repeat(classes, counts))
+        # None: ones, as compute_class_weight gives them (without its checks' cost)
+        self.class_weight_ = (np.ones(len(classes)) if self.class_weight is None else
+                              compute_class_weight(self.class_weight, classes=classes,
+                                                   y=np.repeat(classes, counts)))
 
     def _set_kernel(self, stats):
         """The kernel with ``gamma`` resolved from ``stats`` (the training rows, or anything

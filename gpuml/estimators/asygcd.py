@@ -18,6 +18,7 @@ from .._progress import Progress
 from .._validation import refuse_dask, validate_X
 from ..kernels import GCDProblem, compile_after_fit, gcd_plan, gcd_solve_batch
 from ..partition import assign_nearest, kmeans, partition
+from ._params import CachedParamNames
 from ._partitioned import KERNEL_CONSTRAINTS
 from ._svm import (
     KernelSVMMixin,
@@ -33,7 +34,7 @@ KMEANS_SUBSAMPLE = 20_000
 MIN_BLOCK_SIZE = 256
 
 
-class AsyGCDSVC(KernelSVMMixin, ClassifierMixin, BaseEstimator):
+class AsyGCDSVC(CachedParamNames, KernelSVMMixin, ClassifierMixin, BaseEstimator):
     r"""Bias-free kernel SVM solved by asynchronous parallel greedy coordinate descent.
 
     Solves the dual of the SVM without intercept (You 2020, eq. 4.9)

@@ -20,6 +20,7 @@ from ..distributed import smo_cost
 from ..kernels import SMOProblem, compile_after_fit, smo_solve_batch
 from ..partition import Partitioning, split
 from ..pipeline import FitData, FitResult, PartitionedFit
+from ._params import CachedParamNames
 from ._part_prediction import PartPredictionMixin
 from ._partitioned import (
     KERNEL_CONSTRAINTS,
@@ -60,8 +61,8 @@ def _part_line(rows, n_problems, n_iter, converged):
             f"{n_iter} iterations" + ("" if converged else ", stopped at max_iter"))
 
 
-class CASVMClassifier(PartitionedFit, PartPredictionMixin, KernelSVMMixin, ClassifierMixin,
-                      BaseEstimator):
+class CASVMClassifier(CachedParamNames, PartitionedFit, PartPredictionMixin, KernelSVMMixin,
+                      ClassifierMixin, BaseEstimator):
     """Communication-avoiding kernel SVM: P independent SMO solvers, samples judged by their parts.
 
     ``fit`` splits the training set into ``n_partitions`` parts with the
@@ -591,9 +592,9 @@ default="auto"
         n_classes = len(self.classes_)
         pairs = class_pairs(n_classes)
         n_pairs = len(pairs)
-        first, second = np.array(pairs, dtype=np.int64).reshape(-1, 2).T
-        runs = np.stack([first, second], axis=1).ravel()
-        sign = np.tile([1.0, -1.0], n_pairs)
+        # Per pair its first class's run, then its second's: labels +1, then -1.
+        runs = np.array(pairs, dtype=np.int64).reshape(-1)
+        sign = np.where(np.arange(2 * n_pairs) % 2 == 0, 1.0, -1.0)
         problems, layout, Xs = [], [], []
         for k, rows in enumerate(part_rows):
             rows = np.asarray(rows, dtype=np.int64)
@@ -666,7 +667,10 @@ default="auto"
             sv = part_alpha > 0
             # A row may be a support vector of several pairs: one column per row,
             # rows ascending.
-            support, column = np.unique(owner[sv], return_inverse=True)
+            used = np.zeros(len(rows), dtype=bool)
+            used[owner[sv]] = True
+            support = np.flatnonzero(used)
+            column = (np.cumsum(used) - 1)[owner[sv]]
             dual_coef = np.zeros((n_pairs, len(support)))
             sizes = [len(res.alpha) for res in mine]
             dual_coef[np.repeat(q, sizes)[sv], column] = (part_alpha * labels)[sv]

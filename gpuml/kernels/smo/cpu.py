@@ -341,7 +341,7 @@ def solve_batch(kernel, Xs, problems, *, tol=1e-3, max_iter=-1, cache_bytes=1 <<
     if any(i.shape != (n,) for i, n in zip(idxs, sizes.tolist())):
         raise ValueError("every problem needs one row index per label (idx and y of equal "
                          "length)")
-    if np.any((group < 0) | (group >= len(Xs))):
+    if int(group.min()) < 0 or int(group.max()) >= len(Xs):
         raise ValueError(f"a problem names a group outside 0..{len(Xs) - 1}")
     idx = np.concatenate(idxs)
     rows = np.array([X.shape[0] for X in Xs], dtype=np.int64)
@@ -360,7 +360,7 @@ def solve_batch(kernel, Xs, problems, *, tol=1e-3, max_iter=-1, cache_bytes=1 <<
     # One compiled call per chunk of a group's problems: largest first, dealt
     # round-robin, about 8 chunks per thread over all groups.
     jobs = 1 if n_jobs in (None, 1) else effective_n_jobs(n_jobs)
-    dense_groups = np.unique(group[dense])
+    dense_groups = np.array([g for g in used if planned[g] is not None], dtype=np.int64)
     per_group = 1 if jobs == 1 else -(-8 * jobs // max(len(dense_groups), 1))
     # A group's whole matrix is made just before its problems are solved and dropped
     # after them (so at most n_jobs are held at once, each at most cache_size, and the
@@ -413,9 +413,12 @@ def solve_batch(kernel, Xs, problems, *, tol=1e-3, max_iter=-1, cache_bytes=1 <<
             progress(g, [row_results[w] if w in row_results else run.result(w)
                          for w in mine])
 
-    # BLAS on one thread for every solve of the batch (the process's one scan of the
-    # loaded BLAS libraries: a threadpool_limits per solve would scan them again).
-    blas = blas_controller() if len(problems) > 1 else None
+    # BLAS on one thread for every solve of the batch that calls it (rows on demand: one
+    # GEMV each; matrices made inside the threads); the compiled dense solves never do.
+    # The controller is the process's one scan of the loaded BLAS libraries (a
+    # threadpool_limits per solve would scan them again), and entering a limit costs
+    # more than the solve of a small problem, so it is entered only where it counts.
+    blas = blas_controller() if len(problems) > 1 and (row_cached or own) else None
 
     def solve(items):
         with blas.limit(limits=1, user_api="blas") if blas is not None else nullcontext():
@@ -423,7 +426,7 @@ def solve_batch(kernel, Xs, problems, *, tol=1e-3, max_iter=-1, cache_bytes=1 <<
 
     mats = {}
     if jobs == 1:
-        done = solve([t for t in tasks if t[0] == "row-cached"])
+        done = solve([t for t in tasks if t[0] == "row-cached"]) if row_cached else []
         for g in dense_groups.tolist():
             mats[g] = _make_matrix(kernel, Xs[g], planned[g], cache_bytes)
             done += solve([t for t in tasks if t[0] == "dense" and t[1][0] == g])
