@@ -562,3 +562,59 @@ def test_import_gpuml_does_not_import_dask():
     code = "import sys, gpuml; sys.exit(1 if 'dask' in sys.modules else 0)"
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     assert subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env).returncode == 0
+
+
+def test_each_worker_is_held_to_its_share_not_to_all_the_data(client, classification,
+                                                              monkeypatch):
+    """The budget check counts what one worker holds: its chunks' rows and the parts placed
+    on it (with one kernel block per solver thread), not every part; a share over budget is
+    refused after the placement, before any row moves, naming the worker."""
+    from gpuml.pipeline import dask as dask_executor
+
+    X, y = classification
+    Xd, yd = _dask(X, y)
+    est = CASVMClassifier(n_partitions=8, partition="random", random_state=0)
+    d, rows_per_worker, part = X.shape[1], 1200, 300
+    # CA-SVM's estimate: rows (with class and C) and one kernel block per solver thread
+    one_part = 8 * part * (d + 2) + 8 * part**2
+    # ... for four parts, the chunks' rows, and two copies of the one wave of four parts
+    share = 4 * 8 * part * (d + 2) + 8 * part**2 + rows_per_worker * d * 8 + 2 * 4 * part * d * 8
+    original = dask_executor.workers_and_budget
+
+    def budget(limit):
+        monkeypatch.setattr(dask_executor, "workers_and_budget",
+                            lambda c: (original(c)[0], limit))
+
+    # The shares: 2,400 rows in 8 parts of 300 over two workers; the larger share holds at
+    # least half the chunks' rows and half the parts.
+    budget(2 * share)
+    fitted = est.fit(Xd, yd)
+    np.testing.assert_array_equal(fitted.partition_sizes_, [part] * 8)
+    budget((one_part + share) // 2)  # one part fits, the larger share does not
+    with distributed.get_task_stream(client) as stream:
+        with pytest.raises(MemoryError, match=r"on the Dask worker tcp://\S+: the input rows "
+                                              r"it holds"):
+            est.fit(Xd, yd)
+    steps = {str(t["key"]).split("-")[1] for t in stream.data}
+    assert "fit" not in steps and "take" not in steps
+
+
+def test_prediction_refuses_a_model_larger_than_a_workers_budget(client, regression,
+                                                                  monkeypatch):
+    """A BKRR model holds every training row and travels whole to each worker that
+    predicts: more than a worker's budget is refused before any work, naming both sizes."""
+    from gpuml.distributed.dask import predict as dask_predict
+
+    X, y = regression
+    model = BKRRRegressor(n_partitions=4, random_state=0).fit(X, y)
+    size = dask_predict.model_bytes(model)
+    assert size >= model.X_fit_.nbytes + model.dual_coef_.nbytes
+    Xd, _ = _dask(X, y)
+    original = dask_predict.workers_and_budget
+    monkeypatch.setattr(dask_predict, "workers_and_budget", lambda c: (original(c)[0], size))
+    np.testing.assert_allclose(model.predict(Xd).compute(), model.predict(X), rtol=1e-12,
+                               atol=1e-12)
+    monkeypatch.setattr(dask_predict, "workers_and_budget",
+                        lambda c: (original(c)[0], size - 1))
+    with pytest.raises(MemoryError, match=rf"takes {size / 2**20:.0f} MiB \(its training rows"):
+        model.predict(Xd)

@@ -29,6 +29,7 @@ import warnings
 
 import numpy as np
 import pytest
+from sklearn.base import clone
 from sklearn.datasets import make_classification, make_regression
 
 distributed = pytest.importorskip("distributed")
@@ -315,3 +316,67 @@ def test_lost_scattered_rows_name_the_worker(cluster, monkeypatch):
         monkeypatch.undo()
     assert lose.lost and lose.lost[0] in str(err.value)
     _restore(cluster, client, joined, "kill")
+
+
+def _hold(n_bytes, dask_worker):
+    """Hold ``n_bytes`` of touched memory in this worker process, outside Dask's store (on
+    the worker object: this function travels by value, with globals of its own)."""
+    dask_worker.test_ballast = np.ones(n_bytes // 8)
+
+
+def _drop(dask_worker):
+    del dask_worker.test_ballast
+
+
+def test_worker_paused_for_memory_mid_fit_ends_with_a_clear_error(cluster, monkeypatch):
+    """A worker that pauses for memory (``distributed.worker.memory.pause``) in the middle of
+    a fit starts no further task: the fit ends with a MemoryError naming it after
+    PAUSED_GIVE_UP_S seconds without progress, its tasks cancelled, instead of waiting for
+    ever; the same cluster fits once the memory is back."""
+    from gpuml.distributed.dask import driver
+
+    # A cluster of its own, one worker; the module's (``cluster``) sends this module's
+    # functions by value while it is up.
+    cluster = distributed.LocalCluster(n_workers=1, threads_per_worker=1, processes=True,
+                                       memory_limit="1GiB", dashboard_address=":0",
+                                       silence_logs=50)
+    client = distributed.Client(cluster)
+    try:
+        X, y = _data("casvm")
+        Xd, yd = client.persist([da.from_array(X, chunks=(300, X.shape[1])),
+                                 da.from_array(y, chunks=300)])
+        distributed.wait([Xd, yd])
+        address, = _live(client)
+        limit = client.scheduler_info()["workers"][address]["memory_limit"]
+        est = CASVMClassifier(n_partitions=8, partition="random", random_state=0)
+        ref = _bounded(lambda: clone(est).fit(Xd, yd))
+        monkeypatch.setattr(driver, "PAUSED_GIVE_UP_S", 3.0)
+        original = dask_fit.partition_chunks
+
+        def start(rows, *args, **kwargs):
+            # Past the pause threshold (80 %), below the nanny's restart (95 %).
+            used = client.run(lambda: __import__("psutil").Process().memory_info().rss)
+            client.run(_hold, int(0.87 * limit) - used[address])
+            deadline = time.monotonic() + 30
+            while address in _live(client):
+                assert time.monotonic() < deadline, "the worker did not pause"
+                time.sleep(0.1)
+            return original(rows, *args, **kwargs)
+
+        monkeypatch.setattr(dask_fit, "partition_chunks", start)
+        est = CASVMClassifier(n_partitions=8, partition="random", random_state=0)
+        with pytest.raises(MemoryError, match=r"paused for memory \(tcp://.*memory_limit"):
+            _bounded(lambda: est.fit(Xd, yd))
+        monkeypatch.setattr(dask_fit, "partition_chunks", original)
+        client.run(_drop)
+        deadline = time.monotonic() + 30
+        # Resumed, and its memory as the scheduler reports it (a fit's budget) fallen too.
+        while address not in _live(client) or client.sync(
+                client.scheduler.identity, n_workers=-1)["workers"][address]["metrics"][
+                    "memory"] > limit // 2:
+            assert time.monotonic() < deadline, "the worker did not resume"
+            time.sleep(0.1)
+        _same_model(_bounded(lambda: clone(est).fit(Xd, yd)), ref)
+    finally:
+        client.close()
+        cluster.close()

@@ -19,6 +19,7 @@ from ..distributed.dask import (
     SplitStart,
     check_budget,
     check_dask_input,
+    check_group_budget,
     current_client,
     feature_source,
     load_rows,
@@ -116,10 +117,20 @@ class OnDask:
 
     def fit_parts(self, estimator, data, partitioning) -> FitResult:
         sizes = partitioning.sizes
-        self.check_memory(estimator, data, sizes)
+        # The largest part alone (its size is known now), then each worker's share once the
+        # parts are placed: its chunks' rows and the parts it fits.
+        self.check_memory(estimator, data, [int(np.max(sizes))])
+        need = estimator._worker_memory_need(data.n_features, np.dtype(data.extra["dtype"]))
+        row_bytes = data.n_features * int(data.extra["itemsize"])
+
+        def check(address, part_sizes, held_rows):
+            check_group_budget(need, part_sizes, held_rows, row_bytes, self.budget,
+                               type(estimator).__name__, address)
+
         fits, part_worker, centers = ship_and_fit(
             data.X, self.labels, sizes, estimator._part_costs(sizes, data.n_features),
-            _shipped(estimator), data.for_workers(), self.addresses, partitioning.centers)
+            _shipped(estimator), data.for_workers(), self.addresses, partitioning.centers,
+            check=check)
         return FitResult(fits, backend=CPU, part_worker=np.asarray(part_worker, dtype=object),
                          centers=centers)
 

@@ -85,7 +85,7 @@ from .driver import (
     live_workers,
     workers_and_budget,
 )
-from .fit import check_budget, ship_and_fit
+from .fit import check_budget, check_group_budget, ship_and_fit
 from .predict import predict_blocks, score
 from .steps import (
     DASK_PARTITIONERS,
@@ -110,6 +110,7 @@ __all__ = [
     "SplitStart",
     "Traffic",
     "check_budget",
+    "check_group_budget",
     "check_dask_input",
     "check_features",
     "counting",

@@ -1,24 +1,36 @@
 """The client side of a Dask fit: tasks submitted and gathered, bytes counted, workers named.
 
 Every wait here ends: a task is retried by Dask when its worker dies (and gives
-up after ``distributed.scheduler.allowed-failures``), and input that Dask cannot
-compute again ends the fit with :class:`LostData`, naming the worker lost.
+up after ``distributed.scheduler.allowed-failures``), input that Dask cannot
+compute again ends the fit with :class:`LostData`, naming the worker lost, and a
+fit that makes no progress while a worker stays paused for memory ends with a
+:class:`MemoryError` naming it (:data:`PAUSED_GIVE_UP_S`).
 """
 
 from __future__ import annotations
 
 import contextlib
 import pickle
+import time
 import uuid
 from dataclasses import dataclass
 
 import dask
 import numpy as np
-from distributed import KilledWorker, as_completed, futures_of, get_client, wait
+from distributed import KilledWorker, futures_of, get_client, wait
 from distributed.utils import CancelledError
 
 #: Task keys start with this, then the step; tests and dashboards find gpuml's tasks by it.
 KEY_PREFIX = "gpuml"
+
+#: Seconds a wait goes on with no task of the fit finishing while a worker is paused for
+#: memory (``distributed.worker.memory.pause``) before the fit ends with a MemoryError:
+#: a paused worker starts no task until its memory falls, and the memory held by a
+#: solver's arrays or by compiled code does not fall by itself.
+PAUSED_GIVE_UP_S = 60.0
+
+#: Seconds between the checks of a wait (tasks finished, workers paused).
+WAIT_POLL_S = 1.0
 
 
 class LostWorker(RuntimeError):
@@ -105,11 +117,39 @@ class Driver:
             "lost worker")
 
     def wait(self, futures):
-        """``distributed.wait``, with a lost input named (:meth:`lost_data`)."""
+        """``distributed.wait``, with a lost input named (:meth:`lost_data`) and paused
+        workers refused (:meth:`progress`)."""
         try:
+            self.progress(futures, first=False)
             wait(futures)
         except CancelledError as err:
             raise self.lost_data(err) from err
+
+    def progress(self, futures, *, first: bool):
+        """Wait until every future is done (``first``: until one is), checking every
+        :data:`WAIT_POLL_S` seconds; a MemoryError naming the paused workers when none of
+        them finishes for :data:`PAUSED_GIVE_UP_S` seconds while a worker is paused.
+        Futures that end in an error or are cancelled count as done (the gather that
+        follows raises their error)."""
+        pending = [f for f in futures if not f.done()]
+        stalled = None
+        while pending and not (first and len(pending) < len(futures)):
+            try:
+                wait(pending, timeout=WAIT_POLL_S, return_when="FIRST_COMPLETED")
+            except TimeoutError:
+                pass
+            left = [f for f in pending if not f.done()]
+            if len(left) < len(pending):
+                pending, stalled = left, None
+                continue
+            paused = paused_workers(self.client)
+            if not paused:
+                stalled = None
+                continue
+            stalled = stalled or time.monotonic()
+            if time.monotonic() - stalled >= PAUSED_GIVE_UP_S:
+                self.client.cancel(pending)
+                raise MemoryError(_paused_message(paused, len(pending)))
 
     def key(self, step: str) -> str:
         self._count += 1
@@ -126,9 +166,15 @@ class Driver:
             if as_they_finish:
                 values = [None] * len(futures)
                 where = {f.key: i for i, f in enumerate(futures)}
-                for future, value in as_completed(futures, with_results=True):
-                    values[where[future.key]] = value
+                left = list(futures)
+                while left:
+                    self.progress(left, first=True)
+                    done = [f for f in left if f.done()]
+                    for future, value in zip(done, self.client.gather(done)):
+                        values[where[future.key]] = value
+                    left = [f for f in left if f.key not in {d.key for d in done}]
             else:
+                self.progress(futures, first=False)
                 values = self.client.gather(futures)
         except CancelledError as err:
             raise self.lost_data(err) from err
@@ -181,12 +227,43 @@ def live_workers(client) -> dict:
             if w.get("status", "running") == "running"}
 
 
+def paused_workers(client) -> dict:
+    """The workers paused for memory now, ``{address: info}`` (asked of the scheduler)."""
+    info = client.sync(client.scheduler.identity, n_workers=-1)
+    return {a: w for a, w in info.get("workers", {}).items() if w.get("status") == "paused"}
+
+
+def _paused_message(paused, n_waiting) -> str:
+    fraction = dask.config.get("distributed.worker.memory.pause", 0.8)
+
+    def mb(v):
+        return f"{float(v or 0) / 2**20:.0f} MiB"
+
+    where = "; ".join(f"{a} at {mb(w.get('metrics', {}).get('memory'))} of its memory_limit "
+                      f"{mb(w.get('memory_limit'))}" for a, w in sorted(paused.items()))
+    return (
+        f"Dask workers paused for memory ({where}) and none of the fit's {n_waiting} waiting "
+        f"tasks finished for {PAUSED_GIVE_UP_S:.0f} s: a worker pauses at "
+        f"distributed.worker.memory.pause ({fraction}) of its memory_limit and starts no task "
+        "until its memory falls, which a solver's arrays and compiled code do not. The fit's "
+        "tasks are cancelled. Give the workers a larger memory_limit (a worker holds about "
+        "0.5 GB once gpuml has fitted there, before any data), or more workers for the same "
+        "data, or a larger n_partitions for smaller parts")
+
+
+#: Memory a worker holds besides the data once gpuml has fitted there (its libraries and
+#: compiled code: about 0.45-0.55 GB measured on Linux), at the least, in its budget.
+WORKER_BASE_BYTES = 512 * 2**20
+
+
 def workers_and_budget(client):
     """Worker addresses (sorted) and the smallest memory budget among them (None: no limit).
 
     The budget is ``memory_limit`` times the fraction at which a worker pauses
     (``distributed.worker.memory.pause``, 0.8 by default; at 0.95 the nanny
-    kills it): unmanaged memory such as a solver's kernel blocks counts there.
+    kills it; unmanaged memory such as a solver's kernel blocks counts there),
+    less what the worker holds besides Dask's data: its memory now less its
+    managed bytes, at least :data:`WORKER_BASE_BYTES`.
     """
     info = live_workers(client)
     if not info:
@@ -196,8 +273,16 @@ def workers_and_budget(client):
     limits = [int(info[a].get("memory_limit") or 0) for a in addresses]
     fraction = dask.config.get("distributed.worker.memory.pause", 0.8) or \
         dask.config.get("distributed.worker.memory.terminate", 0.95) or 1.0
-    budget = None if not all(limits) else int(min(limits) * float(fraction))
-    return addresses, budget
+    if not all(limits):
+        return addresses, None
+
+    def own(a):
+        metrics = info[a].get("metrics", {})
+        held = int(metrics.get("memory") or 0) - int(metrics.get("managed_bytes") or 0)
+        return max(WORKER_BASE_BYTES, held)
+
+    budget = min(int(limit * float(fraction)) - own(a) for a, limit in zip(addresses, limits))
+    return addresses, max(budget, 0)
 
 
 def _on(address):

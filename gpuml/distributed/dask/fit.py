@@ -105,19 +105,46 @@ def _pieces(part_ids, estimator, sources):
     return [pieces[k] for k in sorted(pieces)]
 
 
+#: A worker fits its group of parts in waves of consecutive parts whose rows take at most
+#: this many bytes (at least one part a wave): a wave's rows are laid end to end and cut
+#: per part by the solver, two copies of them beside the rows the worker took, so the
+#: memory of a fit grows with its largest part, not with its whole group.
+FIT_WAVE_BYTES = 64 * 2**20
+
+
+def _waves(sizes, row_bytes):
+    """Runs of consecutive positions of ``sizes`` whose rows fit :data:`FIT_WAVE_BYTES`."""
+    waves, current, held = [], [], 0
+    for j, m in enumerate(np.asarray(sizes).tolist()):
+        if current and held + m * row_bytes > FIT_WAVE_BYTES:
+            waves.append(current)
+            current, held = [], 0
+        current.append(j)
+        held += m * row_bytes
+    return waves + ([current] if current else [])
+
+
 def _fit_group(estimator, data, part_ids, sources):
     """The parts ``part_ids`` fitted on this worker (its GPU when it has one) by the
-    estimator's own part solver: their fits as the host keeps them, their rows' sums and
-    counts (the parts' means) and this worker's address."""
+    estimator's own part solver, in waves (:data:`FIT_WAVE_BYTES`): their fits as the host
+    keeps them, their rows' sums and counts (the parts' means) and this worker's address."""
     pieces = _pieces(part_ids, estimator, sources)
-    X, y, w, local = _group_rows(pieces, len(part_ids))
+    sums = _group_sums(pieces, len(part_ids))
+    sizes = np.array([sum(piece[j][0].shape[0] for piece in pieces)
+                      for j in range(len(part_ids))], dtype=np.int64)
+    row_bytes = pieces[0][0][0].shape[1] * pieces[0][0][0].dtype.itemsize
     backend = resolve(estimator.device)
-    sizes = np.array([len(r) for r in local], dtype=np.int64)
+    ids = np.asarray(part_ids)
+    host = []
     with backend.use():
         estimator._check_fit_memory(sizes, data, backend)
-        fits = estimator._solve_parts(backend, data, X, y, w, local, np.asarray(part_ids))
-    host = [estimator._part_to_host(fit, X[rows]) for fit, rows in zip(fits, local)]
-    return host, _group_sums(pieces, len(part_ids)), get_worker().address
+        for wave in _waves(sizes, row_bytes):
+            X, y, w, local = _group_rows([[piece[j] for j in wave] for piece in pieces],
+                                         len(wave))
+            fits = estimator._solve_parts(backend, data, X, y, w, local, ids[wave])
+            host += [estimator._part_to_host(fit, X[rows]) for fit, rows in zip(fits, local)]
+            del X, y, w, fits
+    return host, sums, get_worker().address
 
 
 def _fmt_bytes(n) -> str:
@@ -125,7 +152,7 @@ def _fmt_bytes(n) -> str:
 
 
 def check_budget(need, sizes, n, budget, what):
-    """Refuse a fit whose largest group of parts needs more than a worker's budget.
+    """Refuse a fit whose largest part needs more than a worker's budget.
 
     ``need(sizes)`` estimates the bytes one worker holds for parts of these
     sizes; the message names the smallest ``n_partitions`` whose balanced
@@ -144,8 +171,35 @@ def check_budget(need, sizes, n, budget, what):
     raise MemoryError(
         f"{what} needs about {_fmt_bytes(needed)} on one Dask worker (a part of "
         f"{int(sizes.max())} rows: its rows and kernel block), but the smallest worker's "
-        f"budget is {_fmt_bytes(budget)} (memory_limit x distributed.worker.memory.pause); "
+        f"budget is {_fmt_bytes(budget)} (memory_limit x distributed.worker.memory.pause, "
+        f"less the worker's own memory); "
         f"{change}, or workers with a larger memory_limit")
+
+
+def check_group_budget(need, sizes, held_rows, row_bytes, budget, what, address):
+    """Refuse a placement that gives a worker more than its budget.
+
+    A worker holds the input rows of its chunks (``held_rows`` rows of
+    ``row_bytes`` bytes) and, while it fits, the rows of the parts placed on it
+    with their solver's blocks (``need(sizes)``) and two copies of one wave of
+    them (:func:`_fit_group`); the other workers' parts are not there.
+    """
+    if budget is None or not len(sizes):
+        return
+    sizes = np.asarray(sizes, dtype=np.int64)
+    held_bytes = int(held_rows) * int(row_bytes)
+    # the parts' rows and blocks, and a wave's two copies of its rows (_fit_group)
+    wave = max(min(FIT_WAVE_BYTES, int(sizes.sum()) * row_bytes), int(sizes.max()) * row_bytes)
+    needed = held_bytes + need(sizes) + 2 * wave
+    if needed <= budget:
+        return
+    raise MemoryError(
+        f"{what} needs about {_fmt_bytes(needed)} on the Dask worker {address}: the input "
+        f"rows it holds ({_fmt_bytes(held_bytes)}) and the {len(sizes)} parts placed there "
+        f"({int(sizes.sum())} rows, with their solver's blocks), but the smallest worker's "
+        f"budget is {_fmt_bytes(budget)} (memory_limit x distributed.worker.memory.pause, "
+        f"less the worker's own memory); "
+        "use more workers, or workers with a larger memory_limit")
 
 
 def _candidates(P, n):
@@ -157,7 +211,7 @@ def _candidates(P, n):
     yield n
 
 
-def ship_and_fit(rows, labels, sizes, costs, estimator, data, addresses, centers):
+def ship_and_fit(rows, labels, sizes, costs, estimator, data, addresses, centers, check=None):
     """Steps 3-4: parts placed on workers by cost; each group's rows shipped and fitted there.
 
     ``estimator`` is the one the tasks get (:func:`_shipped`), ``data`` what its
@@ -165,7 +219,9 @@ def ship_and_fit(rows, labels, sizes, costs, estimator, data, addresses, centers
     (gathered), the worker each part was fitted on (where its task ran, which is
     not the planned one when that worker was lost) and the centres: ``centers``
     as given, or when None the parts' means from the sums the fit tasks return
-    with the fits (no pass of their own).
+    with the fits (no pass of their own). ``check(address, part_sizes, held_rows)``, when
+    given, is called for every worker with the sizes of the parts placed on it and the
+    input rows its chunks hold, before any row moves (a refusal raises there).
     """
     driver = rows.driver
     P = len(sizes)
@@ -178,6 +234,9 @@ def ship_and_fit(rows, labels, sizes, costs, estimator, data, addresses, centers
         if holder in addresses:
             held_rows[:, addresses.index(holder)] += np.bincount(mine, minlength=P)
     placement = balance_local(costs, held_rows)
+    if check is not None:
+        for a, ids in enumerate(placement):
+            check(addresses[a], np.asarray(sizes)[ids], int(held_rows[:, a].sum()))
     driver.traffic.rows_moved = int(sum(held_rows[ids].sum() - held_rows[ids, a].sum()
                                         for a, ids in enumerate(placement)))
     # The fit task cuts the group's rows out of its own worker's chunks; a take task on

@@ -8,12 +8,13 @@ import warnings
 import dask
 import numpy as np
 from dask.base import is_dask_collection
+from distributed import get_client
 from sklearn.base import is_classifier
 from sklearn.exceptions import UndefinedMetricWarning
 from sklearn.metrics import accuracy_score, r2_score
 
 from .data import _as_array, _unknown, check_features, is_dask
-from .driver import KEY_PREFIX
+from .driver import KEY_PREFIX, workers_and_budget
 
 
 def _apply(block, model, method, names):
@@ -34,6 +35,7 @@ def predict_blocks(estimator, X, method, *, out_columns, dtype):
     (:func:`check_features`), as for in-memory input.
     """
     check_features(estimator, X)
+    _check_model_fits_workers(estimator)
     names = getattr(estimator, "feature_names_in_", None)
     X, _ = _as_array(X, "X", lengths=False)
     if X.ndim != 2:
@@ -48,6 +50,40 @@ def predict_blocks(estimator, X, method, *, out_columns, dtype):
     return X.map_blocks(_apply, model, method, names, dtype=dtype,
                         chunks=(X.chunks[0], (out_columns,)),
                         meta=np.empty((0, 0), dtype=dtype), token=token)
+
+
+def model_bytes(estimator) -> int:
+    """Bytes of the fitted model's arrays (what travels to each worker that predicts)."""
+    total = 0
+    for value in vars(estimator).values():
+        if isinstance(value, np.ndarray):
+            total += value.nbytes
+        elif hasattr(value, "tocsr"):  # SciPy sparse
+            total += value.data.nbytes + value.indices.nbytes + value.indptr.nbytes
+    return int(total)
+
+
+def _check_model_fits_workers(estimator):
+    """Refuse, before any work, a prediction whose model cannot fit a worker's budget.
+
+    The model travels whole to every worker that predicts (a CA-SVM model holds its
+    support vectors, a BKRR model every training row). Without a current client
+    (the prediction computed later, elsewhere) there is nothing to check against.
+    """
+    try:
+        client = get_client()
+    except ValueError:
+        return
+    _, budget = workers_and_budget(client)
+    size = model_bytes(estimator)
+    if budget is not None and size > budget:
+        raise MemoryError(
+            f"the fitted {type(estimator).__name__} takes {size / 2**20:.0f} MiB (its "
+            f"{'support vectors' if hasattr(estimator, 'support_vectors_') else 'training rows'}"
+            f" and coefficients) and travels whole to every Dask worker that predicts, but "
+            f"the smallest worker's budget is {budget / 2**20:.0f} MiB (memory_limit x "
+            "distributed.worker.memory.pause, less the worker's own memory): predict on "
+            "in-memory rows (in blocks), or use workers with a larger memory_limit")
 
 
 def score(estimator, X, y, sample_weight=None) -> float:
