@@ -1,0 +1,169 @@
+"""Data larger than any one Dask worker's memory: ``CASVMClassifier()`` fit and scored on it.
+
+A ``LocalCluster`` of six worker processes (one thread each), each with a
+``memory_limit`` below the size of the training data, so that the data fits on
+no single worker; the data are made by tasks on the workers
+(:func:`bench.datasets.latent_rows`: wide rows on a 6-dimensional manifold) and
+never exist on the client. ``CASVMClassifier()`` (its defaults) is fitted on
+them, then ``score`` runs on a held-out Dask set (each block
+scored where it lies; a few sums per block come back). Beside it, in this
+process, the same estimator fits the same rows held in memory, its model is
+compared with the Dask fit's, and it scores the same held-out rows.
+
+Reported: fit and score seconds of each; the client's peak resident memory
+above its level before the fit (sampled every 0.2 s); each worker's peak
+resident memory (the scheduler's heartbeat figures, sampled alike) against its
+``memory_limit``; what the client sent and gathered (the driver's
+:class:`gpuml.distributed.dask.Traffic`); whether any worker restarted; the two
+models' support vectors and accuracies.
+
+Run: ``python -m bench.run dask_memory`` (1,000,000 x 300 float64 training rows,
+2.4 GB, workers of 2.2 GB; 50,000 held-out rows), ``dask_memory:quick`` (200,000 x 100,
+160 MB, workers of 1.2 GB: a check of the machinery only). A worker holds about 0.5 GB
+once gpuml has fitted there (its libraries and compiled code), before any data.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+
+import numpy as np
+
+from bench._harness import record
+from bench.datasets import latent_dask, latent_rows
+
+WORKERS = 6
+#: (training rows, features, rows per block, memory_limit of each worker)
+FULL = (1_000_000, 300, 50_000, "2.2GB")
+QUICK = (200_000, 100, 25_000, "1.2GB")
+#: held-out rows scored
+TEST_ROWS = {False: 50_000, True: 25_000}
+
+
+class _Peaks:
+    """The peak of ``read()`` (a dict of name -> bytes) sampled every ``period`` s."""
+
+    def __init__(self, read, period=0.2):
+        self.read, self.period, self.peak = read, period, {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self):
+        while not self._stop.is_set():
+            try:
+                for k, v in self.read().items():
+                    self.peak[k] = max(self.peak.get(k, 0), v)
+            except Exception:  # noqa: BLE001 - a sample lost while the cluster is busy
+                pass
+            self._stop.wait(self.period)
+
+    def __enter__(self):
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join()
+        return False
+
+
+def _in_memory(n_blocks, rows, n_features, first_block=0):
+    """The blocks :func:`latent_dask` makes on the workers, made here."""
+    X = np.empty((n_blocks * rows, n_features))
+    y = np.empty(n_blocks * rows, dtype=np.int64)
+    for b in range(n_blocks):
+        X[b * rows:(b + 1) * rows], y[b * rows:(b + 1) * rows] = latent_rows(
+            first_block + b, rows, n_features)
+    return X, y
+
+
+def main(quick: bool = False, gpu: bool = False):
+    import dask
+    import distributed
+    import psutil
+
+    from gpuml import CASVMClassifier
+    from gpuml.distributed.dask import counting
+
+    n, d, block, limit = QUICK if quick else FULL
+    data_bytes = n * d * 8
+    me = psutil.Process()
+    with dask.config.set({"distributed.worker.memory.spill": False,
+                          "distributed.worker.memory.target": False}):
+        cluster = distributed.LocalCluster(n_workers=WORKERS, threads_per_worker=1,
+                                           processes=True, memory_limit=limit,
+                                           dashboard_address=":0", silence_logs=40)
+        client = distributed.Client(cluster)
+    try:
+        limit_bytes = min(w["memory_limit"] for w in client.scheduler_info()["workers"].values())
+        pids = client.run(os.getpid)
+        X, y = latent_dask(n // block, block, d)
+        X_test, y_test = latent_dask(TEST_ROWS[quick] // block, block, d, first_block=10_000)
+
+        def worker_memory():
+            info = client.scheduler_info()["workers"]
+            return {a: w["metrics"]["memory"] for a, w in info.items()}
+
+        base = me.memory_info().rss
+        with _Peaks(lambda: {"client": me.memory_info().rss - base}) as client_peak, \
+                _Peaks(worker_memory) as worker_peak, counting() as traffic:
+            t0 = time.perf_counter()
+            on_dask = CASVMClassifier().fit(X, y)
+            fit_s = time.perf_counter() - t0
+            t0 = time.perf_counter()
+            acc_dask = on_dask.score(X_test, y_test)
+            score_s = time.perf_counter() - t0
+        restarted = client.run(os.getpid) != pids
+        tr = traffic[0]
+        # The same rows, made again in this process (the blocks are deterministic): the
+        # baseline. (Computing the Dask arrays would gather them on a worker first.)
+        Xm, ym = _in_memory(n // block, block, d)
+        Xt, yt = _in_memory(TEST_ROWS[quick] // block, block, d, first_block=10_000)
+        t0 = time.perf_counter()
+        local = CASVMClassifier().fit(Xm, ym)
+        local_fit_s = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        acc_local = local.score(Xt, yt)
+        local_score_s = time.perf_counter() - t0
+        same_model = (np.array_equal(on_dask.support_, local.support_)
+                      and np.allclose(on_dask.dual_coef_, local.dual_coef_, rtol=1e-9,
+                                      atol=1e-12))
+        rows = [{
+            "n": n, "d": d, "data_MB": data_bytes / 1e6, "workers": WORKERS,
+            "memory_limit_MB": limit_bytes / 1e6, "n_partitions": int(on_dask.n_partitions_),
+            "dask_fit_s": fit_s, "local_fit_s": local_fit_s, "fit_ratio": fit_s / local_fit_s,
+            "dask_score_s": score_s, "local_score_s": local_score_s,
+            "dask_accuracy": acc_dask, "local_accuracy": acc_local, "same_model": same_model,
+            "same_part_sizes": bool(np.array_equal(on_dask.partition_sizes_,
+                                                   local.partition_sizes_)),
+            "n_SV": int(len(on_dask.support_)), "local_n_SV": int(len(local.support_)),
+            "model_MB": on_dask.support_vectors_.nbytes / 1e6,
+            "client_peak_MB": client_peak.peak.get("client", 0) / 1e6,
+            "worker_peak_MB": max(worker_peak.peak.values()) / 1e6,
+            "gathered_MB": tr.gathered / 1e6, "sent_MB": tr.sent / 1e6,
+            "rows_moved": int(tr.rows_moved), "workers_restarted": restarted,
+        }]
+    finally:
+        client.close()
+        cluster.close()
+    notes = (
+        f"Training data made on the workers ({n:,} rows x {d} float64 features, "
+        f"{data_bytes / 1e6:.0f} MB; bench.datasets.latent_rows), {WORKERS} worker processes "
+        f"of one thread, each with memory_limit {limit} (Dask's spilling off: a worker "
+        "pauses at 80 % and is restarted at 95 % of it). Scored on "
+        f"{TEST_ROWS[quick]:,} held-out rows. "
+        "local_*: the same estimator on the same rows held in this process (same_model: "
+        "the same support vectors and coefficients; same_part_sizes: the same part sizes). "
+        "client_peak_MB: this process's peak resident memory above its level before the "
+        "Dask fit; worker_peak_MB: the largest "
+        "worker's peak (heartbeat figures, sampled every 0.2 s), both over fit and score; "
+        "gathered/sent: what the fit's client gathered from and sent to the workers "
+        "(the parts' models with their support vectors, the split's sums, FCFS's "
+        "distances in batches, the labels; the score's few sums per block are not "
+        "counted). workers_restarted: whether any worker process was replaced.")
+    record("dask_memory" + ("_quick" if quick else ""), rows,
+           title="Data larger than a Dask worker's memory: CASVMClassifier() fit and scored",
+           notes=notes)
+    return rows
