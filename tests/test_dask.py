@@ -618,3 +618,41 @@ def test_prediction_refuses_a_model_larger_than_a_workers_budget(client, regress
                         lambda c: (original(c)[0], size - 1))
     with pytest.raises(MemoryError, match=rf"takes {size / 2**20:.0f} MiB \(its training rows"):
         model.predict(Xd)
+
+
+def _latent_block(block, rows, n_features):
+    """A block of a smooth binary task made where it runs (as bench.datasets.latent_rows)."""
+    rng = np.random.default_rng([3, block])
+    Z = rng.standard_normal((rows, 3))
+    mix = np.random.default_rng(3).standard_normal((3, n_features))
+    X = Z @ mix + 0.05 * rng.standard_normal((rows, n_features))
+    return X, (Z[:, 0] + 0.5 * np.sin(2 * Z[:, 1]) > 0).astype(np.int64)
+
+
+def test_rows_made_on_the_workers_never_pass_the_client(client):
+    """Rows made by tasks on the workers are fitted and scored there: what the client sends
+    and gathers in the fit (the driver's count) is a small fraction of the rows' bytes (the
+    model's support vectors, the split's sums and labels), and the score's predictions stay
+    on the workers (a few sums a block come back)."""
+    import dask
+
+    blocks, rows, d = 8, 2000, 40
+    made = [dask.delayed(_latent_block, pure=True)(b, rows, d) for b in range(blocks)]
+    X = da.concatenate([da.from_delayed(m[0], shape=(rows, d), dtype=np.float64)
+                        for m in made])
+    y = da.concatenate([da.from_delayed(m[1], shape=(rows,), dtype=np.int64) for m in made])
+    with distributed.get_task_stream(client) as stream, counting() as fits:
+        est = CASVMClassifier(n_partitions=8, partition="kbalance", random_state=0).fit(X, y)
+    tr, = fits
+    # no collection computed to the client (dask's "finalize" step of a .compute())
+    assert not [t for t in stream.data if "finalize" in str(t["key"])]
+    model = est.support_vectors_.nbytes + est.dual_coef_.nbytes
+    n, P = blocks * rows, 8
+    # sent: the labels to the tasks that cut the parts out (8 n per group) and the centres
+    # to each worker for every k-means step; gathered: each chunk's sums per step, the
+    # K-balance fill's n x P distances (P <= d: no larger than the rows), the labels, the
+    # parts' models (their support vectors): no input row either way
+    assert tr.sent < 8 * n * (tr.groups + 1) + tr.steps * tr.groups * 8 * P * (d + 1) + 2**16
+    assert tr.gathered < (model + 8 * n + 8 * n * P + tr.steps * blocks * 8 * P * (d + 1)
+                          + 8 * P * (d + 1) * tr.groups + 2**17)
+    assert est.score(X, y) > 0.97
