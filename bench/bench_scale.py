@@ -406,7 +406,8 @@ def load_fashion(quick):
 def real(quick, device, cap, save=lambda rows: None):
     """The real-data rows; a missing data set is reported and skipped (``save``: as for
     :func:`synthetic`, after each set). The exact 60k Fashion-MNIST fits run unless
-    ``$GPUML_SCALE_EXACT`` is 0 (they take an hour or more on 2 cores)."""
+    ``$GPUML_SCALE_EXACT`` is 0 (``bench_fashion_exact`` runs them alone: about 7 minutes
+    on 2 cores)."""
     rows = []
     for name, task in (("adult", "classification"), ("california", "regression"),
                        ("fashion-mnist", "classification")):
