@@ -656,3 +656,31 @@ def test_rows_made_on_the_workers_never_pass_the_client(client):
     assert tr.gathered < (model + 8 * n + 8 * n * P + tr.steps * blocks * 8 * P * (d + 1)
                           + 8 * P * (d + 1) * tr.groups + 2**17)
     assert est.score(X, y) > 0.97
+
+
+@pytest.mark.parametrize("estimator", ["casvm", "bkrr"])
+def test_parts_fitted_in_waves_give_the_model_of_one_batch(client, classification, regression,
+                                                           monkeypatch, estimator):
+    """A worker fits its parts in waves of at most FIT_WAVE_BYTES of rows: every part its own
+    wave gives the model of all of a worker's parts in one batch, bit for bit."""
+    from gpuml.distributed.dask import fit as dask_fit_steps
+
+    assert dask_fit_steps._waves([3, 4, 5], 8, 8 * 7) == [[0, 1], [2]]
+    assert dask_fit_steps._waves([3, 40, 5], 8, 8 * 7) == [[0], [1], [2]]
+    if estimator == "casvm":
+        X, y = classification
+        make = lambda: CASVMClassifier(n_partitions=8, random_state=0)  # noqa: E731
+    else:
+        X, y = regression
+        make = lambda: BKRRRegressor(n_partitions=8, random_state=0)  # noqa: E731
+    Xd, yd = _dask(X, y)
+    one = make().fit(Xd, yd)
+    monkeypatch.setattr(dask_fit_steps, "FIT_WAVE_BYTES", 1)
+    waves = make().fit(Xd, yd)
+    np.testing.assert_array_equal(waves.dual_coef_, one.dual_coef_)
+    np.testing.assert_array_equal(waves.intercept_, one.intercept_)
+    if estimator == "casvm":
+        np.testing.assert_array_equal(waves.support_, one.support_)
+    else:
+        np.testing.assert_array_equal(waves.X_fit_, one.X_fit_)
+    np.testing.assert_array_equal(waves.predict(X), one.predict(X))

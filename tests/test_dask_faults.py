@@ -376,7 +376,19 @@ def test_worker_paused_for_memory_mid_fit_ends_with_a_clear_error(cluster, monke
                     "memory"] > limit // 2:
             assert time.monotonic() < deadline, "the worker did not resume"
             time.sleep(0.1)
-        _same_model(_bounded(lambda: clone(est).fit(Xd, yd)), ref)
+        refit = _bounded(lambda: clone(est).fit(Xd, yd))
+        _same_model(refit, ref)
+        # A score on Dask input waits for its blocks alike: a paused worker ends it too.
+        assert _bounded(lambda: refit.score(Xd, yd)) == ref.score(X, y)
+        used = client.run(lambda: __import__("psutil").Process().memory_info().rss)
+        client.run(_hold, int(0.87 * limit) - used[address])
+        deadline = time.monotonic() + 30
+        while address in _live(client):
+            assert time.monotonic() < deadline, "the worker did not pause"
+            time.sleep(0.1)
+        with pytest.raises(MemoryError, match=r"paused for memory"):
+            _bounded(lambda: refit.score(Xd, yd))
+        client.run(_drop)
     finally:
         client.close()
         cluster.close()

@@ -241,14 +241,16 @@ def _paused_message(paused, n_waiting) -> str:
 
     where = "; ".join(f"{a} at {mb(w.get('metrics', {}).get('memory'))} of its memory_limit "
                       f"{mb(w.get('memory_limit'))}" for a, w in sorted(paused.items()))
+    waited = ("no worker is running" if n_waiting is None else
+              f"none of the {n_waiting} waiting tasks finished for {PAUSED_GIVE_UP_S:.0f} s "
+              "(they are cancelled)")
     return (
-        f"Dask workers paused for memory ({where}) and none of the fit's {n_waiting} waiting "
-        f"tasks finished for {PAUSED_GIVE_UP_S:.0f} s: a worker pauses at "
+        f"Dask workers paused for memory ({where}) and {waited}: a worker pauses at "
         f"distributed.worker.memory.pause ({fraction}) of its memory_limit and starts no task "
-        "until its memory falls, which a solver's arrays and compiled code do not. The fit's "
-        "tasks are cancelled. Give the workers a larger memory_limit (a worker holds about "
-        "0.5 GB once gpuml has fitted there, before any data), or more workers for the same "
-        "data, or a larger n_partitions for smaller parts")
+        "until its memory falls, which a solver's arrays and compiled code do not. Give the "
+        "workers a larger memory_limit (a worker holds about 0.5 GB once gpuml has fitted "
+        "there, before any data), or more workers for the same data, or a larger "
+        "n_partitions for smaller parts")
 
 
 #: Memory a worker holds besides the data once gpuml has fitted there (its libraries and
@@ -267,6 +269,9 @@ def workers_and_budget(client):
     """
     info = live_workers(client)
     if not info:
+        paused = paused_workers(client)
+        if paused:
+            raise MemoryError(_paused_message(paused, None))
         raise RuntimeError("the Dask cluster has no running workers: start some "
                            "(cluster.scale(n)) or wait for them (client.wait_for_workers(n))")
     addresses = sorted(info)

@@ -112,11 +112,11 @@ def _pieces(part_ids, estimator, sources):
 FIT_WAVE_BYTES = 64 * 2**20
 
 
-def _waves(sizes, row_bytes):
-    """Runs of consecutive positions of ``sizes`` whose rows fit :data:`FIT_WAVE_BYTES`."""
+def _waves(sizes, row_bytes, wave_bytes):
+    """Runs of consecutive positions of ``sizes`` whose rows fit ``wave_bytes``."""
     waves, current, held = [], [], 0
     for j, m in enumerate(np.asarray(sizes).tolist()):
-        if current and held + m * row_bytes > FIT_WAVE_BYTES:
+        if current and held + m * row_bytes > wave_bytes:
             waves.append(current)
             current, held = [], 0
         current.append(j)
@@ -124,10 +124,11 @@ def _waves(sizes, row_bytes):
     return waves + ([current] if current else [])
 
 
-def _fit_group(estimator, data, part_ids, sources):
+def _fit_group(estimator, data, part_ids, sources, wave_bytes):
     """The parts ``part_ids`` fitted on this worker (its GPU when it has one) by the
-    estimator's own part solver, in waves (:data:`FIT_WAVE_BYTES`): their fits as the host
-    keeps them, their rows' sums and counts (the parts' means) and this worker's address."""
+    estimator's own part solver, in waves of at most ``wave_bytes`` of rows
+    (:data:`FIT_WAVE_BYTES`, sent by the client): their fits as the host keeps them, their
+    rows' sums and counts (the parts' means) and this worker's address."""
     pieces = _pieces(part_ids, estimator, sources)
     sums = _group_sums(pieces, len(part_ids))
     sizes = np.array([sum(piece[j][0].shape[0] for piece in pieces)
@@ -138,7 +139,7 @@ def _fit_group(estimator, data, part_ids, sources):
     host = []
     with backend.use():
         estimator._check_fit_memory(sizes, data, backend)
-        for wave in _waves(sizes, row_bytes):
+        for wave in _waves(sizes, row_bytes, wave_bytes):
             X, y, w, local = _group_rows([[piece[j] for j in wave] for piece in pieces],
                                          len(wave))
             fits = estimator._solve_parts(backend, data, X, y, w, local, ids[wave])
@@ -258,7 +259,7 @@ def ship_and_fit(rows, labels, sizes, costs, estimator, data, addresses, centers
                 sources.append((ks, None, None, take))
         groups.append((ids_list, address, sources))
     futures = [driver.submit("fit-parts", _fit_group, estimator, data, ids, sources,
-                             **_on(address))
+                             FIT_WAVE_BYTES, **_on(address))
                for ids, address, sources in groups]
     results = driver.gather(futures, as_they_finish=True)
     fits = [None] * len(sizes)

@@ -14,7 +14,7 @@ from sklearn.exceptions import UndefinedMetricWarning
 from sklearn.metrics import accuracy_score, r2_score
 
 from .data import _as_array, _unknown, check_features, is_dask
-from .driver import KEY_PREFIX, workers_and_budget
+from .driver import KEY_PREFIX, Driver, workers_and_budget
 
 
 def _apply(block, model, method, names):
@@ -104,20 +104,31 @@ def score(estimator, X, y, sample_weight=None) -> float:
     predicted = estimator.predict(X)
     classifier = is_classifier(estimator)
     if not is_dask(y, sample_weight):
-        y_pred = predicted.compute()
+        y_pred, = _compute(predicted)
         metric = accuracy_score if classifier else r2_score
         return float(metric(y, y_pred, sample_weight=sample_weight))
     blocks = predicted.to_delayed().ravel().tolist()
     targets = _blocks_like(y, predicted, "y")
     weights = (_blocks_like(sample_weight, predicted, "sample_weight")
                if sample_weight is not None else [None] * len(blocks))
-    stats = dask.compute(*[dask.delayed(_score_sums)(p, t, w, classifier)
-                           for p, t, w in zip(blocks, targets, weights)])
+    stats = _compute(*[dask.delayed(_score_sums)(p, t, w, classifier)
+                       for p, t, w in zip(blocks, targets, weights)])
     if classifier:
         hits = math.fsum(h for h, _ in stats)
         total = math.fsum(t for _, t in stats)
         return hits / total if total else float("nan")
     return _r2_of(stats)
+
+
+def _compute(*collections):
+    """``dask.compute``, on the current client through a :class:`Driver`'s wait (a worker
+    paused for memory ends it with a MemoryError, not a wait without end)."""
+    try:
+        client = get_client()
+    except ValueError:
+        return dask.compute(*collections)
+    driver = Driver(client)
+    return driver.gather(client.compute(list(collections)))
 
 
 def _blocks_like(value, predicted, what) -> list:
