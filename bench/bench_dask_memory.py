@@ -79,12 +79,24 @@ def _in_memory(n_blocks, rows, n_features, first_block=0):
     return X, y
 
 
+def _fit_and_score(X, y, X_test, y_test):
+    """``CASVMClassifier()`` fitted and scored: the model, fit seconds, accuracy, score
+    seconds."""
+    from gpuml import CASVMClassifier
+
+    t0 = time.perf_counter()
+    model = CASVMClassifier().fit(X, y)
+    fit_s = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    accuracy = model.score(X_test, y_test)
+    return model, fit_s, accuracy, time.perf_counter() - t0
+
+
 def main(quick: bool = False, gpu: bool = False):
     import dask
     import distributed
     import psutil
 
-    from gpuml import CASVMClassifier
     from gpuml.distributed.dask import counting
 
     n, d, block, limit = QUICK if quick else FULL
@@ -109,24 +121,14 @@ def main(quick: bool = False, gpu: bool = False):
         base = me.memory_info().rss
         with _Peaks(lambda: {"client": me.memory_info().rss - base}) as client_peak, \
                 _Peaks(worker_memory) as worker_peak, counting() as traffic:
-            t0 = time.perf_counter()
-            on_dask = CASVMClassifier().fit(X, y)
-            fit_s = time.perf_counter() - t0
-            t0 = time.perf_counter()
-            acc_dask = on_dask.score(X_test, y_test)
-            score_s = time.perf_counter() - t0
+            on_dask, fit_s, acc_dask, score_s = _fit_and_score(X, y, X_test, y_test)
         restarted = client.run(os.getpid) != pids
         tr = traffic[0]
         # The same rows, made again in this process (the blocks are deterministic): the
         # baseline. (Computing the Dask arrays would gather them on a worker first.)
         Xm, ym = _in_memory(n // block, block, d)
         Xt, yt = _in_memory(TEST_ROWS[quick] // block, block, d, first_block=10_000)
-        t0 = time.perf_counter()
-        local = CASVMClassifier().fit(Xm, ym)
-        local_fit_s = time.perf_counter() - t0
-        t0 = time.perf_counter()
-        acc_local = local.score(Xt, yt)
-        local_score_s = time.perf_counter() - t0
+        local, local_fit_s, acc_local, local_score_s = _fit_and_score(Xm, ym, Xt, yt)
         same_model = (np.array_equal(on_dask.support_, local.support_)
                       and np.allclose(on_dask.dual_coef_, local.dual_coef_, rtol=1e-9,
                                       atol=1e-12))

@@ -328,6 +328,29 @@ def _drop(dask_worker):
     del dask_worker.test_ballast
 
 
+def _pause(client, address, limit):
+    """Push the worker past its pause threshold (80 %) and below the nanny's restart (95 %)
+    with memory outside Dask's store; return once the scheduler sees it paused."""
+    used = client.run(lambda: __import__("psutil").Process().memory_info().rss)
+    client.run(_hold, int(0.87 * limit) - used[address])
+    deadline = time.monotonic() + 30
+    while address in _live(client):
+        assert time.monotonic() < deadline, "the worker did not pause"
+        time.sleep(0.1)
+
+
+def _resume(client, address, limit):
+    """Free what :func:`_pause` held; return once the worker runs and its memory as the
+    scheduler reports it (what a fit's budget reads) has fallen."""
+    client.run(_drop)
+    deadline = time.monotonic() + 30
+    while address not in _live(client) or client.sync(
+            client.scheduler.identity, n_workers=-1)["workers"][address]["metrics"][
+                "memory"] > limit // 2:
+        assert time.monotonic() < deadline, "the worker did not resume"
+        time.sleep(0.1)
+
+
 def test_worker_paused_for_memory_mid_fit_ends_with_a_clear_error(cluster, monkeypatch):
     """A worker that pauses for memory (``distributed.worker.memory.pause``) in the middle of
     a fit starts no further task: the fit ends with a MemoryError naming it after
@@ -354,41 +377,21 @@ def test_worker_paused_for_memory_mid_fit_ends_with_a_clear_error(cluster, monke
         original = dask_fit.partition_chunks
 
         def start(rows, *args, **kwargs):
-            # Past the pause threshold (80 %), below the nanny's restart (95 %).
-            used = client.run(lambda: __import__("psutil").Process().memory_info().rss)
-            client.run(_hold, int(0.87 * limit) - used[address])
-            deadline = time.monotonic() + 30
-            while address in _live(client):
-                assert time.monotonic() < deadline, "the worker did not pause"
-                time.sleep(0.1)
+            _pause(client, address, limit)
             return original(rows, *args, **kwargs)
 
         monkeypatch.setattr(dask_fit, "partition_chunks", start)
-        est = CASVMClassifier(n_partitions=8, partition="random", random_state=0)
         with pytest.raises(MemoryError, match=r"paused for memory \(tcp://.*memory_limit"):
             _bounded(lambda: est.fit(Xd, yd))
         monkeypatch.setattr(dask_fit, "partition_chunks", original)
-        client.run(_drop)
-        deadline = time.monotonic() + 30
-        # Resumed, and its memory as the scheduler reports it (a fit's budget) fallen too.
-        while address not in _live(client) or client.sync(
-                client.scheduler.identity, n_workers=-1)["workers"][address]["metrics"][
-                    "memory"] > limit // 2:
-            assert time.monotonic() < deadline, "the worker did not resume"
-            time.sleep(0.1)
+        _resume(client, address, limit)
         refit = _bounded(lambda: clone(est).fit(Xd, yd))
         _same_model(refit, ref)
         # A score on Dask input waits for its blocks alike: a paused worker ends it too.
         assert _bounded(lambda: refit.score(Xd, yd)) == ref.score(X, y)
-        used = client.run(lambda: __import__("psutil").Process().memory_info().rss)
-        client.run(_hold, int(0.87 * limit) - used[address])
-        deadline = time.monotonic() + 30
-        while address in _live(client):
-            assert time.monotonic() < deadline, "the worker did not pause"
-            time.sleep(0.1)
+        _pause(client, address, limit)
         with pytest.raises(MemoryError, match=r"paused for memory"):
             _bounded(lambda: refit.score(Xd, yd))
-        client.run(_drop)
     finally:
         client.close()
         cluster.close()

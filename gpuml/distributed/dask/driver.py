@@ -172,7 +172,8 @@ class Driver:
                     done = [f for f in left if f.done()]
                     for future, value in zip(done, self.client.gather(done)):
                         values[where[future.key]] = value
-                    left = [f for f in left if f.key not in {d.key for d in done}]
+                    gathered = {f.key for f in done}
+                    left = [f for f in left if f.key not in gathered]
             else:
                 self.progress(futures, first=False)
                 values = self.client.gather(futures)
@@ -215,8 +216,9 @@ def current_client():
             "pass NumPy data (X.compute())") from None
 
 
-def live_workers(client) -> dict:
-    """The running workers, ``{address: info}``, as the scheduler answers now.
+def _workers(client, status) -> dict:
+    """The workers of a status (``"running"``, ``"paused"``), ``{address: info}``, as the
+    scheduler answers now.
 
     Asked of the scheduler directly: ``client.scheduler_info()`` returns the
     client's cached copy, which distributed's periodic refresh (without
@@ -224,23 +226,34 @@ def live_workers(client) -> dict:
     """
     info = client.sync(client.scheduler.identity, n_workers=-1)
     return {a: w for a, w in info.get("workers", {}).items()
-            if w.get("status", "running") == "running"}
+            if w.get("status", "running") == status}
+
+
+def live_workers(client) -> dict:
+    """The running workers, ``{address: info}``, as the scheduler answers now."""
+    return _workers(client, "running")
 
 
 def paused_workers(client) -> dict:
-    """The workers paused for memory now, ``{address: info}`` (asked of the scheduler)."""
-    info = client.sync(client.scheduler.identity, n_workers=-1)
-    return {a: w for a, w in info.get("workers", {}).items() if w.get("status") == "paused"}
+    """The workers paused for memory now, ``{address: info}``."""
+    return _workers(client, "paused")
+
+
+def fmt_bytes(n) -> str:
+    """A size for a message: GiB from 1 GiB up, MiB below."""
+    n = float(n or 0)
+    return f"{n / 2**30:.2f} GiB" if n >= 2**30 else f"{n / 2**20:.1f} MiB"
+
+
+#: How a worker's memory budget is made, for the messages that name one.
+BUDGET_RULE = "memory_limit x distributed.worker.memory.pause, less the worker's own memory"
 
 
 def _paused_message(paused, n_waiting) -> str:
     fraction = dask.config.get("distributed.worker.memory.pause", 0.8)
-
-    def mb(v):
-        return f"{float(v or 0) / 2**20:.0f} MiB"
-
-    where = "; ".join(f"{a} at {mb(w.get('metrics', {}).get('memory'))} of its memory_limit "
-                      f"{mb(w.get('memory_limit'))}" for a, w in sorted(paused.items()))
+    where = "; ".join(f"{a} at {fmt_bytes(w.get('metrics', {}).get('memory'))} of its "
+                      f"memory_limit {fmt_bytes(w.get('memory_limit'))}"
+                      for a, w in sorted(paused.items()))
     waited = ("no worker is running" if n_waiting is None else
               f"none of the {n_waiting} waiting tasks finished for {PAUSED_GIVE_UP_S:.0f} s "
               "(they are cancelled)")

@@ -15,7 +15,7 @@ from ..._backend import resolve
 from ...kernels import part_sums
 from ...partition import divide
 from ..placement import balance_local
-from .driver import _in_order_sum, _on
+from .driver import BUDGET_RULE, _in_order_sum, _on, fmt_bytes
 from .steps import _pack, _unpack
 
 
@@ -148,10 +148,6 @@ def _fit_group(estimator, data, part_ids, sources, wave_bytes):
     return host, sums, get_worker().address
 
 
-def _fmt_bytes(n) -> str:
-    return f"{n / 2**30:.2f} GiB" if n >= 2**30 else f"{n / 2**20:.1f} MiB"
-
-
 def check_budget(need, sizes, n, budget, what):
     """Refuse a fit whose largest part needs more than a worker's budget.
 
@@ -170,11 +166,10 @@ def check_budget(need, sizes, n, budget, what):
     change = (f"use a larger n_partitions (n_partitions>={suggest} should fit)" if suggest
               else "use workers with more memory")
     raise MemoryError(
-        f"{what} needs about {_fmt_bytes(needed)} on one Dask worker (a part of "
+        f"{what} needs about {fmt_bytes(needed)} on one Dask worker (a part of "
         f"{int(sizes.max())} rows: its rows and kernel block), but the smallest worker's "
-        f"budget is {_fmt_bytes(budget)} (memory_limit x distributed.worker.memory.pause, "
-        f"less the worker's own memory); "
-        f"{change}, or workers with a larger memory_limit")
+        f"budget is {fmt_bytes(budget)} ({BUDGET_RULE}); {change}, or workers with a larger "
+        "memory_limit")
 
 
 def check_group_budget(need, sizes, held_rows, row_bytes, budget, what, address):
@@ -195,12 +190,11 @@ def check_group_budget(need, sizes, held_rows, row_bytes, budget, what, address)
     if needed <= budget:
         return
     raise MemoryError(
-        f"{what} needs about {_fmt_bytes(needed)} on the Dask worker {address}: the input "
-        f"rows it holds ({_fmt_bytes(held_bytes)}) and the {len(sizes)} parts placed there "
+        f"{what} needs about {fmt_bytes(needed)} on the Dask worker {address}: the input "
+        f"rows it holds ({fmt_bytes(held_bytes)}) and the {len(sizes)} parts placed there "
         f"({int(sizes.sum())} rows, with their solver's blocks), but the smallest worker's "
-        f"budget is {_fmt_bytes(budget)} (memory_limit x distributed.worker.memory.pause, "
-        f"less the worker's own memory); "
-        "use more workers, or workers with a larger memory_limit")
+        f"budget is {fmt_bytes(budget)} ({BUDGET_RULE}); use more workers, or workers with a "
+        "larger memory_limit")
 
 
 def _candidates(P, n):

@@ -14,7 +14,7 @@ from sklearn.exceptions import UndefinedMetricWarning
 from sklearn.metrics import accuracy_score, r2_score
 
 from .data import _as_array, _unknown, check_features, is_dask
-from .driver import KEY_PREFIX, Driver, workers_and_budget
+from .driver import BUDGET_RULE, KEY_PREFIX, Driver, fmt_bytes, workers_and_budget
 
 
 def _apply(block, model, method, names):
@@ -77,12 +77,11 @@ def _check_model_fits_workers(estimator):
     _, budget = workers_and_budget(client)
     size = model_bytes(estimator)
     if budget is not None and size > budget:
+        held = "support vectors" if hasattr(estimator, "support_vectors_") else "training rows"
         raise MemoryError(
-            f"the fitted {type(estimator).__name__} takes {size / 2**20:.0f} MiB (its "
-            f"{'support vectors' if hasattr(estimator, 'support_vectors_') else 'training rows'}"
-            f" and coefficients) and travels whole to every Dask worker that predicts, but "
-            f"the smallest worker's budget is {budget / 2**20:.0f} MiB (memory_limit x "
-            "distributed.worker.memory.pause, less the worker's own memory): predict on "
+            f"the fitted {type(estimator).__name__} takes {fmt_bytes(size)} (its {held} and "
+            f"coefficients) and travels whole to every Dask worker that predicts, but the "
+            f"smallest worker's budget is {fmt_bytes(budget)} ({BUDGET_RULE}): predict on "
             "in-memory rows (in blocks), or use workers with a larger memory_limit")
 
 
