@@ -11,7 +11,9 @@ predictions).
 
 ``OLD_TREE``/``NEW_TREE``: folders holding a ``gpuml`` package (e.g. a
 ``git worktree`` of the commit before a change, and this checkout). The Dask
-workload starts a two-worker ``LocalCluster`` in each process.
+workload starts a two-worker ``LocalCluster`` in each process; ``predict`` times
+``CASVMClassifier()``'s prediction of 20,000 rows after a fit on ``--n`` rows (fitted
+in each process, not timed).
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ import time
 
 import numpy as np
 
-WORKLOADS = ("casvm", "bkrr", "dask")
+WORKLOADS = ("casvm", "bkrr", "dask", "predict")
 
 _CHILD = r"""
 import json, sys, time, warnings
@@ -33,6 +35,7 @@ import numpy as np
 warnings.simplefilter("ignore")
 from sklearn.datasets import make_classification, make_regression
 kind, n = sys.argv[1], int(sys.argv[2])
+import gpuml
 from gpuml import BKRRRegressor, CASVMClassifier
 if kind == "bkrr":
     X, y = make_regression(n, 16, noise=1.0, random_state=0)
@@ -42,6 +45,16 @@ else:
     X, y = make_classification(n, 28, n_informative=20, n_redundant=4, flip_y=0.05,
                                class_sep=0.8, random_state=0)
     make = lambda: CASVMClassifier(n_partitions=16, random_state=0, device="cpu")
+if kind == "predict":  # CASVMClassifier()'s predict of 20,000 rows after a fit on n
+    X, y = make_classification(n + 20000, 28, n_informative=20, n_redundant=4, flip_y=0.05,
+                               class_sep=0.8, random_state=0)
+    X = X.astype(np.float32)
+    model = CASVMClassifier(random_state=0, device="cpu").fit(X[:n], y[:n])
+    model.predict(X[n:n + 100])
+    t0 = time.perf_counter(); pred = model.predict(X[n:]); seconds = time.perf_counter() - t0
+    print(json.dumps({"seconds": seconds, "pred": np.asarray(pred[:2000]).tolist(),
+                      "gpuml": gpuml.__file__}))
+    sys.exit(0)
 data = (X, y)
 if kind == "dask":
     import dask.array as da
@@ -54,15 +67,19 @@ if kind == "dask":
 make().fit(*data)  # warm-up: compiles, imports, the cluster's first tasks
 t0 = time.perf_counter(); model = make().fit(*data); seconds = time.perf_counter() - t0
 pred = np.asarray(model.predict(X[:2000]))
-print(json.dumps({"seconds": seconds, "pred": pred.tolist()}))
+print(json.dumps({"seconds": seconds, "pred": pred.tolist(), "gpuml": gpuml.__file__}))
 """
 
 
 def _run(tree, kind, n):
     env = dict(os.environ, PYTHONPATH=tree)
-    out = subprocess.run([sys.executable, "-c", _CHILD, kind, str(n)], env=env,
+    # in the tree: ``python -c`` puts the working folder first on the path, before PYTHONPATH
+    out = subprocess.run([sys.executable, "-c", _CHILD, kind, str(n)], env=env, cwd=tree,
                          capture_output=True, text=True, check=True)
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    if not os.path.realpath(result["gpuml"]).startswith(os.path.realpath(tree) + os.sep):
+        raise RuntimeError(f"the child imported {result['gpuml']}, not the tree {tree}")
+    return result
 
 
 def main(argv=None) -> int:
@@ -72,8 +89,9 @@ def main(argv=None) -> int:
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--quick", action="store_true", help="small data, two rounds")
     ap.add_argument("--workloads", default=",".join(WORKLOADS))
+    ap.add_argument("--n", type=int, default=20000, help="training rows (default 20,000)")
     args = ap.parse_args(argv)
-    n = 4000 if args.quick else 20000
+    n = 4000 if args.quick else args.n
     rounds = 2 if args.quick else args.rounds
     print(f"n={n}, {rounds} rounds, trees alternating; A = {args.old}, B = {args.new}")
     for kind in args.workloads.split(","):

@@ -51,7 +51,7 @@ def squared_norms(X):
     return xp.einsum("ij,ij->i", X, X)
 
 
-def _gram(X, Y):
+def gram(X, Y):
     """``X @ Y.T`` as a dense array, for any mix of dense and CSR."""
     if _is_sparse(X):
         if _is_sparse(Y) and Y.shape[0] * Y.shape[1] * Y.dtype.itemsize <= BLOCK_BYTES:
@@ -129,7 +129,7 @@ class Kernel:
             D = sq_distances(Xb, Y, y_norms)
             D *= -self.gamma
             return namespace_of(D).exp(D, out=D)
-        return self._from_gram(_gram(Xb, Y))
+        return self._from_gram(gram(Xb, Y))
 
     def _blocks(self, X, Y, block_bytes):
         """Yield ``(start, stop, K[start:stop])`` over row blocks of X."""
@@ -239,7 +239,7 @@ def shifted_sq_distances(X, Y, y_norms=None):
     Along a row it orders the columns exactly as the squared distance does,
     one pass cheaper; nearest-centre searches compare within rows only.
     """
-    D = _gram(X, Y)
+    D = gram(X, Y)
     D *= -2.0
     D += (squared_norms(Y) if y_norms is None else y_norms)[None, :]
     return D

@@ -1,11 +1,12 @@
 """Compile gpuml's CPU kernels once, into numba's on-disk cache: ``python -m gpuml.precompile``.
 
 The CPU solvers (SMO for CA-SVM, Asy-GCD, the partitioners' greedy fills and the
-fused nearest-centre sweep) and LAMB/LARS's fused CPU kernels are numba functions
-compiled with ``cache=True``: the first process that needs one compiles it (seconds
-per solver; this module prints the time each takes, and the cost of a cold first fit is
-in bench/results/cpu-2core/first_fit.md) and writes the machine code next to the sources (in
-``__pycache__``, or under ``NUMBA_CACHE_DIR`` when that is set); every later process
+fused nearest-centre sweep), CA-SVM's neighbour search in prediction and LAMB/LARS's
+fused CPU kernels are numba functions compiled with ``cache=True``: the first process
+that needs one compiles it (seconds per solver; this module prints the time each
+takes, and the cost of a cold first fit is in bench/results/cpu-2core/first_fit.md)
+and writes the machine code next to the sources (in ``__pycache__``, or under
+``NUMBA_CACHE_DIR`` when that is set); every later process
 loads it in a fraction of a second. Run this module once after installing (in a
 Docker image build, a CI setup step, ``make install``) so that no user-facing fit
 meets the compile. It fits each estimator on a small synthetic problem, which
@@ -36,8 +37,9 @@ def precompile(verbose: bool = True) -> dict:
     X, y = make_classification(1200, 8, n_classes=3, n_informative=4, random_state=0)
     Xr, yr = make_regression(600, 8, random_state=0)
     fits = {
+        # predict: the neighbour search's merge of combine="neighbors"
         "CASVMClassifier": lambda X: CASVMClassifier(n_partitions=2, device="cpu",
-                                                     random_state=0).fit(X, y),
+                                                     random_state=0).fit(X, y).predict(X),
         "CASVMClassifier(partition='fcfs')": lambda X: CASVMClassifier(
             n_partitions=2, partition="fcfs", device="cpu", random_state=0).fit(X, y),
         # Shrinking and the random selection are compiled apart from the defaults (numba

@@ -2,7 +2,8 @@
 
 :func:`route` sends each row to the part of its nearest centre;
 :func:`neighbor_weights` weighs the parts by how many of a row's nearest
-support vectors each holds (CA-SVM's ``combine="neighbors"``).
+support vectors each holds (CA-SVM's ``combine="neighbors"``), and :func:`neighbor_blocks` hands the
+distances it computed on to the parts' kernel values.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from ._backend import namespace_of, to_numpy
-from .pairwise import sq_distances, squared_norms
+from .pairwise import gram, sq_distances, squared_norms
 from .partition import assign_nearest
 
 
@@ -21,12 +22,45 @@ def route(X, centers):
     return to_numpy(assign_nearest(X, centers))
 
 
-#: Bytes of one block of test-to-support-vector distances in :func:`neighbor_weights`.
-NEIGHBOR_BLOCK_BYTES = 64 << 20
-#: :func:`neighbor_weights` searches a row's nearest support vectors among those of its
+#: Bytes of the distances that one block of rows keeps in :func:`neighbor_blocks` (a
+#: prediction's memory beside its output is about twice this).
+NEIGHBOR_BLOCK_BYTES = 32 << 20
+#: :func:`neighbor_blocks` searches a row's nearest support vectors among those of its
 #: ``NEIGHBOR_PARTS`` nearest parts (by centre) when the model has more parts with
-#: support vectors, so that a row's cost stays bounded as P grows with n.
-NEIGHBOR_PARTS = 16
+#: support vectors, so that a row's cost stays bounded as P grows with n. Eight keep the
+#: accuracy of searching 16 parts within 0.1 point on the data of
+#: bench/results/cpu-2core/casvm_predict.md (six lost up to 0.1 point) at 0.6-0.9 of its
+#: cost.
+NEIGHBOR_PARTS = 8
+
+
+class PartVectors:
+    """The fitted support vectors split by part, with their squared norms, on one device.
+
+    ``vectors`` (dense or CSR, on the device the search runs on) and ``vector_part``
+    (host: the part of each); the split is made once and serves every block of
+    every prediction that keeps it. ``vectors[p]`` and ``norms[p]`` for each part
+    ``p`` in ``held`` (the parts with vectors), in the order they have in ``vectors``.
+
+    >>> import numpy as np
+    >>> parts = PartVectors(np.eye(3), np.array([1, 0, 1]), n_parts=3)
+    >>> parts.held.tolist(), parts.vectors[1].tolist()
+    ([0, 1], [[1.0, 0.0, 0.0], [0.0, 0.0, 1.0]])
+    """
+
+    def __init__(self, vectors, vector_part, n_parts: int):
+        xp = namespace_of(vectors)
+        owner = np.asarray(vector_part, dtype=np.int64)
+        self.n_parts = int(n_parts)
+        self.n_vectors = owner.size
+        self.dtype = np.dtype(vectors.dtype)
+        self.held = np.flatnonzero(np.bincount(owner, minlength=n_parts))
+        order = np.argsort(owner, kind="stable")
+        ends = np.searchsorted(owner[order], np.arange(n_parts + 1))
+        self.vectors = {int(p): vectors[xp.asarray(order[ends[p]:ends[p + 1]])]
+                        for p in self.held}
+        self.norms = {p: squared_norms(v) for p, v in self.vectors.items()}
+        self.widest = max((v.shape[0] for v in self.vectors.values()), default=1)
 
 
 def neighbor_weights(X, vectors, vector_part, n_parts: int, n_neighbors: int,
@@ -36,91 +70,97 @@ def neighbor_weights(X, vectors, vector_part, n_parts: int, n_neighbors: int,
     ``vectors`` (on X's device, dense or CSR) are the fitted support vectors and
     ``vector_part`` (host) the part of each. Row ``i`` of the result (shape
     ``(n, n_parts)``) sums to 1: part ``p`` weighs ``k_p / k`` where ``k_p`` of the
-    row's ``k`` nearest vectors (Euclidean) are part ``p``'s.
+    row's ``k`` nearest vectors (Euclidean) are part ``p``'s. Which vectors are
+    searched: see :func:`neighbor_blocks`.
+    """
+    out = np.zeros((X.shape[0], n_parts), dtype=np.float64)
+    parts = PartVectors(vectors, vector_part, n_parts)
+    for start, stop, weights, _ in neighbor_blocks(X, parts, n_neighbors, centers, n_searched):
+        out[start:stop] = weights
+    return out
 
-    The search: among every vector (``k = min(n_neighbors, len(vectors))``)
+
+def neighbor_blocks(X, parts: PartVectors, n_neighbors: int, centers=None,
+                    n_searched: int | None = None):
+    """:func:`neighbor_weights` by blocks of rows, with the distances it computed.
+
+    Yields ``(start, stop, weights, distances)`` for consecutive blocks of ``X``:
+    ``weights`` the block's rows of :func:`neighbor_weights` (host), ``distances``
+    a list of ``(p, rows, D)``: ``D`` the squared distances (on X's device, as
+    :func:`gpuml.pairwise.sq_distances`) of the block's rows ``rows`` (host indices
+    into the block) to part ``p``'s vectors (``parts.vectors[p]``, :class:`PartVectors`).
+    A caller may overwrite ``D``. Every part a row weighs has a piece holding that row.
+
+    The search: among every vector (``k = min(n_neighbors, number of vectors)``)
     when at most ``n_searched`` parts hold vectors or ``centers`` is None;
     otherwise among the vectors of the row's ``n_searched`` nearest parts that
     hold any (by the distance to ``centers``, the parts' routing centres; ``k``
     at most the vectors found there; ``n_searched`` None: :data:`NEIGHBOR_PARTS`).
-    The distances are computed in row blocks of at most
-    :data:`NEIGHBOR_BLOCK_BYTES` (one GEMM per block, or per block and part, and
-    a partial sort each, on X's device). Which of several equally
-    distant vectors counts at the k-th place is the partial sort's choice
-    (deterministic for a given backend).
+    One GEMM per block and part, the row's ``k`` nearest merged part by part
+    (:class:`gpuml.kernels.nearest.neighbors.NearestMerge`); a block keeps at most
+    :data:`NEIGHBOR_BLOCK_BYTES` of distances. Among vectors exactly as near as a
+    row's k-th, those of lower parts, then of lower positions within their part, count
+    (whatever the device, the blocks and the order the parts are searched in).
     """
+    from .kernels.nearest.neighbors import NearestMerge
+
+    xp = namespace_of(X)
     n_searched = NEIGHBOR_PARTS if n_searched is None else int(n_searched)
-    owner_host = np.asarray(vector_part, dtype=np.int64)
-    held = np.flatnonzero(np.bincount(owner_host, minlength=n_parts))
-    if centers is None or held.size <= n_searched:
-        return _all_neighbor_weights(X, vectors, owner_host, n_parts, n_neighbors)
-    return _near_parts_neighbor_weights(X, vectors, owner_host, n_parts, n_neighbors,
-                                        centers, held, n_searched)
-
-
-def _all_neighbor_weights(X, vectors, owner_host, n_parts, n_neighbors):
-    """:func:`neighbor_weights` searching every vector."""
-    xp = namespace_of(X)
-    n, m = X.shape[0], vectors.shape[0]
-    k = min(int(n_neighbors), m)
-    owner = xp.asarray(owner_host)
-    weights = xp.zeros((n, n_parts), dtype=np.float64)
-    y_norms = squared_norms(vectors)
-    rows = max(1, NEIGHBOR_BLOCK_BYTES // max(1, 8 * m))
-    for start in range(0, n, rows):
-        stop = min(start + rows, n)
-        D = sq_distances(X[start:stop], vectors, y_norms)
-        # A partial sort: O(m) per row, where a full sort of the row would cost more
-        # than the GEMM that made it.
-        nearest = owner[xp.argpartition(D, k - 1, axis=1)[:, :k]]
-        block = weights[start:stop]
-        line = xp.arange(stop - start)
-        for j in range(k):  # one neighbour per row at a time: no repeated index within a step
-            block[line, nearest[:, j]] += 1.0
-    weights /= k
-    return to_numpy(weights)
-
-
-def _near_parts_neighbor_weights(X, vectors, owner_host, n_parts, n_neighbors, centers, held,
-                                 n_searched):
-    """:func:`neighbor_weights` searching the vectors of each row's ``n_searched`` nearest
-    parts among ``held`` (the parts with vectors): part by part, each part's ``k``
-    nearest merged into the row's ``k`` best so far."""
-    xp = namespace_of(X)
-    n = X.shape[0]
-    k = int(n_neighbors)
-    order = np.argsort(owner_host, kind="stable")
-    ends = np.searchsorted(owner_host[order], np.arange(n_parts + 1))
-    members = {int(p): xp.asarray(order[ends[p]:ends[p + 1]]) for p in held}
-    part_vectors = {p: vectors[idx] for p, idx in members.items()}
-    part_norms = {p: squared_norms(v) for p, v in part_vectors.items()}
-    held_centers = xp.asarray(centers)[xp.asarray(held)]
-    widest = max(v.shape[0] for v in part_vectors.values())
-    out = np.zeros((n, n_parts), dtype=np.float64)
-    rows = max(1, NEIGHBOR_BLOCK_BYTES // (8 * (widest + 2 * k)))
-    for start in range(0, n, rows):
-        stop = min(start + rows, n)
+    held = parts.held
+    every = centers is None or held.size <= n_searched
+    k = min(int(n_neighbors), parts.n_vectors) if every else int(n_neighbors)
+    held_centers = None if centers is None else xp.asarray(centers)[xp.asarray(held)]
+    searched = held.size if every else n_searched
+    itemsize = max(np.dtype(X.dtype).itemsize, parts.dtype.itemsize)
+    rows = max(1, NEIGHBOR_BLOCK_BYTES // (itemsize * searched * parts.widest + 16 * k))
+    for start in range(0, X.shape[0], rows):
+        stop = min(start + rows, X.shape[0])
         Xb = X[start:stop]
-        near = to_numpy(xp.argpartition(sq_distances(Xb, held_centers), n_searched - 1,
-                                        axis=1)[:, :n_searched])
-        best_d = xp.full((stop - start, k), np.inf)
-        best_p = xp.full((stop - start, k), -1, dtype=np.int64)
-        for j in np.unique(near).tolist():
+        x_norms = squared_norms(Xb)
+        if held_centers is None:
+            everyone = np.arange(stop - start)
+            groups = [(j, everyone) for j in range(held.size)]
+        else:
+            groups = _rows_by_part(_nearest_first(sq_distances(Xb, held_centers), searched))
+        merge = NearestMerge(xp, stop - start, k)
+        pieces = []
+        for j, sel in groups:
             p = int(held[j])
-            sel_host = np.flatnonzero((near == j).any(axis=1))
-            sel = xp.asarray(sel_host)
-            D = sq_distances(Xb[sel], part_vectors[p], part_norms[p])
-            if D.shape[1] > k:
-                D = xp.take_along_axis(D, xp.argpartition(D, k - 1, axis=1)[:, :k], axis=1)
-            cand_d = xp.concatenate([best_d[sel], D.astype(np.float64, copy=False)], axis=1)
-            cand_p = xp.concatenate([best_p[sel], xp.full(D.shape, p, dtype=np.int64)], axis=1)
-            keep = xp.argpartition(cand_d, k - 1, axis=1)[:, :k]
-            best_d[sel] = xp.take_along_axis(cand_d, keep, axis=1)
-            best_p[sel] = xp.take_along_axis(cand_p, keep, axis=1)
-        best_p = to_numpy(best_p)
-        found = best_p >= 0
-        line = np.repeat(np.arange(stop - start), k)[found.ravel()]
-        block = out[start:stop]
-        np.add.at(block, (line, best_p[found]), 1.0)
-        block /= found.sum(axis=1, keepdims=True)
-    return out
+            if sel.size == Xb.shape[0]:  # every row of the block (ascending, unique)
+                Xs, xs_norms = Xb, x_norms
+            else:
+                sel_d = xp.asarray(sel)
+                Xs, xs_norms = Xb[sel_d], x_norms[sel_d]
+            G = gram(Xs, parts.vectors[p])
+            merge.add(G, xs_norms, parts.norms[p], sel, p)
+            pieces.append((p, sel, G))
+        counts, found = merge.counts(parts.n_parts)
+        counts /= np.maximum(found, 1)[:, None]
+        yield start, stop, counts, pieces
+
+
+def _nearest_first(D, searched):
+    """Each row's ``searched`` nearest columns of ``D``, nearest first (host)."""
+    xp = namespace_of(D)
+    if searched < D.shape[1]:
+        near = xp.argpartition(D, searched - 1, axis=1)[:, :searched]
+        D = xp.take_along_axis(D, near, axis=1)
+    else:
+        near = None
+    order = xp.argsort(D, axis=1)
+    return to_numpy(order if near is None else xp.take_along_axis(near, order, axis=1))
+
+
+def _rows_by_part(near):
+    """``(j, rows)`` for every value ``j`` in ``near`` (each row's searched parts, nearest
+    first): the rows (ascending) that search ``j``; first the parts some row searches
+    first, so that each row's k best are near early and the later parts' candidates are
+    mostly rejected at one comparison each."""
+    n, searched = near.shape
+    flat = near.ravel()
+    order = np.argsort(flat, kind="stable")
+    bounds = np.searchsorted(flat[order], np.arange(int(flat.max()) + 2))
+    present = np.flatnonzero(np.diff(bounds))
+    first = np.unique(near[:, 0])
+    sequence = np.concatenate([first, np.setdiff1d(present, first)])
+    return [(int(j), order[bounds[j]:bounds[j + 1]] // searched) for j in sequence]

@@ -14,7 +14,7 @@ import numpy as np
 from .._backend import resolve, to_numpy
 from .._validation import validate_X
 from ..pipeline import predict_on_devices, prediction_group, route_on_devices
-from ..routing import neighbor_weights, route
+from ..routing import PartVectors, neighbor_blocks, route
 from ._partitioned import on_device
 from ._svm import gpu_compute_dtype
 
@@ -36,24 +36,42 @@ class PartPredictionMixin:
         return (getattr(self, "combine", "nearest") == "neighbors"
                 and self.part_intercept_.shape[0] > 1 and len(self.support_) > 0)
 
-    def _part_weights(self, backend, Xd):
-        """``(n, P)`` host weights of the parts for the rows ``Xd`` (``combine="neighbors"``).
+    def _weighted_blocks(self, backend, Xd, parts=None):
+        """The parts' weights for the rows ``Xd`` (``combine="neighbors"``), by blocks of rows.
 
-        A part without support vectors (it held one class, or none of its pairs
-        needed one) is never among a row's neighbours, so the rows whose nearest
-        centre is such a part's go to it alone, as with ``combine="nearest"``.
+        Yields :func:`~gpuml.routing.neighbor_blocks`' ``(start, stop, weights,
+        distances)`` (``parts``: :meth:`_part_vectors`, made here when None). A part
+        without support vectors (it held one class, or none of its pairs needed one) is
+        never among a row's neighbours, so the rows whose nearest centre is such a
+        part's go to it alone, as with ``combine="nearest"``.
         """
         n_parts = self.part_intercept_.shape[0]
-        vectors = on_device(self, backend, ("support_vectors",),
-                            lambda: backend.asarray(self.support_vectors_))
-        weights = neighbor_weights(Xd, vectors, self.support_part_, n_parts, self.n_neighbors,
-                                   centers=backend.asarray(self.centers_))
+        parts = self._part_vectors(backend, Xd) if parts is None else parts
+        centers = backend.asarray(self.centers_)
         empty = np.bincount(self.support_part_, minlength=n_parts) == 0
-        if empty.any():
-            owner = route(Xd, backend.asarray(self.centers_))
-            alone = empty[owner]
-            weights[alone] = 0.0
-            weights[np.flatnonzero(alone), owner[alone]] = 1.0
+        for start, stop, weights, pieces in neighbor_blocks(Xd, parts, self.n_neighbors,
+                                                            centers=centers):
+            if empty.any():
+                owner = route(Xd[start:stop], centers)
+                alone = empty[owner]
+                weights[alone] = 0.0
+                weights[np.flatnonzero(alone), owner[alone]] = 1.0
+            yield start, stop, weights, pieces
+
+    def _part_vectors(self, backend, Xd):
+        """The support vectors split by part (:class:`~gpuml.routing.PartVectors`) on
+        ``backend``, in the dtype the kernel values of ``Xd`` are computed in; made once
+        per prediction on the CPU, cached on a GPU."""
+        dtype = gpu_compute_dtype(backend, Xd, self.support_vectors_.dtype)
+        return on_device(self, backend, ("part_vectors", str(dtype)), lambda: PartVectors(
+            backend.asarray(self.support_vectors_.astype(dtype, copy=False)),
+            self.support_part_, self.part_intercept_.shape[0]))
+
+    def _part_weights(self, backend, Xd):
+        """``(n, P)`` host weights of the parts for the rows ``Xd`` (``combine="neighbors"``)."""
+        weights = np.zeros((Xd.shape[0], self.part_intercept_.shape[0]))
+        for start, stop, block, _ in self._weighted_blocks(backend, Xd):
+            weights[start:stop] = block
         return weights
 
     def _ovo_values(self, X):
@@ -72,7 +90,10 @@ class PartPredictionMixin:
         X = validate_X(self, X, reset=False)
         precomputed = self._kernel.name == "precomputed"
         n = X.shape[0]
+        columns = self._part_columns()
         with backend.use():
+            parts = (self._part_vectors(backend, backend.asarray(X[:1])) if self._blends()
+                     else None)
             out = backend.xp.zeros((n, self.ovo_dual_coef_.shape[0]), dtype=np.float64)
             voting = np.zeros(out.shape, dtype=bool)
             # In blocks of rows: what a block needs beside its output (weights, routes,
@@ -80,51 +101,97 @@ class PartPredictionMixin:
             for start in range(0, n, PREDICT_BLOCK_ROWS):
                 stop = min(start + PREDICT_BLOCK_ROWS, n)
                 Xd = backend.asarray(X[start:stop])
-                voting[start:stop] = self._ovo_block(backend, Xd, out[start:stop], precomputed)
+                voting[start:stop] = self._ovo_block(backend, Xd, out[start:stop], precomputed,
+                                                     columns, parts)
         return out, voting
 
-    def _ovo_block(self, backend, Xd, out, precomputed):
-        """:meth:`_ovo_values` of the rows ``Xd`` on one device, written to ``out``;
-        returns which pairs vote."""
+    def _ovo_block(self, backend, Xd, out, precomputed, columns, parts):
+        """:meth:`_ovo_values` of the rows ``Xd`` on one device, written to ``out``
+        (``columns``: :meth:`_part_columns`, ``parts``: :meth:`_part_vectors` when
+        blending); returns which pairs vote."""
         if self._blends():
-            weights = self._part_weights(backend, Xd)
-            for p in np.flatnonzero(weights.any(axis=0)).tolist():
-                rows = np.flatnonzero(weights[:, p])
-                sel = backend.asarray(rows)
-                out[sel] += (backend.asarray(weights[rows, p])[:, None]
-                             * self._part_values(backend, p, Xd[sel]))
-            return weights @ (self.pair_status_ > 0) > 0
+            voting = np.zeros(out.shape, dtype=bool)
+            for start, stop, weights, pieces in self._weighted_blocks(backend, Xd, parts):
+                self._blend(backend, Xd[start:stop], weights, pieces, out[start:stop],
+                            columns)
+                voting[start:stop] = weights @ (self.pair_status_ > 0) > 0
+            return voting
         owner = route(Xd, backend.asarray(self.centers_)) if not precomputed \
             else np.zeros(Xd.shape[0], dtype=np.int64)
         for p in np.unique(owner).tolist():
             sel = backend.asarray(np.flatnonzero(owner == p))
-            out[sel] = self._part_values(backend, p, Xd[sel])
+            out[sel] = self._part_values(backend, p, Xd[sel], columns[p])
         return self.pair_status_[owner] > 0
 
-    def _part_model(self, backend, p, dtype=None):
+    def _blend(self, backend, Xb, weights, pieces, out, columns):
+        """Add ``sum_p w_p f_p(x)`` for the rows ``Xb`` into ``out``, in part order.
+
+        For the RBF kernel a part's kernel values come from the squared distances
+        the neighbour search computed (``pieces``, see
+        :func:`~gpuml.routing.neighbor_blocks`), for the rows that weigh the part;
+        other kernels, and parts without a piece, evaluate :meth:`_part_values`.
+        """
+        found = {}
+        for p, rows, D in pieces:
+            found.setdefault(p, []).append((rows, D))
+        reuse = self._kernel.name == "rbf"
+        for p in np.flatnonzero(weights.any(axis=0)).tolist():
+            if reuse and p in found:
+                coef, intercept = self._part_coef(backend, p, columns[p])
+                for rows, D in found[p]:
+                    mine = np.flatnonzero(weights[rows, p])
+                    if mine.size == 0:
+                        continue
+                    K = D[backend.asarray(mine)] if mine.size < rows.size else D
+                    K *= -self._kernel.gamma
+                    backend.xp.exp(K, out=K)
+                    sel = backend.asarray(rows[mine])
+                    out[sel] += (backend.asarray(weights[rows[mine], p])[:, None]
+                                 * (intercept[None, :] + K @ coef))
+                continue
+            rows = np.flatnonzero(weights[:, p])
+            sel = backend.asarray(rows)
+            out[sel] += (backend.asarray(weights[rows, p])[:, None]
+                         * self._part_values(backend, p, Xb[sel], columns[p]))
+
+    def _part_model(self, backend, p, cols, dtype=None):
         """Part ``p``'s support vectors (their rows for a precomputed kernel; in ``dtype``
         when given), ``alpha y`` per pair and intercepts, on ``backend``; copied to a GPU
-        once and cached there."""
+        once and cached there. ``cols``: the part's support vectors (:meth:`_part_columns`)."""
         def upload():
-            cols = np.flatnonzero(self.support_part_ == p)
             vectors = (self.support_[cols] if self._kernel.name == "precomputed"
                        else self.support_vectors_[cols])
             if dtype is not None and self._kernel.name != "precomputed":
                 vectors = vectors.astype(dtype, copy=False)
-            return (backend.asarray(vectors), backend.asarray(self.ovo_dual_coef_[:, cols].T),
-                    backend.asarray(self.part_intercept_[p]))
+            return (backend.asarray(vectors), *self._part_coef(backend, p, cols))
 
         return on_device(self, backend, ("part", p, str(dtype)), upload)
 
-    def _part_values(self, backend, p, Xp):
-        """Pairwise decision values of the rows ``Xp`` (on ``backend``) under part ``p``'s model.
+    def _part_coef(self, backend, p, cols):
+        """Part ``p``'s ``alpha y`` per pair (one column per pair) and intercepts on ``backend``."""
+        def upload():
+            return (backend.asarray(self.ovo_dual_coef_[:, cols].T),
+                    backend.asarray(self.part_intercept_[p]))
+
+        return on_device(self, backend, ("coef", p), upload)
+
+    def _part_columns(self):
+        """The support vectors (columns) of every part, in part order: host index arrays."""
+        owner = np.asarray(self.support_part_)
+        order = np.argsort(owner, kind="stable")
+        ends = np.searchsorted(owner[order], np.arange(self.part_intercept_.shape[0] + 1))
+        return [order[a:b] for a, b in zip(ends[:-1], ends[1:])]
+
+    def _part_values(self, backend, p, Xp, cols):
+        """Pairwise decision values of the rows ``Xp`` (on ``backend``) under part ``p``'s model
+        (``cols``: its support vectors).
 
         Kernel values in :func:`gpu_compute_dtype` (float32 on a GPU for float32 rows),
         summed against the float64 coefficients: float64 accumulation.
         """
         dtype = (None if self._kernel.name == "precomputed" else
                  gpu_compute_dtype(backend, Xp, self.support_vectors_.dtype))
-        vectors, coef, intercept = self._part_model(backend, p, dtype)
+        vectors, coef, intercept = self._part_model(backend, p, cols, dtype)
         values = intercept[None, :]
         if vectors.shape[0]:
             if self._kernel.name == "precomputed":
@@ -142,6 +209,7 @@ class PartPredictionMixin:
         prediction does (the same sums, bit for bit).
         """
         X = to_numpy(validate_X(self, X, reset=False))
+        columns = self._part_columns()
         if self._blends():
             backend = group.backends[0]
             with backend.use():
@@ -152,7 +220,8 @@ class PartPredictionMixin:
                 for p in np.flatnonzero(self.part_device_ == rank).tolist():
                     rows = np.flatnonzero(weights[:, p])
                     if rows.size:
-                        values = self._part_values(backend, p, backend.asarray(X[rows]))
+                        values = self._part_values(backend, p, backend.asarray(X[rows]),
+                                                   columns[p])
                         shares[p] = (rows, to_numpy(backend.asarray(weights[rows, p])[:, None]
                                                     * values))
                 return shares
@@ -172,7 +241,7 @@ class PartPredictionMixin:
                                    dtype=np.float64)
             for p in np.unique(parts).tolist():
                 sel = backend.asarray(np.flatnonzero(parts == p))
-                out[sel] = self._part_values(backend, p, Xd[sel])
+                out[sel] = self._part_values(backend, p, Xd[sel], columns[p])
             return out
 
         return (predict_on_devices(group, X, owner, self.part_device_, predict_local),

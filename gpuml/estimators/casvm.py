@@ -153,9 +153,9 @@ default="auto"
         values of the parts that hold the sample's ``n_neighbors`` nearest
         support vectors, each weighted by its share of them, then voted on as
         one model's (the neighbours searched among the support vectors of the
-        sample's 16 nearest parts when more hold any). It costs more than
-        ``"nearest"``, at most a single SVM's prediction with the same
-        support vectors.
+        sample's 8 nearest parts when more hold any). It costs several times
+        ``"nearest"`` (5-12x on bench/results/cpu-2core/casvm_predict.md), at most
+        a single SVM's prediction with the same support vectors.
     n_neighbors : int, default=20
         Support vectors that weigh the parts with ``combine="neighbors"``
         (bench/results/cpu-2core/casvm_prediction_explore.md compares values).
@@ -793,8 +793,3 @@ default="auto"
             for c in (primal_coef(self.ovo_dual_coef_[:, cols], self.support_vectors_[cols],
                                   binary)
                       for cols in self._part_columns())])
-
-    def _part_columns(self):
-        """The columns (support vectors) of every part, in part order."""
-        return [np.flatnonzero(self.support_part_ == p)
-                for p in range(self.part_intercept_.shape[0])]

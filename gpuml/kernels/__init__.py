@@ -7,7 +7,8 @@ each hold their neutral types (``__init__.py``), their numba half
 (``cpu.py``; SMO's iteration itself is ``smo/loop.py``), their CuPy half
 (``cuda.py``) and its CUDA C (``<name>.cu``); ``krr.py`` the batched Cholesky
 and eigen solves of kernel ridge, host and device; ``nearest/`` the
-nearest-centre sweep. ``_jit.py`` compiles the
+nearest-centre sweep and the merge of each row's nearest support vectors
+(``neighbors.py``). ``_jit.py`` compiles the
 numba halves in the background and ``_cuda.py`` loads the CUDA sources. The
 kernel functions themselves are :mod:`gpuml.pairwise` (re-exported here), memory
 probing and readback :mod:`gpuml._backend`. Nothing outside this package

@@ -1,0 +1,144 @@
+"""Each row's k nearest vectors, merged part by part: the inner step of CA-SVM's
+``combine="neighbors"`` (:func:`gpuml.routing.neighbor_blocks`).
+
+A row's candidates arrive one part at a time as inner products ``G = X_rows @ V_p.T``;
+:meth:`NearestMerge.add` turns them into squared distances (in place: the caller reuses
+them for the part's kernel values) and keeps, per row, the ``k`` smallest seen so far
+with the part that holds each. Candidates are ordered by (distance, part, column), so
+among vectors exactly as near as a row's k-th those of lower parts, then lower columns,
+count: the kept set depends neither on the order the parts arrive in nor on the
+implementation. Two implementations:
+
+* **numba** (host): one pass over ``G``; each row keeps its k nearest as a max-heap,
+  and a candidate replaces the farthest only when nearer, so the cost is one
+  comparison per candidate once the row's k best are near. Nothing of the candidates'
+  size is written beside ``G``.
+* **array twin** (CuPy, and the host while numba compiles the loop, see
+  :mod:`.._jit`): a stable sort of each row's kept and new candidates.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+from ..._backend import is_cupy_array, namespace_of, to_numpy
+
+#: A candidate's rank among equally near ones: ``part << COLUMN_BITS | column``.
+COLUMN_BITS = 32
+#: The rank of an empty slot: after every candidate.
+EMPTY_RANK = np.iinfo(np.int64).max
+
+
+@njit(nogil=True, cache=True)
+def _merge_loop(G, minus_two, x_norms, v_norms, rows, part, best_d, best_r):
+    """:meth:`NearestMerge.add`'s host loop: row ``i``'s kept candidates are a max-heap
+    by (distance, rank) in ``best_d[i]``, ``best_r[i]`` (the farthest at slot 0)."""
+    m2 = minus_two[0]
+    k = best_d.shape[1]
+    base = np.int64(part) << 32
+    for r in range(G.shape[0]):
+        i = rows[r]
+        hd = best_d[i]
+        hr = best_r[i]
+        top_d = hd[0]
+        top_r = hr[0]
+        xn = x_norms[r]
+        for j in range(G.shape[1]):
+            # sq_distances' arithmetic and order: (-2 x.v + |v|^2) + |x|^2, clamped at 0
+            d = (G[r, j] * m2 + v_norms[j]) + xn
+            if d < 0:
+                d = d * 0
+            G[r, j] = d
+            rank = base + j
+            if d < top_d or (d == top_d and rank < top_r):
+                # replaces the farthest kept: sift down from the root
+                pos = 0
+                while True:
+                    c = 2 * pos + 1
+                    if c >= k:
+                        break
+                    if c + 1 < k and (hd[c + 1] > hd[c] or (hd[c + 1] == hd[c]
+                                                             and hr[c + 1] > hr[c])):
+                        c += 1
+                    if hd[c] > d or (hd[c] == d and hr[c] > rank):
+                        hd[pos] = hd[c]
+                        hr[pos] = hr[c]
+                        pos = c
+                    else:
+                        break
+                hd[pos] = d
+                hr[pos] = rank
+                top_d = hd[0]
+                top_r = hr[0]
+
+
+def _merge_array(G, x_norms, v_norms, rows, part, best_d, best_r):
+    """:meth:`NearestMerge.add` by array operations on G's device: each row's kept and
+    new candidates sorted by (distance, rank) (two stable sorts), the k first kept,
+    farthest first (a max-heap, as the loop needs them if it takes the next merge)."""
+    xp = namespace_of(G)
+    G *= -2.0
+    G += v_norms[None, :]
+    G += x_norms[:, None]
+    xp.maximum(G, 0.0, out=G)
+    k = best_d.shape[1]
+    sel = xp.asarray(rows)
+    ranks = (int(part) << COLUMN_BITS) + xp.arange(G.shape[1], dtype=np.int64)
+    cand_d = xp.concatenate([best_d[sel], G.astype(best_d.dtype, copy=False)], axis=1)
+    cand_r = xp.concatenate([best_r[sel], xp.broadcast_to(ranks, G.shape)], axis=1)
+    by_rank = xp.argsort(cand_r, axis=1, kind="stable")
+    cand_d = xp.take_along_axis(cand_d, by_rank, axis=1)
+    cand_r = xp.take_along_axis(cand_r, by_rank, axis=1)
+    keep = xp.argsort(cand_d, axis=1, kind="stable")[:, :k][:, ::-1]
+    best_d[sel] = xp.take_along_axis(cand_d, keep, axis=1)
+    best_r[sel] = xp.take_along_axis(cand_r, keep, axis=1)
+
+
+class NearestMerge:
+    """The ``k`` nearest candidates of ``n`` rows so far, and the part of each.
+
+    ``best_d`` (float64) and ``best_r`` (int64: ``part << COLUMN_BITS | column``,
+    :data:`EMPTY_RANK` for an empty slot) have shape ``(n, k)`` on the rows' device;
+    :meth:`add` merges one part's candidates.
+    """
+
+    def __init__(self, xp, n: int, k: int):
+        self.best_d = xp.full((n, k), np.inf, dtype=np.float64)
+        self.best_r = xp.full((n, k), EMPTY_RANK, dtype=np.int64)
+
+    def add(self, G, x_norms, v_norms, rows, part: int):
+        """Merge the candidates of part ``part`` for the rows ``rows`` (host indices).
+
+        ``G`` (dense, ``len(rows) x m``) holds the rows' inner products with the
+        part's ``m`` vectors, ``x_norms`` and ``v_norms`` their squared norms; on
+        return ``G`` holds the squared distances (as :func:`gpuml.pairwise.sq_distances`
+        computes them).
+        """
+        from .. import _jit
+
+        if G.shape[0] == 0 or G.shape[1] == 0:
+            return
+        if G.shape[1] >= 1 << COLUMN_BITS:
+            raise ValueError(f"a part of {G.shape[1]} vectors: at most 2**{COLUMN_BITS}")
+        if is_cupy_array(G):
+            _merge_array(G, x_norms, v_norms, rows, part, self.best_d, self.best_r)
+            return
+        args = (G, np.full(1, -2.0, dtype=G.dtype), x_norms.astype(G.dtype, copy=False),
+                v_norms.astype(G.dtype, copy=False), np.asarray(rows, dtype=np.int64),
+                int(part), self.best_d, self.best_r)
+        if _jit.ready(_merge_loop, *args):
+            _merge_loop(*args)
+        else:
+            _merge_array(G, args[2], args[3], rows, part, self.best_d, self.best_r)
+
+    def counts(self, n_parts: int):
+        """``(n, n_parts)`` host array: how many of each row's kept candidates each part holds,
+        and ``(n,)`` how many each row kept in all."""
+        ranks = to_numpy(self.best_r)
+        found = ranks != EMPTY_RANK
+        n, k = ranks.shape
+        line = np.repeat(np.arange(n), k)[found.ravel()]
+        parts = ranks[found] >> COLUMN_BITS
+        out = np.bincount(line * n_parts + parts, minlength=n * n_parts)
+        return out.reshape(n, n_parts).astype(np.float64), found.sum(axis=1)
