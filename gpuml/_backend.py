@@ -147,6 +147,28 @@ class Backend:
             stream.synchronize()
         return out
 
+    def upload_rows(self, X, rows):
+        """Rows ``rows`` of the host matrix ``X`` on this backend's device, complete on return.
+
+        On a GPU the rows of a dense ``X`` are gathered straight into page-locked host
+        memory (CuPy's pinned pool: no pageable copy in between) and copied from there
+        by DMA on a stream of their own, at the bus's full rate and without holding up
+        work queued on the device's other streams. Otherwise :meth:`upload` of
+        ``X[rows]``.
+        """
+        if not self.is_gpu or not isinstance(X, np.ndarray):
+            return self.upload(X[rows])
+        import cupyx
+
+        with self.use():
+            host = cupyx.empty_pinned((len(rows),) + X.shape[1:], dtype=X.dtype)
+            np.take(X, rows, axis=0, out=host)
+            out = self.xp.empty(host.shape, dtype=host.dtype)
+            stream = self.xp.cuda.Stream(non_blocking=True)
+            out.set(host, stream=stream)
+            stream.synchronize()  # the pinned block goes back to its pool only after the copy
+        return out
+
     def __reduce__(self):
         # Modules do not pickle; a backend is rebuilt from its device (CPU stays CPU).
         return resolve, (self.device,)

@@ -71,13 +71,13 @@ def test_bkrr_streamed_in_groups_is_the_unbounded_fit(regression, monkeypatch):
 def test_the_next_group_is_copied_while_this_one_is_solved(classification, monkeypatch):
     X, y = classification
     events, lock = [], threading.Lock()
-    upload = executors.Backend.upload
+    upload = executors.Backend.upload_rows
     solve = CASVMClassifier._solve_parts
 
-    def logged_upload(self, a):
+    def logged_upload(self, X, rows):
         with lock:
-            events.append(("copy", a.shape[0]))
-        return upload(self, a)
+            events.append(("copy", len(rows)))
+        return upload(self, X, rows)
 
     def slow_solve(self, backend, data, Xg, *args):
         with lock:
@@ -87,7 +87,7 @@ def test_the_next_group_is_copied_while_this_one_is_solved(classification, monke
             events.append(("solved", Xg.shape[0]))
         return solve(self, backend, data, Xg, *args)
 
-    monkeypatch.setattr(executors.Backend, "upload", logged_upload)
+    monkeypatch.setattr(executors.Backend, "upload_rows", logged_upload)
     monkeypatch.setattr(CASVMClassifier, "_solve_parts", slow_solve)
     CASVMClassifier(random_state=0, device="cpu", max_device_memory="40MB").fit(X, y)
     # Three groups of one part: the second's copy is made before the first is solved.
@@ -153,3 +153,33 @@ def test_streamed_through_a_gpu_equals_the_resident_gpu_fit(classification, regr
     gpu = BKRRRegressor(random_state=0, device="cuda", max_device_memory=30 * 2**20).fit(Xr, Y)
     np.testing.assert_array_equal(gpu.part_sizes_, cpu.part_sizes_)
     np.testing.assert_allclose(gpu.predict(Xr), cpu.predict(Xr), rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not cuda_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_rows_upload_through_pinned_memory(dtype):
+    """A group's rows gathered into page-locked memory and copied on their own stream: the
+    rows X[rows], on the device, complete on return; CSR rows take the plain copy."""
+    import cupy as cp
+    import scipy.sparse as sp
+
+    from gpuml._backend import resolve
+
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(5000, 17)).astype(dtype)
+    rows = rng.permutation(5000)[:3000]
+    backend = resolve("cuda")
+    out = backend.upload_rows(X, rows)
+    assert isinstance(out, cp.ndarray) and out.dtype == dtype
+    np.testing.assert_array_equal(cp.asnumpy(out), X[rows])
+    csr = sp.csr_matrix(np.where(X > 1, X, 0))
+    np.testing.assert_array_equal(backend.upload_rows(csr, rows).toarray().get(),
+                                  csr[rows].toarray())
+
+
+def test_rows_upload_on_the_cpu_is_the_rows():
+    from gpuml._backend import CPU
+
+    X = np.arange(12.0).reshape(6, 2)
+    np.testing.assert_array_equal(CPU.upload_rows(X, np.array([4, 1])), X[[4, 1]])

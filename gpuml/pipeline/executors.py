@@ -134,7 +134,8 @@ class Streamed:
     fitted in groups, in part order, each group as large as fits the budget by
     the estimator's ``_part_bytes`` (a part's rows and its solve), its rows
     copied to the device while the previous group is solved (a host thread;
-    on a GPU the copy runs on its own stream). A part that alone needs more
+    on a GPU gathered into page-locked memory and copied on a stream of their own,
+    :meth:`~gpuml._backend.Backend.upload_rows`). A part that alone needs more
     than the budget is refused before any work. The fits are those of one
     resident fit (the same rows, in the same order, per part).
     """
@@ -204,7 +205,7 @@ class Streamed:
         def upload(ids):
             rows = np.concatenate([parts[j] for j in ids.tolist()])
             with backend.use():
-                return rows, backend.upload(data.X[rows])
+                return rows, backend.upload_rows(data.X, rows)
 
         fits = []
         with ThreadPoolExecutor(1) as pool:
