@@ -27,11 +27,12 @@ def route(X, centers):
 NEIGHBOR_BLOCK_BYTES = 32 << 20
 #: :func:`neighbor_blocks` searches a row's nearest support vectors among those of its
 #: ``NEIGHBOR_PARTS`` nearest parts (by centre) when the model has more parts with
-#: support vectors, so that a row's cost stays bounded as P grows with n. Eight keep the
-#: accuracy of searching 16 parts within 0.1 point on the data of
-#: bench/results/cpu-2core/casvm_predict.md (six lost up to 0.1 point) at 0.6-0.9 of its
-#: cost.
-NEIGHBOR_PARTS = 8
+#: support vectors, so that a row's cost stays bounded as P grows with n: within 0.07 point
+#: of searching every part on 100,000 to 400,000 rows
+#: (bench/results/cpu-2core/casvm_neighbours_large.md). Eight cost 0.6-0.9 of the time
+#: for up to 0.085 point less on bench/results/cpu-2core/casvm_predict.md, but up to 1.2
+#: points at P = 16 with splits whose centres say little (bench/results/cpu-2core/casvm-runs.md).
+NEIGHBOR_PARTS = 16
 
 
 class PartVectors:

@@ -115,10 +115,14 @@ def test_neighbor_weights_on_gpu_match_cpu(dtype):
 
 
 @pytest.mark.parametrize("n_partitions", [4, 12])
-def test_neighbors_prediction_on_gpu_matches_cpu(n_partitions):
+def test_neighbors_prediction_on_gpu_matches_cpu(n_partitions, monkeypatch):
     """The blended decision values of a model fitted on the CPU, predicted on the GPU (12
-    parts: each row's 8 nearest searched, the RBF values from the search's distances)."""
+    parts: each row's 8 nearest searched; the RBF values from the search's distances)."""
     import cupy as cp
+
+    import gpuml.routing as routing
+
+    monkeypatch.setattr(routing, "NEIGHBOR_PARTS", 8)
 
     X, y = load_digits(return_X_y=True)
     X = StandardScaler().fit_transform(X)
