@@ -36,7 +36,7 @@ def _merge_loop(G, minus_two, x_norms, v_norms, rows, part, best_d, best_r):
     by (distance, rank) in ``best_d[i]``, ``best_r[i]`` (the farthest at slot 0)."""
     m2 = minus_two[0]
     k = best_d.shape[1]
-    base = np.int64(part) << 32
+    base = np.int64(part) << COLUMN_BITS
     for r in range(G.shape[0]):
         i = rows[r]
         hd = best_d[i]
