@@ -154,7 +154,7 @@ default="auto"
         support vectors, each weighted by its share of them, then voted on as
         one model's (the neighbours searched among the support vectors of the
         sample's 16 nearest parts when more hold any). It costs several times
-        ``"nearest"`` (5-20x on bench/results/cpu-2core/casvm_predict.md), at most
+        ``"nearest"`` (5-15x on bench/results/cpu-2core/casvm_predict.md), at most
         a single SVM's prediction with the same support vectors.
     n_neighbors : int, default=20
         Support vectors that weigh the parts with ``combine="neighbors"``

@@ -9,10 +9,10 @@ among vectors exactly as near as a row's k-th those of lower parts, then lower c
 count: the kept set depends neither on the order the parts arrive in nor on the
 implementation. Two implementations:
 
-* **numba** (host): one pass over ``G``; each row keeps its k nearest as a max-heap,
-  and a candidate replaces the farthest only when nearer, so the cost is one
-  comparison per candidate once the row's k best are near. Nothing of the candidates'
-  size is written beside ``G``.
+* **numba** (host): two passes over each row of ``G`` (the distances, then the
+  comparisons); each row keeps its k nearest as a max-heap, and a candidate replaces
+  the farthest only when nearer, so the cost is one comparison per candidate once the
+  row's k best are near. Nothing of the candidates' size is written beside ``G``.
 * **array twin** (CuPy, and the host while numba compiles the loop, see
   :mod:`.._jit`): a stable sort of each row's kept and new candidates.
 """
@@ -33,44 +33,51 @@ EMPTY_RANK = np.iinfo(np.int64).max
 @njit(nogil=True, cache=True)
 def _merge_loop(G, minus_two, x_norms, v_norms, rows, part, best_d, best_r):
     """:meth:`NearestMerge.add`'s host loop: row ``i``'s kept candidates are a max-heap
-    by (distance, rank) in ``best_d[i]``, ``best_r[i]`` (the farthest at slot 0)."""
+    by (distance, rank) in ``best_d[i]``, ``best_r[i]`` (the farthest at slot 0).
+
+    Per row, one pass turns the inner products into distances (a loop the compiler
+    vectorises), a second compares them with the farthest kept (most are rejected there).
+    """
     m2 = minus_two[0]
+    zero = m2 - m2
     k = best_d.shape[1]
     base = np.int64(part) << COLUMN_BITS
     for r in range(G.shape[0]):
+        g = G[r]
+        xn = x_norms[r]
+        for j in range(g.shape[0]):
+            # sq_distances' arithmetic and order: (-2 x.v + |v|^2) + |x|^2, clamped at 0
+            d = (g[j] * m2 + v_norms[j]) + xn
+            g[j] = zero if d < 0 else d
         i = rows[r]
         hd = best_d[i]
         hr = best_r[i]
         top_d = hd[0]
         top_r = hr[0]
-        xn = x_norms[r]
-        for j in range(G.shape[1]):
-            # sq_distances' arithmetic and order: (-2 x.v + |v|^2) + |x|^2, clamped at 0
-            d = (G[r, j] * m2 + v_norms[j]) + xn
-            if d < 0:
-                d = d * 0
-            G[r, j] = d
-            rank = base + j
-            if d < top_d or (d == top_d and rank < top_r):
-                # replaces the farthest kept: sift down from the root
-                pos = 0
-                while True:
-                    c = 2 * pos + 1
-                    if c >= k:
-                        break
-                    if c + 1 < k and (hd[c + 1] > hd[c] or (hd[c + 1] == hd[c]
-                                                             and hr[c + 1] > hr[c])):
-                        c += 1
-                    if hd[c] > d or (hd[c] == d and hr[c] > rank):
-                        hd[pos] = hd[c]
-                        hr[pos] = hr[c]
-                        pos = c
-                    else:
-                        break
-                hd[pos] = d
-                hr[pos] = rank
-                top_d = hd[0]
-                top_r = hr[0]
+        for j in range(g.shape[0]):
+            d = g[j]
+            if d <= top_d:
+                rank = base + j
+                if d < top_d or rank < top_r:
+                    # replaces the farthest kept: sift down from the root
+                    pos = 0
+                    while True:
+                        c = 2 * pos + 1
+                        if c >= k:
+                            break
+                        if c + 1 < k and (hd[c + 1] > hd[c] or (hd[c + 1] == hd[c]
+                                                                 and hr[c + 1] > hr[c])):
+                            c += 1
+                        if hd[c] > d or (hd[c] == d and hr[c] > rank):
+                            hd[pos] = hd[c]
+                            hr[pos] = hr[c]
+                            pos = c
+                        else:
+                            break
+                    hd[pos] = d
+                    hr[pos] = rank
+                    top_d = hd[0]
+                    top_r = hr[0]
 
 
 def _merge_array(G, x_norms, v_norms, rows, part, best_d, best_r):
