@@ -20,11 +20,8 @@ import numpy as np
 from sklearn.svm import SVC
 
 from bench._harness import record
-from bench.datasets import load_adult, load_letter, load_magic, train_test_split_std
+from bench.datasets import CASVM_SETS, casvm_split
 from gpuml import CASVMClassifier
-
-SETS = {"adult": (load_adult, 20000, 10000), "magic": (load_magic, 14000, 5020),
-        "letter": (load_letter, 15000, 5000)}
 
 
 def main(quick: bool = False, gpu: bool = False):
@@ -32,11 +29,9 @@ def main(quick: bool = False, gpu: bool = False):
     rows = []
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        for name, (load, n_train, n_test) in SETS.items():
-            if quick:
-                n_train, n_test = 4000, 2000
-            Xtr, Xte, ytr, yte = train_test_split_std(*load(), train_size=n_train,
-                                                      test_size=n_test, random_state=0)
+        for name in CASVM_SETS:
+            Xtr, Xte, ytr, yte = casvm_split(name, (4000, 2000) if quick else None)
+            n_train = len(ytr)
             t0 = time.perf_counter()
             svc = SVC().fit(Xtr, ytr)
             svc_fit = time.perf_counter() - t0

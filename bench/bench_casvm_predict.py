@@ -33,12 +33,10 @@ import numpy as np
 from sklearn.datasets import make_classification
 
 from bench._harness import record
-from bench.datasets import load_adult, load_letter, load_magic, train_test_split_std
+from bench.datasets import CASVM_SETS, casvm_split
 from gpuml import CASVMClassifier, routing
 from gpuml._backend import resolve
 
-SETS = {"adult": (load_adult, 20000, 10000), "magic": (load_magic, 14000, 5020),
-        "letter": (load_letter, 15000, 5000)}
 SIZES = (20_000, 50_000, 100_000, 200_000, 500_000, 1_000_000)
 QUICK_SIZES = (20_000, 50_000)
 N_TEST = 20_000
@@ -102,12 +100,9 @@ def main(quick: bool = False, gpu: bool = False):
     rows = []
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        for name, (load, n_train, n_test) in SETS.items():
-            if quick:
-                n_train, n_test = 4000, 2000
-            Xtr, Xte, ytr, yte = train_test_split_std(*load(), train_size=n_train,
-                                                      test_size=n_test, random_state=0)
-            rows.append(_measure(name, n_train, Xtr, ytr, Xte, yte,
+        for name in CASVM_SETS:
+            Xtr, Xte, ytr, yte = casvm_split(name, (4000, 2000) if quick else None)
+            rows.append(_measure(name, len(ytr), Xtr, ytr, Xte, yte,
                                  (0,) if quick else (0, 1, 2)))
         sizes = QUICK_SIZES if quick else SIZES
         X, y = make_classification(max(sizes) + N_TEST, n_features=28, n_informative=20,

@@ -44,13 +44,10 @@ import numpy as np
 from sklearn.svm import SVC
 
 from bench._harness import RESULTS, machine_name, record
-from bench.datasets import load_adult, load_letter, load_magic, train_test_split_std
+from bench.datasets import CASVM_SETS, casvm_split
 from gpuml import PartitionWarning
 from gpuml.estimators.casvm import CASVMClassifier
 
-#: (loader, train rows, test rows).
-SETS = {"adult": (load_adult, 20000, 10000), "magic": (load_magic, 14000, 5020),
-        "letter": (load_letter, 15000, 5000)}
 PS = (2, 4, 8, 16, 32, 64)
 #: The paper's CA-SVM prediction: the nearest centre's model, the whole problem's C.
 PAPER = {"part_C": "none", "combine": "nearest"}
@@ -97,12 +94,7 @@ def timed(est, X, y):
 def prepared(name, quick, device):
     """The split of set ``name``, compiled code, SVC's fit time and test accuracy, and the
     time SVC took to predict the test rows."""
-    loader, n_train, n_test = SETS[name]
-    if quick:
-        n_train, n_test = 4000, 2000
-    X, y = loader()
-    Xtr, Xte, ytr, yte = train_test_split_std(X, y, train_size=n_train, test_size=n_test,
-                                              random_state=0)
+    Xtr, Xte, ytr, yte = casvm_split(name, (4000, 2000) if quick else None)
     # Compile the numba code (both solver paths, the partitioners) before any timing.
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", PartitionWarning)
@@ -214,7 +206,7 @@ def plot(rows, path=PLOT):
 
 def record_defaults(quick, device, gpu):
     rows = []
-    for name in SETS:
+    for name in CASVM_SETS:
         rows += defaults_rows(name, quick, device)
     notes = (f"P=16, C=1, gamma='scale', seeds {SEEDS}; setting: the parameters apart from "
              "n_partitions=16 (part_C: the factor on C per part; combine: nearest centre, or "
@@ -235,7 +227,7 @@ def record_defaults(quick, device, gpu):
 def main(quick: bool = False, gpu: bool = False):
     device = "cuda" if gpu else "cpu"
     rows = []
-    for name in SETS:
+    for name in CASVM_SETS:
         rows += run_set(name, quick, device)
     notes = (f"C=1, gamma='scale', tol=1e-3, one partition seed (0). Ours n_jobs=-1 on "
              f"{os.cpu_count()} cores, SVC single-threaded (200 MB cache), fitted once per set; "

@@ -287,6 +287,20 @@ def train_test_split_std(X, y, *, test_size=0.25, train_size=None, random_state=
     return (X_train - mean) / scale, (X_test - mean) / scale, y_train, y_test
 
 
+#: The real sets of the CA-SVM benchmarks (casvm_defaults.md and the ones beside it):
+#: (loader, training rows, test rows).
+CASVM_SETS = {"adult": (load_adult, 20000, 10000), "magic": (load_magic, 14000, 5020),
+              "letter": (load_letter, 15000, 5000)}
+
+
+def casvm_split(name: str, sizes: tuple[int, int] | None = None):
+    """Set ``name`` of :data:`CASVM_SETS` split (seed 0) and standardised:
+    ``X_train, X_test, y_train, y_test``; ``sizes`` (training, test rows) replace the set's."""
+    loader, n_train, n_test = CASVM_SETS[name]
+    n_train, n_test = sizes or (n_train, n_test)
+    return train_test_split_std(*loader(), train_size=n_train, test_size=n_test, random_state=0)
+
+
 if __name__ == "__main__":
     sys.exit(_main())
 

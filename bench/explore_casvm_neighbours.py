@@ -31,14 +31,12 @@ import warnings
 
 import numpy as np
 
-import gpuml.estimators._part_prediction as prediction
+import gpuml.routing as routing
 from bench._harness import RESULTS, machine_name
-from bench.datasets import load_adult, load_letter, load_magic, train_test_split_std
+from bench.datasets import CASVM_SETS, casvm_split
 from gpuml import CASVMClassifier
 from gpuml.pairwise import sq_distances, squared_norms
 
-SETS = {"adult": (load_adult, 20000, 10000), "magic": (load_magic, 14000, 5020),
-        "letter": (load_letter, 15000, 5000)}
 QS = (2, 3, 4, 6)
 
 
@@ -103,25 +101,11 @@ def pruned_weights(X, vectors, vector_part, n_parts, n_neighbors, centers):
     return search.weights(n_parts), search.visits / X.shape[0]
 
 
-def nearest_parts_weights(X, vectors, vector_part, n_parts, n_neighbors, centers, q):
-    """The neighbours among the support vectors of each row's ``q`` nearest parts only."""
-    members = _members(vector_part, n_parts)
-    search = _Search(X, vectors, members, min(n_neighbors, vectors.shape[0]))
-    dc = sq_distances(X, centers)
-    dc[:, [p for p, m in enumerate(members) if not m.size]] = np.inf
-    near = np.argpartition(dc, q - 1, axis=1)[:, :q]
-    for p in range(n_parts):
-        search.visit(p, np.flatnonzero((near == p).any(axis=1)))
-    return search.weights(n_parts)
-
-
 def large(quick: bool) -> int:
     """``--large``: the rule as shipped at large P (``CASVMClassifier()``'s
     ``n_partitions="auto"`` on synthetic data): each row's neighbours among its
     ``NEIGHBOR_PARTS`` (16) nearest parts, against every part and the nearest centre."""
     from sklearn.datasets import make_classification
-
-    import gpuml.routing as routing
 
     n_test = 10_000
     sizes = (30_000,) if quick else (100_000, 200_000, 400_000)
@@ -175,14 +159,9 @@ def main(argv=None) -> int:
     warnings.simplefilter("ignore")
     if args.large:
         return large(args.quick)
-    full_rule = prediction.neighbor_weights
-    lines = []
-    for name, (loader, n_train, n_test) in SETS.items():
-        if args.quick:
-            n_train, n_test = 3000, 1000
-        X, y = loader()
-        Xtr, Xte, ytr, yte = train_test_split_std(X, y, train_size=n_train, test_size=n_test,
-                                                  random_state=0)
+    lines, shipped = [], routing.NEIGHBOR_PARTS
+    for name in CASVM_SETS:
+        Xtr, Xte, ytr, yte = casvm_split(name, (3000, 1000) if args.quick else None)
         for seed in ((0,) if args.quick else (0, 1, 2)):
             clf = CASVMClassifier(n_partitions=16, partition=args.partition,
                                   random_state=seed).fit(Xtr, ytr)
@@ -191,19 +170,18 @@ def main(argv=None) -> int:
             t_full = time.perf_counter() - t0
             V, part, P = clf.support_vectors_, clf.support_part_, clf.part_intercept_.shape[0]
             exact, visits = pruned_weights(Xte, V, part, P, clf.n_neighbors, clf.centers_)
-            same = bool(np.array_equal(exact, full_rule(Xte, V, part, P, clf.n_neighbors)))
+            same = bool(np.array_equal(exact, routing.neighbor_weights(Xte, V, part, P,
+                                                                       clf.n_neighbors)))
             cells = [f"{name} | {seed} | {100 * full:.2f} | {visits:.1f} of {P} | "
                      f"{'yes' if same else 'no'}"]
             for q in QS:
-                prediction.neighbor_weights = (
-                    lambda X_, V_, p_, P_, k_, q=q, c=clf.centers_:
-                    nearest_parts_weights(X_, V_, p_, P_, k_, c, q))
+                routing.NEIGHBOR_PARTS = q  # the shipped search, bounded to q parts
                 try:
                     t0 = time.perf_counter()
                     acc = float((clf.predict(Xte) == yte).mean())
                     t_q = time.perf_counter() - t0
                 finally:
-                    prediction.neighbor_weights = full_rule
+                    routing.NEIGHBOR_PARTS = shipped
                 cells.append(f"{100 * (acc - full):+.2f} pt, {t_full / t_q:.1f}x")
             lines.append("| " + " | ".join(cells) + " |")
             print(lines[-1], flush=True)

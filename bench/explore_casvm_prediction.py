@@ -28,23 +28,19 @@ import warnings
 import numpy as np
 from sklearn.svm import SVC
 
-from bench.datasets import load_adult, load_letter, load_magic, train_test_split_std
+from bench.datasets import casvm_split
 from gpuml import PartitionWarning
 from gpuml.estimators.casvm import CASVMClassifier
 from gpuml.pairwise import sq_distances
 from gpuml.partition import split
 from gpuml.routing import neighbor_weights
 
-SETS = {"adult": (load_adult, 20000, 10000), "magic": (load_magic, 14000, 5020),
-        "letter": (load_letter, 15000, 5000)}
 P = 16
 SEEDS = (0, 1, 2)
 
 
 def data(name):
-    loader, n_train, n_test = SETS[name]
-    X, y = loader()
-    return train_test_split_std(X, y, train_size=n_train, test_size=n_test, random_state=0)
+    return casvm_split(name)
 
 
 def part_values(model, X):
