@@ -87,9 +87,10 @@ def neighbor_blocks(X, parts: PartVectors, n_neighbors: int, centers=None,
 
     Yields ``(start, stop, weights, distances)`` for consecutive blocks of ``X``:
     ``weights`` the block's rows of :func:`neighbor_weights` (host), ``distances``
-    a list of ``(p, rows, D)``: ``D`` the squared distances (on X's device, as
-    :func:`gpuml.pairwise.sq_distances`) of the block's rows ``rows`` (host indices
-    into the block) to part ``p``'s vectors (``parts.vectors[p]``, :class:`PartVectors`).
+    a list of ``(p, rows, D)``, one per part searched: ``D`` the squared distances (on
+    X's device, as :func:`gpuml.pairwise.sq_distances`) of the block's rows ``rows`` (host
+    indices into the block) to part ``p``'s vectors (``parts.vectors[p]``,
+    :class:`PartVectors`).
     A caller may overwrite ``D``. Every part a row weighs has a piece holding that row.
 
     The search: among every vector (``k = min(n_neighbors, number of vectors)``)

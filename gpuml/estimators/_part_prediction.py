@@ -92,8 +92,7 @@ class PartPredictionMixin:
         n = X.shape[0]
         columns = self._part_columns()
         with backend.use():
-            parts = (self._part_vectors(backend, backend.asarray(X[:1])) if self._blends()
-                     else None)
+            parts = self._part_vectors(backend, X) if self._blends() else None
             out = backend.xp.zeros((n, self.ovo_dual_coef_.shape[0]), dtype=np.float64)
             voting = np.zeros(out.shape, dtype=bool)
             # In blocks of rows: what a block needs beside its output (weights, routes,
@@ -131,23 +130,19 @@ class PartPredictionMixin:
         :func:`~gpuml.routing.neighbor_blocks`), for the rows that weigh the part;
         other kernels, and parts without a piece, evaluate :meth:`_part_values`.
         """
-        found = {}
-        for p, rows, D in pieces:
-            found.setdefault(p, []).append((rows, D))
+        found = {p: (rows, D) for p, rows, D in pieces}
         reuse = self._kernel.name == "rbf"
         for p in np.flatnonzero(weights.any(axis=0)).tolist():
             if reuse and p in found:
                 coef, intercept = self._part_coef(backend, p, columns[p])
-                for rows, D in found[p]:
-                    mine = np.flatnonzero(weights[rows, p])
-                    if mine.size == 0:
-                        continue
-                    K = D[backend.asarray(mine)] if mine.size < rows.size else D
-                    K *= -self._kernel.gamma
-                    backend.xp.exp(K, out=K)
-                    sel = backend.asarray(rows[mine])
-                    out[sel] += (backend.asarray(weights[rows[mine], p])[:, None]
-                                 * (intercept[None, :] + K @ coef))
+                rows, D = found[p]
+                mine = np.flatnonzero(weights[rows, p])
+                K = D[backend.asarray(mine)] if mine.size < rows.size else D
+                K *= -self._kernel.gamma
+                backend.xp.exp(K, out=K)
+                sel = backend.asarray(rows[mine])
+                out[sel] += (backend.asarray(weights[rows[mine], p])[:, None]
+                             * (intercept[None, :] + K @ coef))
                 continue
             rows = np.flatnonzero(weights[:, p])
             sel = backend.asarray(rows)
