@@ -247,9 +247,17 @@ def shifted_sq_distances(X, Y, y_norms=None):
 
 def sq_distances(X, Y, y_norms=None):
     """Squared Euclidean distances ``||x||^2 + ||y||^2 - 2 x.y`` (one GEMM), clamped at 0."""
-    D = shifted_sq_distances(X, Y, y_norms)
-    D += squared_norms(X)[:, None]
-    return namespace_of(D).maximum(D, 0.0, out=D)
+    return gram_to_sq_distances(gram(X, Y), squared_norms(X),
+                                squared_norms(Y) if y_norms is None else y_norms)
+
+
+def gram_to_sq_distances(G, x_norms, y_norms):
+    """:func:`sq_distances` from the inner products ``G = X @ Y.T`` and both sides' squared
+    norms, in place in ``G``: ``(-2 x.y + ||y||^2) + ||x||^2``, clamped at 0."""
+    G *= -2.0
+    G += y_norms[None, :]
+    G += x_norms[:, None]
+    return namespace_of(G).maximum(G, 0.0, out=G)
 
 
 #: Kernels of ``sklearn.kernel_ridge.KernelRidge`` that gpuml computes through

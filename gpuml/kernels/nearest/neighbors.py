@@ -23,6 +23,7 @@ import numpy as np
 from numba import njit
 
 from ..._backend import is_cupy_array, namespace_of, to_numpy
+from ...pairwise import gram_to_sq_distances
 
 #: A candidate's rank among equally near ones: ``part << COLUMN_BITS | column``.
 COLUMN_BITS = 32
@@ -46,7 +47,7 @@ def _merge_loop(G, minus_two, x_norms, v_norms, rows, part, best_d, best_r):
         g = G[r]
         xn = x_norms[r]
         for j in range(g.shape[0]):
-            # sq_distances' arithmetic and order: (-2 x.v + |v|^2) + |x|^2, clamped at 0
+            # gram_to_sq_distances' arithmetic and order, row by row
             d = (g[j] * m2 + v_norms[j]) + xn
             g[j] = zero if d < 0 else d
         i = rows[r]
@@ -85,10 +86,7 @@ def _merge_array(G, x_norms, v_norms, rows, part, best_d, best_r):
     new candidates sorted by (distance, rank) (two stable sorts), the k first kept,
     farthest first (a max-heap, as the loop needs them if it takes the next merge)."""
     xp = namespace_of(G)
-    G *= -2.0
-    G += v_norms[None, :]
-    G += x_norms[:, None]
-    xp.maximum(G, 0.0, out=G)
+    gram_to_sq_distances(G, x_norms, v_norms)
     k = best_d.shape[1]
     sel = xp.asarray(rows)
     ranks = (int(part) << COLUMN_BITS) + xp.arange(G.shape[1], dtype=np.int64)
