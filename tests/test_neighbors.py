@@ -96,7 +96,7 @@ def test_blend_over_the_nearest_parts_is_the_weighted_sum_of_part_values(kernel,
     X, y = make_classification(1600, 8, n_informative=6, n_classes=3, random_state=0)
     Xtr, Xte, ytr = X[:1200], X[1200:], y[:1200]
     clf = CASVMClassifier(n_partitions=8, kernel=kernel, device="cpu", random_state=0,
-                          decision_function_shape="ovo").fit(Xtr, ytr)
+                          combine="neighbors", decision_function_shape="ovo").fit(Xtr, ytr)
     backend = resolve("cpu")
     weights = routing.neighbor_weights(Xte, clf.support_vectors_, clf.support_part_, 8,
                                        clf.n_neighbors, centers=clf.centers_)

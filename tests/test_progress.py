@@ -159,7 +159,7 @@ def test_partition_warning_rule_rows_per_class_and_part():
     X, y = make_classification(2400, 8, n_classes=4, n_informative=6, random_state=0)
     # 2400 / (4 parts * 4 classes) = 150 < 300: the letter-at-P=4 regime.
     with pytest.warns(PartitionWarning, match=rf"hold 150 rows per class on average, fewer "
-                      rf"than {MIN_ROWS_PER_CLASS}.*partition='kmeans'.*combine='neighbors'"):
+                      rf"than {MIN_ROWS_PER_CLASS}.*partition='kmeans'.*combine='auto'"):
         CASVMClassifier(n_partitions=4, random_state=0, combine="nearest").fit(X, y)
     # Blending the parts of a sample's nearest support vectors (the default) does not
     # lose accuracy there (letter, 36 rows per class and part): no warning.

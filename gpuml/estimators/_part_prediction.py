@@ -1,10 +1,13 @@
 """How the parts' models of :class:`~gpuml.estimators.casvm.CASVMClassifier` judge a sample.
 
-Step 3 of CA-SVM (You 2020, Alg 5) and its variant: ``combine="nearest"``
+Step 3 of CA-SVM (You 2020, Alg 5) and its variants: ``combine="nearest"``
 sends every row to the model of the part whose centre is nearest;
 ``combine="neighbors"`` weighs the pairwise decision values of the parts that
-hold the row's nearest support vectors by their share of them. After a fit on
-several devices (``devices``) every part predicts on the device it was fitted on.
+hold the row's nearest support vectors by their share of them; ``combine="auto"``
+keeps the nearest part's values where they settle the vote with room to spare
+(:func:`~gpuml.estimators._svm.unsettled_votes`) and blends the other rows as
+``"neighbors"`` does. After a fit on several devices (``devices``) every part
+predicts on the device it was fitted on.
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ from .._validation import validate_X
 from ..pipeline import predict_on_devices, prediction_group, route_on_devices
 from ..routing import PartVectors, neighbor_blocks, route
 from ._partitioned import on_device
-from ._svm import gpu_compute_dtype
+from ._svm import gpu_compute_dtype, unsettled_votes
 
 #: Rows predicted at a time (``predict``, ``decision_function``).
 PREDICT_BLOCK_ROWS = 16384
@@ -31,13 +34,24 @@ class PartPredictionMixin:
     ``part_device_``.
     """
 
-    def _blends(self) -> bool:
-        """Whether prediction weighs several parts (``combine="neighbors"``, P > 1)."""
-        return (getattr(self, "combine", "nearest") == "neighbors"
-                and self.part_intercept_.shape[0] > 1 and len(self.support_) > 0)
+    def _rule(self) -> str:
+        """The rule that predicts: ``combine``, or ``"nearest"`` where no row can weigh
+        several parts (one part, or no support vector)."""
+        combine = getattr(self, "combine", "nearest")
+        if self.part_intercept_.shape[0] == 1 or len(self.support_) == 0:
+            return "nearest"
+        return combine
+
+    def _unsettled(self, values, owner):
+        """``combine="auto"``: the rows (host bool) whose nearest part's values (``owner``:
+        that part) leave the vote open within ``blend_margin``. A pair the part did not
+        train (a constant vote for the class it held, or none) says nothing of the row: it
+        may vote either way."""
+        trained = self.pair_status_[owner] == 2
+        return unsettled_votes(values, trained, len(self.classes_), self.blend_margin)
 
     def _weighted_blocks(self, backend, Xd, parts=None):
-        """The parts' weights for the rows ``Xd`` (``combine="neighbors"``), by blocks of rows.
+        """The parts' weights for the rows ``Xd`` (the blend), by blocks of rows.
 
         Yields :func:`~gpuml.routing.neighbor_blocks`' ``(start, stop, weights,
         distances)`` (``parts``: :meth:`_part_vectors`, made here when None). A part
@@ -68,7 +82,7 @@ class PartPredictionMixin:
             self.support_part_, self.part_intercept_.shape[0]))
 
     def _part_weights(self, backend, Xd):
-        """``(n, P)`` host weights of the parts for the rows ``Xd`` (``combine="neighbors"``)."""
+        """``(n, P)`` host weights of the parts for the rows ``Xd`` (the blend)."""
         weights = np.zeros((Xd.shape[0], self.part_intercept_.shape[0]))
         for start, stop, block, _ in self._weighted_blocks(backend, Xd):
             weights[start:stop] = block
@@ -79,8 +93,9 @@ class PartPredictionMixin:
 
         ``combine="nearest"``: each row's values are those of the model of its
         part (Alg 5); ``"neighbors"``: the weighted sum of the values of the parts
-        that hold its nearest support vectors. Returns the values (on X's
-        device) and a host bool array ``(n, n_pairs)``: the pairs that vote.
+        that hold its nearest support vectors; ``"auto"``: the first where they
+        settle the vote within ``blend_margin``, else the second. Returns the values
+        (on X's device) and a host bool array ``(n, n_pairs)``: the pairs that vote.
         """
         X = self._check_predict_input(X)
         group = prediction_group(getattr(self, "devices_", None))
@@ -91,8 +106,15 @@ class PartPredictionMixin:
         precomputed = self._kernel.name == "precomputed"
         n = X.shape[0]
         columns = self._part_columns()
+        rule = self._rule()
         with backend.use():
-            parts = self._part_vectors(backend, X) if self._blends() else None
+            made = []
+
+            def parts():  # the support vectors by part, made once when first needed
+                if not made:
+                    made.append(self._part_vectors(backend, X))
+                return made[0]
+
             out = backend.xp.zeros((n, self.ovo_dual_coef_.shape[0]), dtype=np.float64)
             voting = np.zeros(out.shape, dtype=bool)
             # In blocks of rows: what a block needs beside its output (weights, routes,
@@ -100,27 +122,49 @@ class PartPredictionMixin:
             for start in range(0, n, PREDICT_BLOCK_ROWS):
                 stop = min(start + PREDICT_BLOCK_ROWS, n)
                 Xd = backend.asarray(X[start:stop])
-                voting[start:stop] = self._ovo_block(backend, Xd, out[start:stop], precomputed,
-                                                     columns, parts)
+                if rule == "neighbors":
+                    voting[start:stop] = self._blended(backend, Xd, out[start:stop], columns,
+                                                       parts())
+                    continue
+                owner = self._nearest(backend, Xd, out[start:stop], precomputed, columns)
+                voting[start:stop] = self.pair_status_[owner] > 0
+                if rule == "auto":
+                    self._blend_unsettled(backend, Xd, out[start:stop], voting[start:stop],
+                                          owner, columns, parts)
         return out, voting
 
-    def _ovo_block(self, backend, Xd, out, precomputed, columns, parts):
-        """:meth:`_ovo_values` of the rows ``Xd`` on one device, written to ``out``
-        (``columns``: :meth:`_part_columns`, ``parts``: :meth:`_part_vectors` when
-        blending); returns which pairs vote."""
-        if self._blends():
-            voting = np.zeros(out.shape, dtype=bool)
-            for start, stop, weights, pieces in self._weighted_blocks(backend, Xd, parts):
-                self._blend(backend, Xd[start:stop], weights, pieces, out[start:stop],
-                            columns)
-                voting[start:stop] = weights @ (self.pair_status_ > 0) > 0
-            return voting
+    def _nearest(self, backend, Xd, out, precomputed, columns):
+        """The values of the rows ``Xd`` under their nearest centre's model (Alg 5), written
+        to ``out`` (``columns``: :meth:`_part_columns`); returns each row's part (host)."""
         owner = route(Xd, backend.asarray(self.centers_)) if not precomputed \
             else np.zeros(Xd.shape[0], dtype=np.int64)
         for p in np.unique(owner).tolist():
             sel = backend.asarray(np.flatnonzero(owner == p))
             out[sel] = self._part_values(backend, p, Xd[sel], columns[p])
-        return self.pair_status_[owner] > 0
+        return owner
+
+    def _blended(self, backend, Xd, out, columns, parts):
+        """The values of the rows ``Xd`` blended over the parts holding their nearest support
+        vectors (``parts``: :meth:`_part_vectors`), written to ``out``; returns which pairs
+        vote."""
+        voting = np.zeros(out.shape, dtype=bool)
+        for start, stop, weights, pieces in self._weighted_blocks(backend, Xd, parts):
+            self._blend(backend, Xd[start:stop], weights, pieces, out[start:stop], columns)
+            voting[start:stop] = weights @ (self.pair_status_ > 0) > 0
+        return voting
+
+    def _blend_unsettled(self, backend, Xd, out, voting, owner, columns, parts):
+        """``combine="auto"``: the rows whose nearest part's values (``out``, ``voting``;
+        ``owner``: the part) leave the vote open get the blended values instead, in place
+        (``parts``: a callable giving :meth:`_part_vectors`, called only when some row is
+        open)."""
+        rows = np.flatnonzero(self._unsettled(out, owner))
+        if rows.size == 0:
+            return
+        sel = backend.asarray(rows)
+        blended = backend.xp.zeros((rows.size, out.shape[1]), dtype=out.dtype)
+        voting[rows] = self._blended(backend, Xd[sel], blended, columns, parts())
+        out[sel] = blended
 
     def _blend(self, backend, Xb, weights, pieces, out, columns):
         """Add ``sum_p w_p f_p(x)`` for the rows ``Xb`` into ``out``, in part order.
@@ -196,39 +240,54 @@ class PartPredictionMixin:
         return values
 
     def _ovo_values_on_devices(self, group, X):
-        """Step 3 on the devices of the fit: each row to its part's device, one batch each.
-
-        With ``combine="neighbors"`` the weights are found on the first device,
-        every device weighs the values of its parts for the rows that need them,
-        and the host adds the parts' shares in part order, as the one-device
-        prediction does (the same sums, bit for bit).
-        """
+        """Step 3 on the devices of the fit, by the same rule as on one device: the
+        nearest part's values (:meth:`_nearest_on_devices`), blended values
+        (:meth:`_blended_on_devices`), or both (``combine="auto"``)."""
         X = to_numpy(validate_X(self, X, reset=False))
         columns = self._part_columns()
-        if self._blends():
-            backend = group.backends[0]
-            with backend.use():
-                weights = self._part_weights(backend, backend.asarray(X))
+        rule = self._rule()
+        if rule == "neighbors":
+            return self._blended_on_devices(group, X, columns)
+        values, owner = self._nearest_on_devices(group, X, columns)
+        voting = self.pair_status_[owner] > 0
+        if rule == "auto":
+            rows = np.flatnonzero(self._unsettled(values, owner))
+            if rows.size:
+                values[rows], voting[rows] = self._blended_on_devices(group, X[rows], columns)
+        return values, voting
 
-            def weighted_parts(rank, backend):
-                shares = {}
-                for p in np.flatnonzero(self.part_device_ == rank).tolist():
-                    rows = np.flatnonzero(weights[:, p])
-                    if rows.size:
-                        values = self._part_values(backend, p, backend.asarray(X[rows]),
-                                                   columns[p])
-                        shares[p] = (rows, to_numpy(backend.asarray(weights[rows, p])[:, None]
-                                                    * values))
-                return shares
+    def _blended_on_devices(self, group, X, columns):
+        """:meth:`_blended` over the devices of the fit: the weights found on the first
+        device, each device weighing the values of its parts for the rows that need them;
+        the host adds the parts' shares in part order, as the one-device prediction does
+        (the same sums, bit for bit). Host values and voting pairs."""
+        backend = group.backends[0]
+        with backend.use():
+            weights = self._part_weights(backend, backend.asarray(X))
 
+        def weighted_parts(rank, backend):
             shares = {}
-            for device_shares in group.run(weighted_parts):
-                shares.update(device_shares)
-            total = np.zeros((X.shape[0], self.ovo_dual_coef_.shape[0]))
-            for p in sorted(shares):
-                rows, share = shares[p]
-                total[rows] += share
-            return total, weights @ (self.pair_status_ > 0) > 0
+            for p in np.flatnonzero(self.part_device_ == rank).tolist():
+                rows = np.flatnonzero(weights[:, p])
+                if rows.size:
+                    values = self._part_values(backend, p, backend.asarray(X[rows]),
+                                               columns[p])
+                    shares[p] = (rows, to_numpy(backend.asarray(weights[rows, p])[:, None]
+                                                * values))
+            return shares
+
+        shares = {}
+        for device_shares in group.run(weighted_parts):
+            shares.update(device_shares)
+        total = np.zeros((X.shape[0], self.ovo_dual_coef_.shape[0]))
+        for p in sorted(shares):
+            rows, share = shares[p]
+            total[rows] += share
+        return total, weights @ (self.pair_status_ > 0) > 0
+
+    def _nearest_on_devices(self, group, X, columns):
+        """:meth:`_nearest` over the devices of the fit: each row on its part's device, one
+        batch per device. Host values and each row's part."""
         owner = route_on_devices(group, X, self.centers_)
 
         def predict_local(backend, Xd, parts):
@@ -239,5 +298,4 @@ class PartPredictionMixin:
                 out[sel] = self._part_values(backend, p, Xd[sel], columns[p])
             return out
 
-        return (predict_on_devices(group, X, owner, self.part_device_, predict_local),
-                self.pair_status_[owner] > 0)
+        return predict_on_devices(group, X, owner, self.part_device_, predict_local), owner

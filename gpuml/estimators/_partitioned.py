@@ -83,7 +83,7 @@ def warn_poor_parts(part_rows, y_idx, n_classes, partition, blended=False):
     One warning per fit naming each problem found: parts that hold a single class
     (every sample routed to them gets that class), parts smaller than
     :data:`MIN_PART_ROWS`, and, unless the parts' predictions are ``blended``
-    (CA-SVM's ``combine="neighbors"``), fewer than :data:`MIN_ROWS_PER_CLASS`
+    (CA-SVM's ``combine="auto"`` and ``"neighbors"``), fewer than :data:`MIN_ROWS_PER_CLASS`
     rows per class per part on average. A single part never warns (it is the
     exact model).
     """
@@ -113,7 +113,7 @@ def warn_poor_parts(part_rows, y_idx, n_classes, partition, blended=False):
             f"{MIN_ROWS_PER_CLASS}: expect a large accuracy loss against one part with "
             f"nearest-centre prediction (several points on the benchmarks of "
             f"bench/results/cpu-2core/casvm_parts.md){hint}; CA-SVM's default "
-            f"combine='neighbors' with part_C='sqrt' keeps far more of it")
+            f"combine='auto' with part_C='sqrt' keeps far more of it")
     if problems:
         warnings.warn("; ".join(problems) + ". Use a smaller n_partitions, or n_partitions=1 "
                       "for the exact model.", PartitionWarning, stacklevel=8)

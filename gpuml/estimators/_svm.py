@@ -94,6 +94,50 @@ def ovo_votes(values, n_classes: int, voting=None, zero_votes_first=False):
     return votes, confidence
 
 
+def unsettled_votes(values, voting, n_classes: int, margin: float) -> np.ndarray:
+    """Rows whose one-vs-one winner could change if each pairwise value moved by less
+    than ``margin`` (host bool array).
+
+    ``values`` (on any device) and ``voting`` as :func:`ovo_votes` (LIBSVM's rule: a
+    value above 0 votes for the pair's first class); ``voting`` False marks a pair whose
+    value is no evidence. Each pair whose value lies within ``margin`` of 0 may vote
+    either way, and a pair marked False may vote for either class; a row is settled when
+    its winner keeps more votes with every such vote lost than any other class gains with
+    every such vote won (so no tie can form). Two classes: ``|value| < margin``, or a pair
+    marked False.
+
+    >>> import numpy as np
+    >>> unsettled_votes(np.array([[0.9], [-0.2], [-0.7]]), np.ones((3, 1), bool), 2,
+    ...                 0.5).tolist()
+    [False, True, False]
+    """
+    xp = namespace_of(values)
+    pairs = np.array(class_pairs(n_classes))
+    first = np.zeros((len(pairs), n_classes))
+    second = np.zeros_like(first)
+    first[np.arange(len(pairs)), pairs[:, 0]] = 1.0
+    second[np.arange(len(pairs)), pairs[:, 1]] = 1.0
+    first, second = xp.asarray(first), xp.asarray(second)
+    vote = xp.asarray(voting)
+    wins_first = (values > 0) & vote
+    wins_second = ~(values > 0) & vote
+    close = xp.abs(values) < margin
+    silent = ~vote
+
+    def per_class(to_first, to_second):
+        return to_first.astype(np.float64) @ first + to_second.astype(np.float64) @ second
+
+    votes = per_class(wins_first, wins_second)
+    may_lose = per_class(wins_first & close, wins_second & close)
+    may_gain = per_class((wins_second & close) | silent, (wins_first & close) | silent)
+    rows = xp.arange(values.shape[0])
+    winner = xp.argmax(votes, axis=1)
+    fewest = votes[rows, winner] - may_lose[rows, winner]
+    most = votes + may_gain
+    most[rows, winner] = -1.0
+    return to_numpy(~(fewest > most.max(axis=1)))
+
+
 def ovr_decision(votes, confidence):
     """SVC's "ovr" shape: votes plus confidences squashed into (-1/3, 1/3)."""
     return votes + confidence / (3 * (np.abs(confidence) + 1))

@@ -53,6 +53,10 @@ PART_C_SCALES = {"sqrt": lambda n, m: np.sqrt(n / m), "linear": lambda n, m: n /
 #: Default number of nearest support vectors that weigh the parts (``combine="neighbors"``;
 #: values compared in bench/results/cpu-2core/casvm_prediction_explore.md).
 DEFAULT_N_NEIGHBORS = 20
+#: Default ``blend_margin`` of ``combine="auto"``: the rows whose nearest part's pairwise
+#: values all lie this far from 0 (in units of the SVM margin) keep them
+#: (bench/results/cpu-2core/casvm_predict.md).
+DEFAULT_BLEND_MARGIN = 0.6
 
 
 def _part_line(rows, n_problems, n_iter, converged):
@@ -348,8 +352,9 @@ default="auto"
         "partition": [StrOptions(set(PARTITION_CONSTRAINTS["partition"][0].options) | {"auto"})],
         "method": [StrOptions(set(METHODS))],
         "part_C": [StrOptions(set(PART_C_SCALES))],
-        "combine": [StrOptions({"neighbors", "nearest"})],
+        "combine": [StrOptions({"auto", "neighbors", "nearest"})],
         "n_neighbors": [Interval(Integral, 1, None, closed="left")],
+        "blend_margin": [Interval(Real, 0.0, None, closed="left")],
         "tol": [Interval(Real, 0.0, None, closed="neither")],
         "max_iter": [Interval(Integral, -1, None, closed="left")],
         "cache_size": [Interval(Real, 0.0, None, closed="neither")],
@@ -363,8 +368,9 @@ default="auto"
 
     def __init__(self, C=1.0, kernel="rbf", gamma="scale", degree=3, coef0=0.0,
                  n_partitions=DEFAULT_N_PARTITIONS, partition="auto", method="casvm",
-                 part_C="sqrt", combine="neighbors", n_neighbors=DEFAULT_N_NEIGHBORS, tol=1e-3,
-                 max_iter=-1, cache_size=DEFAULT_CACHE_SIZE, shrinking=False, class_weight=None,
+                 part_C="sqrt", combine="auto", n_neighbors=DEFAULT_N_NEIGHBORS,
+                 blend_margin=DEFAULT_BLEND_MARGIN, tol=1e-3, max_iter=-1,
+                 cache_size=DEFAULT_CACHE_SIZE, shrinking=False, class_weight=None,
                  decision_function_shape="ovr", break_ties=False, probability="deprecated",
                  device="auto", devices=None, max_device_memory=None, n_jobs=None,
                  random_state=None, verbose=0):
@@ -379,6 +385,7 @@ default="auto"
         self.part_C = part_C
         self.combine = combine
         self.n_neighbors = n_neighbors
+        self.blend_margin = blend_margin
         self.tol = tol
         self.max_iter = max_iter
         self.cache_size = cache_size
@@ -762,7 +769,7 @@ default="auto"
         self.partition_sizes_ = parts.sizes
         self.n_partitions_ = len(parts.sizes)
         warn_poor_parts(parts.parts, y_idx, len(self.classes_), self.partition_,
-                        blended=self.method == "casvm" and self.combine == "neighbors")
+                        blended=self.method == "casvm" and self.combine != "nearest")
         if not converged:
             # One warning per fit, naming the parts (SVC's sentence first, as its tests match).
             cap = ("" if self.max_iter >= 0 else
