@@ -64,6 +64,38 @@ def gram(X, Y):
     return X @ Y.T
 
 
+#: Bytes of the float64 copy of a float32 block's rows that :func:`widened_dot` makes at a time:
+#: small enough to stay in cache between the copy and the product.
+WIDEN_BLOCK_BYTES = 1 << 20
+
+
+def widened_dot(K, coef):
+    """``K @ coef`` for float32 ``K`` and float64 ``coef``: float64 accumulation, as NumPy's
+    mixed product, without its float64 copy of all of ``K`` (a pass through main memory
+    that cost several times the product itself): the copy is made a few rows at a time.
+    Any other dtypes, and CuPy, take ``K @ coef`` directly.
+
+    >>> import numpy as np
+    >>> K = np.arange(6, dtype=np.float32).reshape(3, 2)
+    >>> widened_dot(K, np.array([0.5, 1.0])).tolist()
+    [1.0, 4.0, 7.0]
+    """
+    if (namespace_of(K) is not np or K.dtype != np.float32 or coef.dtype != np.float64
+            or K.ndim != 2):
+        return K @ coef
+    rows = max(1, WIDEN_BLOCK_BYTES // max(1, 8 * K.shape[1]))
+    if rows >= K.shape[0]:
+        return K @ coef
+    out = np.empty((K.shape[0],) + coef.shape[1:], dtype=np.float64)
+    wide = np.empty((rows, K.shape[1]), dtype=np.float64)
+    for start in range(0, K.shape[0], rows):
+        stop = min(start + rows, K.shape[0])
+        block = wide[:stop - start]
+        block[...] = K[start:stop]
+        np.matmul(block, coef, out=out[start:stop])
+    return out
+
+
 def resolve_gamma(gamma, X) -> float:
     """The numeric gamma: ``"scale"`` is 1 / (n_features * X.var()), ``"auto"`` 1 / n_features.
 
@@ -171,7 +203,7 @@ class Kernel:
         coef = xp.asarray(coef)
         out = xp.empty((X.shape[0],) + coef.shape[1:], dtype=xp.result_type(X.dtype, coef.dtype))
         for start, stop, block in self._blocks(X, Y, block_bytes):
-            out[start:stop] = block @ coef
+            out[start:stop] = widened_dot(block, coef)
         return out
 
     def diag(self, X):

@@ -16,6 +16,7 @@ import numpy as np
 
 from .._backend import resolve, to_numpy
 from .._validation import validate_X
+from ..pairwise import widened_dot
 from ..pipeline import predict_on_devices, prediction_group, route_on_devices
 from ..routing import PartVectors, neighbor_blocks, route
 from ._partitioned import on_device
@@ -186,7 +187,7 @@ class PartPredictionMixin:
                 backend.xp.exp(K, out=K)
                 sel = backend.asarray(rows[mine])
                 out[sel] += (backend.asarray(weights[rows[mine], p])[:, None]
-                             * (intercept[None, :] + K @ coef))
+                             * (intercept[None, :] + widened_dot(K, coef)))
                 continue
             rows = np.flatnonzero(weights[:, p])
             sel = backend.asarray(rows)

@@ -29,6 +29,7 @@ import warnings
 from numbers import Integral, Real
 
 import numpy as np
+from sklearn.exceptions import ConvergenceWarning
 from sklearn.utils._param_validation import Interval, StrOptions
 
 from ..errors import PartitionWarning
@@ -117,6 +118,21 @@ def warn_poor_parts(part_rows, y_idx, n_classes, partition, blended=False):
     if problems:
         warnings.warn("; ".join(problems) + ". Use a smaller n_partitions, or n_partitions=1 "
                       "for the exact model.", PartitionWarning, stacklevel=8)
+
+
+def warn_stopped_parts(converged, max_iter):
+    """SVC's ``ConvergenceWarning`` for a partitioned fit, naming the parts ``max_iter`` stopped
+    (``converged``: one bool per part; one warning per fit, SVC's sentence first)."""
+    if all(converged):
+        return
+    cap = ("" if max_iter >= 0 else
+           ": an SMO problem reached LIBSVM's cap of max(10**7, 100 * n_samples) steps")
+    stopped = [p for p, ok in enumerate(converged) if not ok]
+    where = ("" if len(converged) == 1 else
+             f" Stopped in {len(stopped)} of {len(converged)} parts: parts {_some(stopped)}.")
+    warnings.warn(f"Solver terminated early (max_iter={max_iter}){cap}.  Consider "
+                  f"pre-processing your data with StandardScaler or MinMaxScaler.{where}",
+                  ConvergenceWarning, stacklevel=8)
 
 
 def _some(items, limit=8):

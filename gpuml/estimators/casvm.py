@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import warnings
 from numbers import Integral, Real
 
 import numpy as np
 import scipy.sparse as sp
 from joblib import effective_n_jobs
 from sklearn.base import BaseEstimator, ClassifierMixin, _fit_context
-from sklearn.exceptions import ConvergenceWarning
 from sklearn.utils._param_validation import Interval, StrOptions
 from sklearn.utils.validation import check_is_fitted
 
@@ -27,6 +25,7 @@ from ._partitioned import (
     PARTITION_CONSTRAINTS,
     auto_n_partitions,
     warn_poor_parts,
+    warn_stopped_parts,
 )
 from ._svm import KernelSVMMixin, SVMPartFit, class_pairs, pack_dual_coef, primal_coef
 from ._tree import fit_tree
@@ -770,17 +769,7 @@ default="auto"
         self.n_partitions_ = len(parts.sizes)
         warn_poor_parts(parts.parts, y_idx, len(self.classes_), self.partition_,
                         blended=self.method == "casvm" and self.combine != "nearest")
-        if not converged:
-            # One warning per fit, naming the parts (SVC's sentence first, as its tests match).
-            cap = ("" if self.max_iter >= 0 else
-                   ": an SMO problem reached LIBSVM's cap of max(10**7, 100 * n_samples) steps")
-            stopped = [p for p, f in enumerate(fits) if not f.converged]
-            where = ("" if len(fits) == 1 else
-                     f" Stopped in {len(stopped)} of {len(fits)} parts: parts "
-                     f"{', '.join(map(str, stopped[:8]))}{', ...' if len(stopped) > 8 else ''}.")
-            warnings.warn(f"Solver terminated early (max_iter={self.max_iter}){cap}.  Consider "
-                          f"pre-processing your data with StandardScaler or MinMaxScaler.{where}",
-                          ConvergenceWarning, stacklevel=7)
+        warn_stopped_parts([f.converged for f in fits], self.max_iter)
         progress = progress or Progress("CASVM", 0, self.verbose)
         progress.close(f"{len(fits)} parts, {sum(f.n_problems for f in fits)} SMO problems, "
                        f"{int(self.part_n_iter_.sum())} iterations, {len(self.support_)} "
