@@ -687,3 +687,82 @@ def test_parts_fitted_in_waves_give_the_model_of_one_batch(client, classificatio
     else:
         np.testing.assert_array_equal(waves.X_fit_, one.X_fit_)
     np.testing.assert_array_equal(waves.predict(X), one.predict(X))
+
+
+def _regression_block(block, rows, n_features):
+    """A block of a smooth regression task made where it runs."""
+    rng = np.random.default_rng([5, block])
+    Z = rng.standard_normal((rows, 3))
+    mix = np.random.default_rng(5).standard_normal((3, n_features))
+    X = Z @ mix + 0.05 * rng.standard_normal((rows, n_features))
+    return X, Z[:, 0] + 0.5 * np.sin(2 * Z[:, 1])
+
+
+@pytest.mark.parametrize("combine", ["nearest", "average"])
+def test_bkrr_parts_stay_on_the_workers_that_fitted_them(client, combine):
+    """A BKRR model holds every training row: after a Dask fit its parts stay on the workers
+    that fitted them (X_fit_ and dual_coef_ are Dask arrays over them, both workers hold
+    some), the fit gathers none of its rows, a prediction runs where the parts are, and
+    the model is the in-process one (attributes, predictions of Dask and in-memory rows,
+    score); pickled, it is the in-memory model."""
+    import pickle
+
+    import dask
+
+    blocks, rows, d = 6, 2000, 40
+    made = [dask.delayed(_regression_block, pure=True)(b, rows, d) for b in range(blocks)]
+    X = da.concatenate([da.from_delayed(m[0], shape=(rows, d), dtype=np.float64)
+                        for m in made])
+    y = da.concatenate([da.from_delayed(m[1], shape=(rows,), dtype=np.float64) for m in made])
+    params = dict(n_partitions=8, combine=combine, random_state=0)
+    with counting() as fits:
+        est = BKRRRegressor(**params).fit(X, y)
+    tr, = fits
+    local_X = np.concatenate([_regression_block(b, rows, d)[0] for b in range(blocks)])
+    local_y = np.concatenate([_regression_block(b, rows, d)[1] for b in range(blocks)])
+    local = BKRRRegressor(**params).fit(local_X, local_y)
+    # The model's rows (n x d) and coefficients stay on the workers: the fit gathers each
+    # chunk's sums per k-means step, the K-balance fill's n x P distances (P <= d), the
+    # labels and the parts' intercepts, less than the model by itself would be.
+    n, P = blocks * rows, 8
+    bound = 8 * n + 8 * n * P + tr.steps * blocks * 8 * P * (d + 1) + 2**17
+    assert tr.gathered < bound < 8 * n * (d + 1)
+    assert isinstance(est.X_fit_, da.Array) and isinstance(est.dual_coef_, da.Array)
+    holders = client.who_has([future for _, future in est._kept_parts])
+    assert len({w for ws in holders.values() for w in ws}) == 2
+    np.testing.assert_array_equal(est.part_sizes_, local.part_sizes_)
+    np.testing.assert_array_equal(est.X_fit_, local.X_fit_)
+    np.testing.assert_allclose(est.dual_coef_, local.dual_coef_, rtol=1e-8, atol=1e-9)
+    np.testing.assert_allclose(est.intercept_, local.intercept_, rtol=1e-12, atol=1e-15)
+    expected = local.predict(local_X[:2500])
+    Xd = da.from_array(local_X[:2500], chunks=(700, d))
+    with distributed.get_task_stream(client) as stream:
+        pred = est.predict(Xd)
+    assert not stream.data  # lazy
+    assert isinstance(pred, da.Array) and pred.chunks == (Xd.chunks[0],)
+    np.testing.assert_allclose(pred.compute(), expected, rtol=1e-8, atol=1e-9)
+    np.testing.assert_allclose(est.predict(local_X[:2500]), expected, rtol=1e-8, atol=1e-9)
+    single = est.predict(local_X[:100].astype(np.float32))
+    assert single.dtype == np.float32
+    assert est.score(X, y) == pytest.approx(local.score(local_X, local_y), rel=1e-8)
+    back = pickle.loads(pickle.dumps(est))
+    assert isinstance(back.X_fit_, np.ndarray) and not back._kept()
+    np.testing.assert_allclose(back.predict(local_X[:2500]), expected, rtol=1e-8, atol=1e-9)
+
+
+def test_bkrr_kept_parts_released_are_a_clear_error(client, regression):
+    """A model whose kept parts are gone (released, or their client closed) says so and
+    what to do, instead of waiting on them or failing inside Dask."""
+    import pickle
+
+    X, y = regression
+    est = BKRRRegressor(n_partitions=4, random_state=0).fit(*_dask(X, y))
+    kept = pickle.loads(pickle.dumps(est))  # the parts gathered while they are there
+    client.cancel([future for _, future in est._kept_parts])
+    for call in (lambda: est.predict(X), lambda: est.predict(_dask(X, y)[0]),
+                 lambda: pickle.dumps(est)):
+        with pytest.raises(RuntimeError, match="kept on the cluster's workers.*pickle the "
+                                               "model while it runs"):
+            call()
+    np.testing.assert_allclose(kept.predict(X), BKRRRegressor(n_partitions=4, random_state=0)
+                               .fit(X, y).predict(X), rtol=1e-8, atol=1e-9)

@@ -141,6 +141,11 @@ class KRRPartFit:
     intercept: object
 
 
+#: Rows of in-memory input sent to the cluster per task when the parts of the model are kept
+#: on Dask workers (a Dask fit).
+KEPT_PREDICT_ROWS = 16384
+
+
 def _take(xp, A, idx):
     """Rows ``idx`` (host indices) of ``A`` on A's device."""
     return A[xp.asarray(idx)]
@@ -374,14 +379,16 @@ class _BKRRBase(CachedParamNames, RegressorMixin, BaseEstimator):
                                                  None if wj is None else wj[0]))
         return [KRRPartFit(Xj, a, b) for Xj, a, b in zip(parts, alphas, offsets)]
 
-    def _store_fit(self, backend, partitioning, fits, sigma, lam, sample_weight=None):
+    def _store_fit(self, backend, partitioning, fits, sigma, lam, sample_weight=None, kept=None):
         """The fitted attributes from the per-part fits (in part order) and the centres.
 
         Called by the thread that called ``fit``, after every part is solved (one
         batched direct solve: no iteration, so no convergence to report): with
         ``verbose``, one line per part is printed here, in part order.
         ``sample_weight`` (the fit's, aligned with the rows the parts index)
-        gives the parts' weighted sizes in the shifts.
+        gives the parts' weighted sizes in the shifts. ``kept``: the parts stayed on
+        the Dask workers that fitted them (``FitResult.kept``; ``fits`` are their
+        summaries): ``X_fit_`` and ``dual_coef_`` are Dask arrays over them.
         """
         progress = Progress("BKRR", len(fits), getattr(self, "verbose", 0))
         masses = (partitioning.sizes.tolist() if sample_weight is None else _part_masses(
@@ -391,8 +398,13 @@ class _BKRRBase(CachedParamNames, RegressorMixin, BaseEstimator):
         for j, (size, shift) in enumerate(zip(partitioning.sizes.tolist(), shifts)):
             progress.update(j, f"{size} rows, (K + {shift:.4g} I) a = y solved")
         progress.close()
-        self.X_fit_ = stack_rows([f.X for f in fits])
-        self.dual_coef_ = backend.xp.concatenate([f.dual_coef for f in fits])
+        if kept is None:
+            self.X_fit_ = stack_rows([f.X for f in fits])
+            self.dual_coef_ = backend.xp.concatenate([f.dual_coef for f in fits])
+        else:
+            self.X_fit_, self.dual_coef_ = dask_module().kept_arrays(kept, fits,
+                                                                    partitioning.sizes)
+            self._kept_parts = kept
         self.intercept_ = backend.xp.stack([backend.xp.asarray(f.intercept) for f in fits])
         self.centers_ = partitioning.centers
         self.part_sizes_ = partitioning.sizes
@@ -493,7 +505,11 @@ class _BKRRBase(CachedParamNames, RegressorMixin, BaseEstimator):
         like = X
         X = validate_X(self, X, reset=False)
         single = X.dtype == np.float32
-        if group is not None:
+        if self._kept():
+            out = dask_module().predict_kept_in_memory(
+                self, to_numpy(X), self._kernel(self.gamma_), self._host_intercepts(),
+                self.dual_coef_.dtype, KEPT_PREDICT_ROWS)
+        elif group is not None:
             X = CPU.asarray(X, self.X_fit_.dtype)
             out = self._predict_on_devices(group, X)
         else:
@@ -505,10 +521,18 @@ class _BKRRBase(CachedParamNames, RegressorMixin, BaseEstimator):
             out = out.astype(np.float32)
         return to_output(out, like)
 
+    def _kept(self) -> bool:
+        """Whether the parts are on the Dask workers that fitted them (a Dask fit)."""
+        return self.__dict__.get("_kept_parts") is not None
+
     # -- pickling: fitted device arrays travel as NumPy ---------------------
     def __getstate__(self):
         # Device copies for multi-device prediction are a cache, not part of the model.
         state = {k: v for k, v in super().__getstate__().items() if k != "_device_cache"}
+        if state.get("_kept_parts") is not None:
+            # Parts kept on Dask workers: the model pickles as the in-memory one.
+            state["X_fit_"], state["dual_coef_"] = dask_module().gathered(self)
+            del state["_kept_parts"]
         return {k: (to_numpy(v) if is_cupy_array(v) else v) for k, v in state.items()}
 
     def __setstate__(self, state):

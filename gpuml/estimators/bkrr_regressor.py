@@ -238,9 +238,11 @@ default="kbalance"
     ----------
     X_fit_ : array of shape (n_samples, n_features)
         Training samples, grouped part by part, on the fitting device (on the
-        host after a fit with ``devices``).
+        host after a fit with ``devices``). After a fit on Dask input, a Dask
+        array whose chunks (one per part) stay on the workers that fitted the
+        parts: prediction goes to them (docs/scale-out.md), pickling gathers them.
     dual_coef_ : array of shape (n_samples,) or (n_samples, n_targets)
-        The α of every part, aligned with ``X_fit_``.
+        The α of every part, aligned with ``X_fit_`` (a Dask array likewise).
     centers_ : array of shape (n_partitions_, n_features)
         Part centres (nearest-centre routing).
     part_sizes_ : ndarray of shape (n_partitions_,)
@@ -475,13 +477,21 @@ default="kbalance"
         # Only the coefficients come back: the training rows are on the host already.
         return KRRPartFit(X_part, to_numpy(fit.dual_coef), to_numpy(fit.intercept))
 
+    #: on Dask the parts (every training row) stay on the workers that fitted them
+    _keeps_parts_on_workers = True
+
+    def _part_summary(self, fit):
+        # What the client keeps of a part fitted on a Dask worker: its intercept, and its
+        # arrays without rows (their dtypes and trailing shapes).
+        return KRRPartFit(fit.X[:0], fit.dual_coef[:0], fit.intercept)
+
     def _keep_on_device(self, backend, j, fit):
         # The part's arrays are on its device already: keep them for prediction there.
         on_device(self, backend, ("part", j), lambda: (fit.X, fit.dual_coef))
 
     def _assemble(self, partitioning, result, data):
         self._store_fit(result.backend, partitioning, result.fits, data.extra["sigma"],
-                        data.extra["lam"], data.weights)
+                        data.extra["lam"], data.weights, kept=result.kept)
 
     def _resolve_lam(self, backend, X, y, sample_weight, sigma) -> float:
         """λ as a number: ``lam="auto"`` by leave-one-out on a subsample (else ``lam``).
@@ -600,10 +610,15 @@ default="kbalance"
         -------
         y_pred : array of shape (n_samples,) or (n_samples, n_targets)
             CuPy for CuPy input, a lazy Dask array for Dask input (each chunk
-            predicted on its worker), NumPy otherwise.
+            predicted on its worker; after a Dask fit, each chunk's rows on the
+            workers holding their parts), NumPy otherwise.
         """
         if is_dask_collection(X):
             check_is_fitted(self, "dual_coef_")
+            if self._kept():
+                return dask_module().predict_kept(self, X, self._kernel(self.gamma_),
+                                                  self._host_intercepts(),
+                                                  self.dual_coef_.dtype)
             columns = self.dual_coef_.shape[1] if self.dual_coef_.ndim == 2 else None
             return dask_module().predict_blocks(self, X, "predict", out_columns=columns,
                                                 dtype=self.dual_coef_.dtype)

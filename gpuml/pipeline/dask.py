@@ -127,12 +127,12 @@ class OnDask:
             check_group_budget(need, part_sizes, held_rows, row_bytes, self.budget,
                                type(estimator).__name__, address)
 
-        fits, part_worker, centers = ship_and_fit(
+        fits, part_worker, centers, kept = ship_and_fit(
             data.X, self.labels, sizes, estimator._part_costs(sizes, data.n_features),
             _shipped(estimator), data.for_workers(), self.addresses, partitioning.centers,
-            check=check)
+            check=check, keep=estimator._keeps_parts_on_workers)
         return FitResult(fits, backend=CPU, part_worker=np.asarray(part_worker, dtype=object),
-                         centers=centers)
+                         centers=centers, kept=kept)
 
 
 def _gather_rows(X, y, ids, dtype):

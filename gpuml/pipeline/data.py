@@ -54,6 +54,9 @@ class FitResult:
     devices; ``part_worker``: the Dask worker that fitted each part.
     ``centers``: the parts' centres when the fit computed them (on Dask, the
     fit tasks sum their parts' rows); None when the split gave them.
+    ``kept``: on Dask, for an estimator that keeps its parts on the workers, one
+    ``(part_ids, future)`` per group fitted there (``fits`` then holds each part's
+    summary, without its rows).
     """
 
     fits: list
@@ -62,3 +65,4 @@ class FitResult:
     devices: list | None = None
     part_worker: np.ndarray | None = None
     centers: object = None
+    kept: list | None = None

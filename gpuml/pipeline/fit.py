@@ -42,6 +42,9 @@ class PartitionedFit:
     ``_part_to_host(fit, X_part)``, ``_keep_on_device(backend, j, fit)``
         a part's fit as the host keeps it, and a device copy kept for
         prediction where the part was fitted (device groups);
+    ``_keeps_parts_on_workers``, ``_part_summary(fit)``
+        on Dask: whether the fitted parts stay on the workers that fitted them,
+        and then what the client gets of each (``FitResult.kept`` holds the rest);
     ``_fit_split(executor, data, partitioning)``
         optional: the parts' fits from the split (default: the executor's
         :meth:`fit_parts`; CA-SVM's tree methods layer their parts instead);
@@ -95,6 +98,12 @@ class PartitionedFit:
 
     def _keep_on_device(self, backend, j, fit):
         return None
+
+    #: on Dask, the fitted parts stay on the workers (:meth:`_part_summary` comes back)
+    _keeps_parts_on_workers = False
+
+    def _part_summary(self, fit):
+        return fit
 
     def _part_to_host(self, fit, X_part):
         return fit

@@ -86,6 +86,7 @@ from .driver import (
     workers_and_budget,
 )
 from .fit import check_budget, check_group_budget, ship_and_fit
+from .kept import check_reachable, gathered, kept_arrays, predict_kept, predict_kept_in_memory
 from .predict import predict_blocks, score
 from .steps import (
     DASK_PARTITIONERS,
@@ -111,17 +112,22 @@ __all__ = [
     "Traffic",
     "check_budget",
     "check_group_budget",
+    "check_reachable",
     "check_dask_input",
     "check_features",
     "counting",
     "current_client",
     "feature_source",
     "fills_on_client",
+    "gathered",
     "is_dask",
+    "kept_arrays",
     "live_workers",
     "load_rows",
     "partition_chunks",
     "predict_blocks",
+    "predict_kept",
+    "predict_kept_in_memory",
     "score",
     "ship_and_fit",
     "workers_and_budget",

@@ -148,6 +148,13 @@ def _fit_group(estimator, data, part_ids, sources, wave_bytes):
     return host, sums, get_worker().address
 
 
+def _kept_summaries(result, estimator):
+    """What the client gathers of a group fitted with its parts kept on the worker: each
+    part's :meth:`_part_summary` (no rows), the group's sums and the worker's address."""
+    host, sums, address = result
+    return [estimator._part_summary(fit) for fit in host], sums, address
+
+
 def check_budget(need, sizes, n, budget, what):
     """Refuse a fit whose largest part needs more than a worker's budget.
 
@@ -206,17 +213,24 @@ def _candidates(P, n):
     yield n
 
 
-def ship_and_fit(rows, labels, sizes, costs, estimator, data, addresses, centers, check=None):
+def ship_and_fit(rows, labels, sizes, costs, estimator, data, addresses, centers, check=None,
+                 keep=False):
     """Steps 3-4: parts placed on workers by cost; each group's rows shipped and fitted there.
 
     ``estimator`` is the one the tasks get (:func:`_shipped`), ``data`` what its
     part solver reads besides the rows. Returns the per-part fits in part order
     (gathered), the worker each part was fitted on (where its task ran, which is
-    not the planned one when that worker was lost) and the centres: ``centers``
+    not the planned one when that worker was lost), the centres: ``centers``
     as given, or when None the parts' means from the sums the fit tasks return
-    with the fits (no pass of their own). ``check(address, part_sizes, held_rows)``, when
-    given, is called for every worker with the sizes of the parts placed on it and the
-    input rows its chunks hold, before any row moves (a refusal raises there).
+    with the fits (no pass of their own), and the groups kept on the workers.
+    ``check(address, part_sizes, held_rows)``, when given, is called for every worker
+    with the sizes of the parts placed on it and the input rows its chunks hold, before
+    any row moves (a refusal raises there).
+
+    ``keep``: the fitted parts stay on the workers that fitted them; the client gathers
+    each part's ``estimator._part_summary(fit)`` in place of its fit, and the last value
+    returned is one ``(part_ids, future)`` per group, the future holding the group's fit
+    (:func:`_fit_group`'s value). Otherwise that value is None.
     """
     driver = rows.driver
     P = len(sizes)
@@ -255,6 +269,11 @@ def ship_and_fit(rows, labels, sizes, costs, estimator, data, addresses, centers
     futures = [driver.submit("fit-parts", _fit_group, estimator, data, ids, sources,
                              FIT_WAVE_BYTES, **_on(address))
                for ids, address, sources in groups]
+    kept = None
+    if keep:
+        kept = [(ids, future) for (ids, _, _), future in zip(groups, futures)]
+        futures = [driver.submit("fit-summary", _kept_summaries, future, estimator)
+                   for future in futures]
     results = driver.gather(futures, as_they_finish=True)
     fits = [None] * len(sizes)
     part_worker = [None] * len(sizes)
@@ -268,4 +287,4 @@ def ship_and_fit(rows, labels, sizes, costs, estimator, data, addresses, centers
             part_worker[p] = address
     if centers is None:
         centers = divide(*_unpack(sums, rows.dtype))
-    return fits, part_worker, centers
+    return fits, part_worker, centers, kept
