@@ -148,20 +148,29 @@ default="auto"
         it by ``sqrt(n / m)`` (4 for 16 equal parts), ``"linear"`` by ``n / m``,
         ``"none"`` keeps it; 1 with ``n_partitions=1`` (the exact SVM). A part
         with the whole problem's C is more regularised than the whole problem;
-        this pays with ``combine="neighbors"`` (docs/casvm.md, "Prediction").
-    combine : {"neighbors", "nearest"}, default="neighbors"
+        this pays when the parts' values are blended (docs/casvm.md, "Prediction").
+    combine : {"auto", "neighbors", "nearest"}, default="auto"
         How the parts' models judge a sample (``method="casvm"``;
         docs/casvm.md, "Prediction"). ``"nearest"``: the model of the part
         whose centre is nearest (Alg 5). ``"neighbors"``: the pairwise decision
         values of the parts that hold the sample's ``n_neighbors`` nearest
         support vectors, each weighted by its share of them, then voted on as
-        one model's (the neighbours searched among the support vectors of the
-        sample's 16 nearest parts when more hold any). It costs several times
-        ``"nearest"`` (5-15x on bench/results/cpu-2core/casvm_predict.md), at most
-        a single SVM's prediction with the same support vectors.
+        one model's (searched among the support vectors of the sample's 16
+        nearest parts); 5-13x ``"nearest"``'s time. ``"auto"``: the nearest
+        part's values where the pairs it trained settle the vote with every
+        value ``blend_margin`` or more from 0, ``"neighbors"`` elsewhere (6-17 %
+        of samples; more when parts lack classes): 1.8-2.9x ``"nearest"``'s
+        time, within 0.11 point of ``"neighbors"``
+        (bench/results/cpu-2core/casvm_predict.md).
     n_neighbors : int, default=20
-        Support vectors that weigh the parts with ``combine="neighbors"``
+        Support vectors that weigh the parts in the blend
         (bench/results/cpu-2core/casvm_prediction_explore.md compares values).
+    blend_margin : float >= 0, default=0.6
+        ``combine="auto"``: how far from 0 every pairwise value of the nearest
+        part's model must lie for a sample to keep its values, in units of the
+        SVM margin (support vectors on it have ``|value| = 1``). A pair the
+        part did not train counts as open. ``inf`` blends every sample (as
+        ``"neighbors"``).
     tol : float, default=1e-3
         Stopping tolerance on the KKT gap (LIBSVM's ``eps``).
     max_iter : int, default=-1
