@@ -1,21 +1,25 @@
-"""Data larger than any one Dask worker's memory: ``CASVMClassifier()`` fit and scored on it.
+"""Data larger than any one Dask worker's memory: ``CASVMClassifier()`` and ``BKRRRegressor()``
+fitted and scored on it.
 
 A ``LocalCluster`` of six worker processes (one thread each), each with a
 ``memory_limit`` below the size of the training data, so that the data fits on
 no single worker; the data are made by tasks on the workers
-(:func:`bench.datasets.latent_rows`: wide rows on a 6-dimensional manifold) and
-never exist on the client. ``CASVMClassifier()`` (its defaults) is fitted on
-them, then ``score`` runs on a held-out Dask set (each block
-scored where it lies; a few sums per block come back). Beside it, in this
-process, the same estimator fits the same rows held in memory, its model is
-compared with the Dask fit's, and it scores the same held-out rows.
+(:func:`bench.datasets.latent_rows`: wide rows on a 6-dimensional manifold; a class
+for CA-SVM, the latent value itself for BKRR) and never exist on the client. Each
+estimator (its defaults) is fitted on them, then ``score`` runs on a held-out Dask set
+(each block scored where it lies; a few sums per block come back). A BKRR model holds
+every training row: after the Dask fit its parts stay on the workers, and its
+prediction goes to them. After the cluster is closed, the same estimator fits the same
+rows held in this process, its model is compared with the Dask fit's, and it scores
+the same held-out rows (CA-SVM's predictions compared; BKRR's, gathered from the
+cluster before it closed, too).
 
 Reported: fit and score seconds of each; the client's peak resident memory
 above its level before the fit (sampled every 0.2 s); each worker's peak
 resident memory (the scheduler's heartbeat figures, sampled alike) against its
 ``memory_limit``; what the client sent and gathered (the driver's
 :class:`gpuml.distributed.dask.Traffic`); whether any worker restarted; the two
-models' support vectors and accuracies.
+models' support vectors (CA-SVM) and scores.
 
 Run: ``python -m bench.run dask_memory`` (1,000,000 x 300 float64 training rows,
 2.4 GB, workers of 2.2 GB; 50,000 held-out rows), ``dask_memory:quick`` (200,000 x 100,
@@ -69,39 +73,44 @@ class _Peaks:
         return False
 
 
-def _in_memory(n_blocks, rows, n_features, first_block=0):
+ESTIMATORS = ("casvm", "bkrr")
+
+
+def _in_memory(n_blocks, rows, n_features, first_block=0, regression=False):
     """The blocks :func:`latent_dask` makes on the workers, made here."""
     X = np.empty((n_blocks * rows, n_features))
-    y = np.empty(n_blocks * rows, dtype=np.int64)
+    y = np.empty(n_blocks * rows, dtype=np.float64 if regression else np.int64)
     for b in range(n_blocks):
         X[b * rows:(b + 1) * rows], y[b * rows:(b + 1) * rows] = latent_rows(
-            first_block + b, rows, n_features)
+            first_block + b, rows, n_features, regression)
     return X, y
 
 
-def _fit_and_score(X, y, X_test, y_test):
-    """``CASVMClassifier()`` fitted and scored: the model, fit seconds, accuracy, score
-    seconds."""
-    from gpuml import CASVMClassifier
+def _fit_and_score(kind, X, y, X_test, y_test):
+    """The estimator's defaults fitted and scored: the model, fit seconds, score (accuracy
+    or R²), score seconds."""
+    from gpuml import BKRRRegressor, CASVMClassifier
 
     t0 = time.perf_counter()
-    model = CASVMClassifier().fit(X, y)
+    model = (CASVMClassifier() if kind == "casvm" else BKRRRegressor()).fit(X, y)
     fit_s = time.perf_counter() - t0
     t0 = time.perf_counter()
-    accuracy = model.score(X_test, y_test)
-    return model, fit_s, accuracy, time.perf_counter() - t0
+    score = model.score(X_test, y_test)
+    return model, fit_s, score, time.perf_counter() - t0
 
 
-def main(quick: bool = False, gpu: bool = False):
+def _on_dask(kind, n, d, block, limit, quick):
+    """One estimator fitted and scored on a fresh cluster: its row of measures (Dask side)
+    and what the in-process side compares (the model's arrays, gathered; held-out
+    predictions)."""
     import dask
     import distributed
     import psutil
 
     from gpuml.distributed.dask import counting
 
-    n, d, block, limit = QUICK if quick else FULL
-    data_bytes = n * d * 8
     me = psutil.Process()
+    regression = kind == "bkrr"
     with dask.config.set({"distributed.worker.memory.spill": False,
                           "distributed.worker.memory.target": False}):
         cluster = distributed.LocalCluster(n_workers=WORKERS, threads_per_worker=1,
@@ -111,8 +120,9 @@ def main(quick: bool = False, gpu: bool = False):
     try:
         limit_bytes = min(w["memory_limit"] for w in client.scheduler_info()["workers"].values())
         pids = client.run(os.getpid)
-        X, y = latent_dask(n // block, block, d)
-        X_test, y_test = latent_dask(TEST_ROWS[quick] // block, block, d, first_block=10_000)
+        X, y = latent_dask(n // block, block, d, regression=regression)
+        X_test, y_test = latent_dask(TEST_ROWS[quick] // block, block, d, first_block=10_000,
+                                     regression=regression)
 
         def worker_memory():
             info = client.scheduler_info()["workers"]
@@ -121,51 +131,81 @@ def main(quick: bool = False, gpu: bool = False):
         base = me.memory_info().rss
         with _Peaks(lambda: {"client": me.memory_info().rss - base}) as client_peak, \
                 _Peaks(worker_memory) as worker_peak, counting() as traffic:
-            on_dask, fit_s, acc_dask, score_s = _fit_and_score(X, y, X_test, y_test)
+            model, fit_s, score, score_s = _fit_and_score(kind, X, y, X_test, y_test)
         restarted = client.run(os.getpid) != pids
         tr = traffic[0]
-        # The same rows, made again in this process (the blocks are deterministic): the
-        # baseline. (Computing the Dask arrays would gather them on a worker first.)
-        Xm, ym = _in_memory(n // block, block, d)
-        Xt, yt = _in_memory(TEST_ROWS[quick] // block, block, d, first_block=10_000)
-        local, local_fit_s, acc_local, local_score_s = _fit_and_score(Xm, ym, Xt, yt)
-        same_model = (np.array_equal(on_dask.support_, local.support_)
-                      and np.allclose(on_dask.dual_coef_, local.dual_coef_, rtol=1e-9,
-                                      atol=1e-12))
-        rows = [{
-            "n": n, "d": d, "data_MB": data_bytes / 1e6, "workers": WORKERS,
-            "memory_limit_MB": limit_bytes / 1e6, "n_partitions": int(on_dask.n_partitions_),
-            "dask_fit_s": fit_s, "local_fit_s": local_fit_s, "fit_ratio": fit_s / local_fit_s,
-            "dask_score_s": score_s, "local_score_s": local_score_s,
-            "dask_accuracy": acc_dask, "local_accuracy": acc_local, "same_model": same_model,
-            "same_part_sizes": bool(np.array_equal(on_dask.partition_sizes_,
-                                                   local.partition_sizes_)),
-            "n_SV": int(len(on_dask.support_)), "local_n_SV": int(len(local.support_)),
-            "model_MB": on_dask.support_vectors_.nbytes / 1e6,
-            "client_peak_MB": client_peak.peak.get("client", 0) / 1e6,
-            "worker_peak_MB": max(worker_peak.peak.values()) / 1e6,
-            "gathered_MB": tr.gathered / 1e6, "sent_MB": tr.sent / 1e6,
-            "rows_moved": int(tr.rows_moved), "workers_restarted": restarted,
-        }]
+        row = {"estimator": kind, "n": n, "d": d, "data_MB": n * d * 8 / 1e6,
+               "workers": WORKERS, "memory_limit_MB": limit_bytes / 1e6,
+               "n_partitions": int(model.n_partitions_), "dask_fit_s": fit_s,
+               "dask_score_s": score_s, "dask_score": score,
+               "client_peak_MB": client_peak.peak.get("client", 0) / 1e6,
+               "worker_peak_MB": max(worker_peak.peak.values()) / 1e6,
+               "gathered_MB": tr.gathered / 1e6, "sent_MB": tr.sent / 1e6,
+               "rows_moved": int(tr.rows_moved), "workers_restarted": restarted}
+        if kind == "casvm":
+            row["model_MB"] = model.support_vectors_.nbytes / 1e6
+            kept = {"support": model.support_, "dual_coef": model.dual_coef_,
+                    "sizes": model.partition_sizes_}
+        else:
+            row["model_MB"] = (model.X_fit_.nbytes + model.dual_coef_.nbytes) / 1e6
+            # the held-out predictions, computed where the parts are (50,000 values back)
+            kept = {"sizes": model.part_sizes_, "intercept": model.intercept_,
+                    "predicted": model.predict(X_test).compute()}
+        return row, kept
     finally:
         client.close()
         cluster.close()
+
+
+def main(quick: bool = False, gpu: bool = False):
+    n, d, block, limit = QUICK if quick else FULL
+    rows = []
+    for kind in ESTIMATORS:
+        row, kept = _on_dask(kind, n, d, block, limit, quick)
+        # The same rows, made again in this process (the blocks are deterministic): the
+        # baseline, once the cluster is gone. (Computing the Dask arrays would gather
+        # them on a worker first.)
+        regression = kind == "bkrr"
+        Xm, ym = _in_memory(n // block, block, d, regression=regression)
+        Xt, yt = _in_memory(TEST_ROWS[quick] // block, block, d, first_block=10_000,
+                            regression=regression)
+        local, local_fit_s, local_score, local_score_s = _fit_and_score(kind, Xm, ym, Xt, yt)
+        sizes = local.partition_sizes_ if kind == "casvm" else local.part_sizes_
+        row.update({"local_fit_s": local_fit_s, "fit_ratio": row["dask_fit_s"] / local_fit_s,
+                    "local_score_s": local_score_s, "local_score": local_score,
+                    "same_part_sizes": bool(np.array_equal(kept["sizes"], sizes))})
+        if kind == "casvm":
+            row["same_model"] = bool(np.array_equal(kept["support"], local.support_)
+                                     and np.allclose(kept["dual_coef"], local.dual_coef_,
+                                                     rtol=1e-9, atol=1e-12))
+            row["n_SV"], row["local_n_SV"] = len(kept["support"]), len(local.support_)
+        else:
+            row["same_model"] = bool(np.allclose(kept["predicted"], local.predict(Xt),
+                                                 rtol=1e-6, atol=1e-8))
+        del Xm, ym, local
+        rows.append(row)
+        print(row, flush=True)
     notes = (
         f"Training data made on the workers ({n:,} rows x {d} float64 features, "
-        f"{data_bytes / 1e6:.0f} MB; bench.datasets.latent_rows), {WORKERS} worker processes "
-        f"of one thread, each with memory_limit {limit} (Dask's spilling off: a worker "
-        "pauses at 80 % and is restarted at 95 % of it). Scored on "
-        f"{TEST_ROWS[quick]:,} held-out rows. "
-        "local_*: the same estimator on the same rows held in this process (same_model: "
-        "the same support vectors and coefficients; same_part_sizes: the same part sizes). "
-        "client_peak_MB: this process's peak resident memory above its level before the "
-        "Dask fit; worker_peak_MB: the largest "
-        "worker's peak (heartbeat figures, sampled every 0.2 s), both over fit and score; "
-        "gathered/sent: what the fit's client gathered from and sent to the workers "
-        "(the parts' models with their support vectors, the split's sums, FCFS's "
-        "distances in batches, the labels; the score's few sums per block are not "
-        "counted). workers_restarted: whether any worker process was replaced.")
+        f"{n * d * 8 / 1e6:.0f} MB; bench.datasets.latent_rows: a class for CA-SVM, the "
+        f"latent value for BKRR), {WORKERS} worker processes of one thread, each with "
+        f"memory_limit {limit} (Dask's spilling off: a worker pauses at 80 % and is "
+        "restarted at 95 % of it), a fresh cluster per estimator. dask_score, local_score: "
+        f"accuracy (CA-SVM) or R² (BKRR) on {TEST_ROWS[quick]:,} held-out rows made the "
+        "same way. local_*: the same estimator on the same rows held in this process "
+        "after the cluster closed; same_model: CA-SVM the same support vectors and "
+        "coefficients, BKRR the same held-out predictions within 1e-6 (the Dask model's "
+        "computed where its parts are kept); same_part_sizes: the same part sizes. "
+        "model_MB: CA-SVM's support vectors; BKRR's training rows and coefficients, which "
+        "stay on the workers. client_peak_MB: this process's peak resident memory above "
+        "its level before the Dask fit; worker_peak_MB: the largest worker's peak "
+        "(heartbeat figures, sampled every 0.2 s), both over fit and score; gathered/sent: "
+        "what the fit's client gathered from and sent to the workers (the split's sums, "
+        "the fill's distances, the labels, and CA-SVM's parts with their support vectors, "
+        "BKRR's parts' intercepts; the score's few sums per block are not counted). "
+        "workers_restarted: whether any worker process was replaced.")
     record("dask_memory" + ("_quick" if quick else ""), rows,
-           title="Data larger than a Dask worker's memory: CASVMClassifier() fit and scored",
+           title="Data larger than a Dask worker's memory: CASVMClassifier() and "
+                 "BKRRRegressor() fit and scored",
            notes=notes)
     return rows

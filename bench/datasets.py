@@ -301,42 +301,47 @@ def casvm_split(name: str, sizes: tuple[int, int] | None = None):
     return train_test_split_std(*loader(), train_size=n_train, test_size=n_test, random_state=0)
 
 
-if __name__ == "__main__":
-    sys.exit(_main())
-
 
 #: :func:`latent_rows`: the latent dimension, and the seed of the fixed map to the features
 LATENT_DIM, LATENT_MAP_SEED = 6, 1
 
 
-def latent_rows(block: int, rows: int, n_features: int):
+def latent_rows(block: int, rows: int, n_features: int, regression: bool = False):
     """Block ``block`` of a synthetic binary task on a low-dimensional manifold, made where
     it is needed (a Dask task makes each block on its worker; no block passes the client).
 
     Every row is a point ``z`` of a 6-dimensional standard normal mapped linearly to
     ``n_features`` features (one fixed map for every block) plus 5 % noise; its class is
-    ``z_0 + sin(2 z_1) / 2 > 0``. Wide data whose distances, and so its kernel SVM's
-    support vectors, are set by a few latent directions, as in images and embeddings.
-    Returns ``(X, y)``: float64 ``(rows, n_features)`` and int64 ``(rows,)``; block ``b``
-    is the same wherever and whenever it is made.
+    ``z_0 + sin(2 z_1) / 2 > 0`` (``regression``: that value itself, the target).
+    Wide data whose distances, and so its kernel SVM's support vectors, are set by a few
+    latent directions, as in images and embeddings. Returns ``(X, y)``: float64
+    ``(rows, n_features)`` and int64 ``(rows,)`` (float64 with ``regression``); block
+    ``b`` is the same wherever and whenever it is made.
     """
     mix = np.random.default_rng(LATENT_MAP_SEED).standard_normal((LATENT_DIM, n_features))
     rng = np.random.default_rng([LATENT_MAP_SEED, block])
     Z = rng.standard_normal((rows, LATENT_DIM))
     X = Z @ (mix / np.sqrt(LATENT_DIM)) + 0.05 * rng.standard_normal((rows, n_features))
-    y = (Z[:, 0] + 0.5 * np.sin(2.0 * Z[:, 1]) > 0).astype(np.int64)
-    return X, y
+    value = Z[:, 0] + 0.5 * np.sin(2.0 * Z[:, 1])
+    return X, (value if regression else (value > 0).astype(np.int64))
 
 
-def latent_dask(n_blocks: int, rows: int, n_features: int, first_block: int = 0):
+def latent_dask(n_blocks: int, rows: int, n_features: int, first_block: int = 0,
+                regression: bool = False):
     """:func:`latent_rows` blocks ``first_block ...`` as Dask arrays ``(X, y)``, each block
     made by a task on the worker that runs it (the data never exists on the client)."""
     import dask
     import dask.array as da
 
-    blocks = [dask.delayed(latent_rows, pure=True)(first_block + b, rows, n_features)
+    blocks = [dask.delayed(latent_rows, pure=True)(first_block + b, rows, n_features,
+                                                    regression)
               for b in range(n_blocks)]
     X = da.concatenate([da.from_delayed(b[0], shape=(rows, n_features), dtype=np.float64)
                         for b in blocks])
-    y = da.concatenate([da.from_delayed(b[1], shape=(rows,), dtype=np.int64) for b in blocks])
+    y_dtype = np.float64 if regression else np.int64
+    y = da.concatenate([da.from_delayed(b[1], shape=(rows,), dtype=y_dtype) for b in blocks])
     return X, y
+
+
+if __name__ == "__main__":
+    sys.exit(_main())
