@@ -37,7 +37,8 @@ estimated memory passes half of what is available. Skipped points are rows with
 ``ran=False`` and the reason in ``note``.
 
 ``GPUML_SCALE_ONLY=synthetic`` runs the n-curve only and takes the real-data rows from
-the ``scale_real`` table already written (for the summary and the plots).
+the ``scale_real`` table already written (for the summary and the plots);
+``GPUML_SCALE_ONLY=real`` the other way round.
 On the 2-core development VM run it with ``OPENBLAS_CORETYPE=Haswell``: there scipy's
 OpenBLAS (0.3.31, SkylakeX kernels) segfaults in the upper Cholesky factorisation of a
 matrix of 16,512 rows, which ``KernelRidge``'s solve on a 16k subsample uses (gpuml's
@@ -582,12 +583,15 @@ def main(quick: bool = False, gpu: bool = False):
                          "first 2,000 test rows). A Nystroem learner stops growing c, and the "
                          f"subsampled model m, after a run over {cap:g} s. " + NOTES)
 
-        if os.environ.get("GPUML_SCALE_ONLY") == "synthetic":
-            # The real-data rows of an earlier run (its table), for the summary and plots.
-            real_rows = json.loads((out_dir(gpu) / f"scale_real{suffix}.json").read_text())["rows"]
-        else:
-            real_rows = real(quick, device, cap, save_real)
-        syn = synthetic(quick, device, cap, save_synthetic)
+        only = os.environ.get("GPUML_SCALE_ONLY")
+
+        def earlier(name):  # the rows of an earlier run's table, for the summary and plots
+            return json.loads((out_dir(gpu) / f"{name}{suffix}.json").read_text())["rows"]
+
+        real_rows = earlier("scale_real") if only == "synthetic" else real(quick, device, cap,
+                                                                           save_real)
+        syn = earlier("scale_synthetic") if only == "real" else synthetic(quick, device, cap,
+                                                                          save_synthetic)
     rows = mark_dominance(syn + real_rows)
     summary = summary_rows(rows)
     record("scale_summary" + suffix, summary, gpu=gpu, title="Scaling: is gpuml dominated?",

@@ -12,6 +12,7 @@ import re
 import subprocess
 import sys
 import time
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -138,6 +139,11 @@ def test_dataframes_and_multi_output(client, regression):
     pred = on_dask.predict(Xd)
     assert isinstance(pred, da.Array)
     np.testing.assert_allclose(pred.compute(), local.predict(frame), rtol=1e-8, atol=1e-10)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the frame's names checked once, as in memory
+        in_memory = on_dask.predict(frame)
+    assert in_memory.shape == (len(frame), 2)
+    np.testing.assert_allclose(in_memory, local.predict(frame), rtol=1e-8, atol=1e-10)
 
 
 def test_sample_weight_and_fcfs(client, classification):
@@ -744,6 +750,7 @@ def test_bkrr_parts_stay_on_the_workers_that_fitted_them(client, combine):
     np.testing.assert_allclose(est.predict(local_X[:2500]), expected, rtol=1e-8, atol=1e-9)
     single = est.predict(local_X[:100].astype(np.float32))
     assert single.dtype == np.float32
+    assert est.predict(Xd[:100].astype(np.float32)).compute().dtype == np.float32
     assert est.score(X, y) == pytest.approx(local.score(local_X, local_y), rel=1e-8)
     back = pickle.loads(pickle.dumps(est))
     assert isinstance(back.X_fit_, np.ndarray) and not back._kept()

@@ -114,10 +114,12 @@ def test_neighbor_weights_on_gpu_match_cpu(dtype):
             neighbor_weights(X, V, part, 6, k, centers=C, n_searched=3))
 
 
+@pytest.mark.parametrize("combine", ["neighbors", "auto"])
 @pytest.mark.parametrize("n_partitions", [4, 12])
-def test_neighbors_prediction_on_gpu_matches_cpu(n_partitions, monkeypatch):
+def test_neighbors_prediction_on_gpu_matches_cpu(n_partitions, combine, monkeypatch):
     """The blended decision values of a model fitted on the CPU, predicted on the GPU (12
-    parts: each row's 8 nearest searched; the RBF values from the search's distances)."""
+    parts: each row's 8 nearest searched; the RBF values from the search's distances);
+    "auto": the rows left open found from the nearest values on the GPU, then blended."""
     import cupy as cp
 
     import gpuml.routing as routing
@@ -126,7 +128,8 @@ def test_neighbors_prediction_on_gpu_matches_cpu(n_partitions, monkeypatch):
 
     X, y = load_digits(return_X_y=True)
     X = StandardScaler().fit_transform(X)
-    cpu = CASVMClassifier(n_partitions=n_partitions, random_state=0, device="cpu").fit(X, y)
+    cpu = CASVMClassifier(n_partitions=n_partitions, random_state=0, device="cpu",
+                          combine=combine).fit(X, y)
     gpu = pickle.loads(pickle.dumps(cpu)).set_params(device="cuda")
     on_gpu = cp.asnumpy(gpu.decision_function(cp.asarray(X)))
     # Rows whose k-th and (k+1)-th nearest support vectors are as near within rounding may

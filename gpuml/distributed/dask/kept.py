@@ -73,21 +73,24 @@ def check_reachable(estimator):
             "and load that")
 
 
-def predict_kept(estimator, X, kernel, intercepts, dtype):
+def predict_kept(estimator, X, kernel, intercepts, dtype, checked=False):
     """The predictions of a kept model for Dask ``X``, lazily: a Dask array chunked as X's
     rows (their lengths computed first for a dataframe).
 
     ``kernel`` and ``intercepts`` (one row per part) are the model's; the values are
-    computed in ``dtype`` (the model's) and returned in it.
+    computed in ``dtype`` (the model's) and returned in it, or in float32 for float32
+    ``X`` (as in memory). ``checked``: X's features were checked already.
     """
     check_reachable(estimator)
-    check_features(estimator, X)
+    if not checked:
+        check_features(estimator, X)
     X, _ = _as_array(X, "X", lengths=True)
     if X.ndim != 2:
         raise ValueError(f"X must be 2-D (rows, features), got a {X.ndim}-D Dask array")
     if X.numblocks[1] > 1:
         X = X.rechunk({1: -1})
     tail = tuple(estimator.dual_coef_.shape[1:])
+    out_dtype = np.dtype(np.float32) if X.dtype == np.float32 else np.dtype(dtype)
     token = uuid.uuid4().hex[:8]
     kernel, intercepts = dask.delayed(kernel), dask.delayed(np.asarray(intercepts))
     centers = dask.delayed(np.asarray(estimator.centers_))
@@ -102,18 +105,19 @@ def predict_kept(estimator, X, kernel, intercepts, dtype):
             pieces = [dask.delayed(_kept_sum)(chunk, future, kernel, dtype,
                                               dask_key_name=key("parts", g))
                       for g, (_, future) in enumerate(estimator._kept_parts)]
-            block = dask.delayed(_averaged)(pieces, intercepts, n_parts,
+            block = dask.delayed(_averaged)(pieces, intercepts, n_parts, out_dtype,
                                             dask_key_name=key("sum"))
         else:
-            labels = dask.delayed(_route)(chunk, centers, dask_key_name=key("route"))
+            labels = dask.delayed(_route)(chunk, centers, dtype, dask_key_name=key("route"))
             pieces = []
             for g, (ids, future) in enumerate(estimator._kept_parts):
                 mine = dask.delayed(_select)(chunk, labels, ids, dtype,
                                             dask_key_name=key("select", g))
                 pieces.append(dask.delayed(_kept_values)(mine, future, ids, kernel, intercepts,
                                                          dask_key_name=key("parts", g)))
-            block = dask.delayed(_placed)(rows, tail, dtype, pieces, dask_key_name=key("rows"))
-        blocks.append(da.from_delayed(block, shape=(rows,) + tail, dtype=dtype))
+            block = dask.delayed(_placed)(rows, tail, out_dtype, pieces,
+                                          dask_key_name=key("rows"))
+        blocks.append(da.from_delayed(block, shape=(rows,) + tail, dtype=out_dtype))
     return da.concatenate(blocks)
 
 
@@ -121,7 +125,7 @@ def predict_kept_in_memory(estimator, X, kernel, intercepts, dtype, block_rows):
     """:func:`predict_kept` for in-memory ``X`` (NumPy): its rows sent to the cluster in
     blocks of ``block_rows``, the predictions gathered (host array)."""
     Xd = da.from_array(np.asarray(X), chunks=(block_rows, X.shape[1]))
-    out, = _compute(predict_kept(estimator, Xd, kernel, intercepts, dtype))
+    out, = _compute(predict_kept(estimator, Xd, kernel, intercepts, dtype, checked=True))
     return out
 
 
@@ -131,10 +135,10 @@ def gathered(estimator):
     return _compute(estimator.X_fit_, estimator.dual_coef_)
 
 
-def _route(chunk, centers):
+def _route(chunk, centers, dtype):
     from ...routing import route
 
-    return route(np.asarray(chunk, dtype=centers.dtype), centers)
+    return route(np.asarray(chunk, dtype=dtype), centers)
 
 
 def _select(chunk, labels, ids, dtype):
@@ -173,10 +177,10 @@ def _kept_sum(chunk, group, kernel, dtype):
     return total
 
 
-def _averaged(pieces, intercepts, n_parts):
+def _averaged(pieces, intercepts, n_parts, out_dtype):
     total = pieces[0].copy()
     for piece in pieces[1:]:
         total += piece
     total /= n_parts
     total += intercepts.mean(axis=0)
-    return total
+    return total.astype(out_dtype, copy=False)
