@@ -755,6 +755,9 @@ def test_bkrr_parts_stay_on_the_workers_that_fitted_them(client, combine):
     back = pickle.loads(pickle.dumps(est))
     assert isinstance(back.X_fit_, np.ndarray) and not back._kept()
     np.testing.assert_allclose(back.predict(local_X[:2500]), expected, rtol=1e-8, atol=1e-9)
+    est.fit(local_X, local_y)  # refitted in memory: nothing of the kept parts is left
+    assert not est._kept() and isinstance(est.X_fit_, np.ndarray)
+    np.testing.assert_array_equal(est.predict(local_X[:2500]), local.predict(local_X[:2500]))
 
 
 def test_bkrr_kept_parts_released_are_a_clear_error(client, regression):

@@ -404,7 +404,7 @@ class _BKRRBase(CachedParamNames, RegressorMixin, BaseEstimator):
         else:
             self.X_fit_, self.dual_coef_ = dask_module().kept_arrays(kept, fits,
                                                                     partitioning.sizes)
-            self._kept_parts = kept
+        self._kept_parts = kept
         self.intercept_ = backend.xp.stack([backend.xp.asarray(f.intercept) for f in fits])
         self.centers_ = partitioning.centers
         self.part_sizes_ = partitioning.sizes
