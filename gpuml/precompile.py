@@ -37,8 +37,10 @@ def precompile(verbose: bool = True) -> dict:
     X, y = make_classification(1200, 8, n_classes=3, n_informative=4, random_state=0)
     Xr, yr = make_regression(600, 8, random_state=0)
     fits = {
-        # predict: the neighbour search's merge of combine="neighbors"
-        "CASVMClassifier": lambda X: CASVMClassifier(n_partitions=2, device="cpu",
+        # predict: the neighbour search's merge (the blend of combine="neighbors", and of
+        # the rows combine="auto" leaves open: every row here, so that it surely runs)
+        "CASVMClassifier": lambda X: CASVMClassifier(n_partitions=2, combine="neighbors",
+                                                     device="cpu",
                                                      random_state=0).fit(X, y).predict(X),
         "CASVMClassifier(partition='fcfs')": lambda X: CASVMClassifier(
             n_partitions=2, partition="fcfs", device="cpu", random_state=0).fit(X, y),
