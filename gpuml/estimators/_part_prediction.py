@@ -12,6 +12,8 @@ predicts on the device it was fitted on.
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 from .._backend import resolve, to_numpy
@@ -109,13 +111,8 @@ class PartPredictionMixin:
         columns = self._part_columns()
         rule = self._rule()
         with backend.use():
-            made = []
-
-            def parts():  # the support vectors by part, made once when first needed
-                if not made:
-                    made.append(self._part_vectors(backend, X))
-                return made[0]
-
+            # the support vectors by part, made once when a block first blends
+            parts = functools.cache(lambda: self._part_vectors(backend, X))
             out = backend.xp.zeros((n, self.ovo_dual_coef_.shape[0]), dtype=np.float64)
             voting = np.zeros(out.shape, dtype=bool)
             # In blocks of rows: what a block needs beside its output (weights, routes,
@@ -261,7 +258,7 @@ class PartPredictionMixin:
         """:meth:`_blended` over the devices of the fit: the weights found on the first
         device, each device weighing the values of its parts for the rows that need them;
         the host adds the parts' shares in part order, as the one-device prediction does
-        (the same sums, bit for bit). Host values and voting pairs."""
+        (the same sums, to rounding). Host values and voting pairs."""
         backend = group.backends[0]
         with backend.use():
             weights = self._part_weights(backend, backend.asarray(X))
