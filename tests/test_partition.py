@@ -130,6 +130,45 @@ def test_fill_numpy_twin_takes_the_compiled_loops_decisions():
     assert labels["twin"][1].tolist() == caps.tolist()
 
 
+def test_only_a_small_fill_takes_the_numpy_twin(monkeypatch):
+    """While numba compiles the fill loop, a small fill takes the twin; a large one, filled
+    block by block, takes the loop for every block: the twin's Python step per row would
+    cost it far more than the compile (a 1,000,000-row fill: seconds)."""
+    from gpuml.kernels import _jit
+    from gpuml.kernels.nearest import cpu as nearest_cpu
+    from gpuml.pairwise import shifted_sq_distances, squared_norms
+    from gpuml.partition.local import fill
+
+    twin_rows = []
+    real_twin = nearest_cpu._fill_nearest_open_numpy
+
+    def spy(D, *args):
+        twin_rows.append(D.shape[0])
+        real_twin(D, *args)
+
+    monkeypatch.setattr(nearest_cpu, "_fill_nearest_open_numpy", spy)
+    monkeypatch.setattr(_jit, "ready", lambda *args: False)  # as if numba were compiling
+    monkeypatch.setattr(nearest_cpu, "NUMPY_TWIN_MAX_ENTRIES", 4_000)
+    monkeypatch.setattr("gpuml.kernels.nearest.BLOCK_BYTES", 8 * 4 * 300)  # 300-row blocks
+    rng = np.random.default_rng(0)
+    centers = rng.standard_normal((4, 3))
+    results = {}
+    for n in (900, 3_000):  # 3,600 and 12,000 entries: 3 and 10 blocks
+        X = rng.standard_normal((n, 3))
+        counts = np.zeros(4, dtype=np.int64)
+        caps = np.full(4, n // 4 + 1, dtype=np.int64)
+        twin_rows.clear()
+        labels = fill(X, centers, counts, caps)
+        results[n] = list(twin_rows)
+        # the same decisions as one pass over all the distances
+        expected = np.empty(n, dtype=np.int64)
+        real_twin(shifted_sq_distances(X, centers, squared_norms(centers)),
+                  np.zeros(4, dtype=np.int64), caps, expected)
+        np.testing.assert_array_equal(labels, expected)
+        assert counts.sum() == n
+    assert results == {900: [300, 300, 300], 3_000: []}
+
+
 @pytest.mark.parametrize("P", [3, 5, 10])
 def test_fcfs_matches_algorithm_3(P):
     labels, centers = partition(SMALL, P, "fcfs", random_state=7)

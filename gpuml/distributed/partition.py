@@ -193,7 +193,8 @@ class ShardRows:
                 D = np.empty((stop - start, centers.shape[0]), dtype=np.dtype(D.dtype))
                 for r, block in enumerate(blocks):
                     D[np.flatnonzero(block_rank == r)] = to_numpy(block)
-                filled = fill_nearest_open(D, counts, caps)
+                filled = fill_nearest_open(D, counts, caps,
+                                           entries=rows.shape[0] * centers.shape[0])
             filled = to_numpy(comm.broadcast(filled, root=0))
             if comm.rank != 0:
                 np.add.at(counts, filled, 1)

@@ -94,19 +94,21 @@ __all__ = [
 ]
 
 
-def fill_nearest_open(D, counts, caps):
+def fill_nearest_open(D, counts, caps, entries=None):
     """Assign each row of the distance block ``D`` to its nearest part with room left.
 
     A sequential greedy pass (You 2020, Alg 3 and 9): the order of rows
     matters, so it runs as one numba loop on the host; a device block is
-    copied over once. ``counts`` (host int64) is updated in place. Returns the
-    labels in ``D``'s namespace.
+    copied over once. ``counts`` (host int64) is updated in place. ``entries``:
+    the distance entries (rows x parts) of the whole fill ``D`` is a block of, when
+    it has several blocks (only a small fill may take the loop's NumPy twin while
+    numba compiles). Returns the labels in ``D``'s namespace.
     """
     from .nearest.cpu import fill_nearest_open_any as _fill
 
     host = np.ascontiguousarray(to_numpy(D))
     labels = np.empty(host.shape[0], dtype=np.int64)
-    _fill(host, counts, caps, labels)
+    _fill(host, counts, caps, labels, entries)
     if is_cupy_array(D):
         import cupy
 

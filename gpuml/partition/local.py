@@ -37,7 +37,8 @@ def fill(X, centers, counts, caps, rows=None):
     c_norms = squared_norms(centers)
     for start, stop in row_blocks(rows.shape[0], centers.shape[0]):
         D = shifted_sq_distances(X[rows[start:stop]], centers, c_norms)
-        labels[start:stop] = fill_nearest_open(D, counts, caps)
+        labels[start:stop] = fill_nearest_open(D, counts, caps,
+                                               entries=rows.shape[0] * centers.shape[0])
     return labels
 
 

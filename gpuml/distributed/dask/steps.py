@@ -121,7 +121,8 @@ def _fill_chunk(chunk, centers, c_norms, counts, caps):
     labels = np.empty(X.shape[0], dtype=np.int64)
     for start, stop in row_blocks(X.shape[0], centers.shape[0]):
         D = shifted_sq_distances(X[start:stop], centers, c_norms)
-        labels[start:stop] = fill_nearest_open(D, counts, caps)
+        labels[start:stop] = fill_nearest_open(D, counts, caps,
+                                               entries=X.shape[0] * centers.shape[0])
     return labels, counts
 
 
@@ -426,7 +427,7 @@ class ChunkRows:
         if data.n * P * itemsize <= FILL_BATCH_BYTES:
             # All the distances at once: one task per worker.
             blocks = data.gathered(data.each("distances", _distances, centers, c_norms))
-            return [fill_nearest_open(D, counts, caps) for D in blocks]
+            return [fill_nearest_open(D, counts, caps, entries=data.n * P) for D in blocks]
         futures = [data.one("distances", _distances, k, centers, c_norms)
                    for k in range(data.n_chunks)]
         sizes = np.diff(data.bounds).tolist()
@@ -436,7 +437,7 @@ class ChunkRows:
             size += sizes[k] * P * itemsize
             if size >= FILL_BATCH_BYTES or k == len(futures) - 1:
                 for D in data.driver.gather(batch):
-                    labels.append(fill_nearest_open(D, counts, caps))
+                    labels.append(fill_nearest_open(D, counts, caps, entries=data.n * P))
                 batch, size = [], 0
         return labels
 

@@ -11,14 +11,18 @@ from .. import _jit
 NUMPY_TWIN_MAX_ENTRIES = 1 << 20
 
 
-def fill_nearest_open_any(D, counts, caps, labels):
-    """:func:`fill_nearest_open`, by its NumPy twin while numba compiles it (small blocks).
+def fill_nearest_open_any(D, counts, caps, labels, entries=None):
+    """:func:`fill_nearest_open`, by its NumPy twin while numba compiles it (small fills).
 
-    The twin (see :mod:`._jit`) takes the same decisions row by row, so the labels
-    and counts are identical.
+    ``entries``: the distance entries (rows x parts) of the whole fill that ``D`` is a
+    block of (None: ``D.size``). Only a fill of at most :data:`NUMPY_TWIN_MAX_ENTRIES`
+    takes the twin, whatever its blocks: the twin's Python step per row would cost a
+    large fill far more than the compile. The twin (see :mod:`._jit`) takes the same
+    decisions row by row, so the labels and counts are identical.
     """
-    if D.size <= NUMPY_TWIN_MAX_ENTRIES and not _jit.ready(fill_nearest_open, D, counts, caps,
-                                                           labels):
+    entries = D.size if entries is None else int(entries)
+    if entries <= NUMPY_TWIN_MAX_ENTRIES and not _jit.ready(fill_nearest_open, D, counts, caps,
+                                                            labels):
         _fill_nearest_open_numpy(D, counts, caps, labels)
     else:
         fill_nearest_open(D, counts, caps, labels)
