@@ -47,7 +47,8 @@ from .loop import (
 #: :mod:`gpuml.kernels._jit`): an SMO step costs the twin about 20 NumPy calls over
 #: the problem, so past a few thousand variables waiting for the compile costs less.
 NUMPY_TWIN_MAX_ROWS = 1024
-#: ... and the largest batch, in sum of squared problem sizes (the steps scale about so).
+#: ... and the largest batch (all the problems of a call to :func:`solve_batch`), in sum of
+#: squared problem sizes (the steps scale about so).
 NUMPY_TWIN_MAX_WORK = 2048 ** 2
 
 
@@ -185,9 +186,12 @@ class _DenseRun:
         _solve_dense_problems(*args)
 
     def _small(self, which):
-        """Whether the NumPy twin may take these problems while numba compiles."""
-        sizes = self.sizes[which]
-        return (self.settings[2] is None and sizes.size > 0
+        """Whether the NumPy twin may take these problems while numba compiles: only when
+        the whole batch is small, not only this call's share of it (a batch of many
+        small problems, the parts of a CA-SVM, would otherwise run the twin in every
+        call, the compile waiting for the fit to end)."""
+        sizes = self.sizes
+        return (self.settings[2] is None and len(which) > 0
                 and int(sizes.max()) <= NUMPY_TWIN_MAX_ROWS
                 and int((sizes * sizes).sum()) <= NUMPY_TWIN_MAX_WORK)
 
