@@ -23,7 +23,14 @@ medians. With ``GPUML_FIRST_FIT_BASELINE=<dir>`` (a directory holding another ve
 children also run that version, interleaved with this one, for a before/after
 comparison measured side by side.
 
-Run: ``python -m bench.run first_fit``.
+``GPUML_FIRST_FIT=large`` runs large fits made of small pieces instead (the scale
+benchmark's synthetic set: ``CASVMClassifier(n_partitions=200)`` on 100,000 rows, parts
+of 500; ``CASVMClassifier()`` on 500,000 rows, its greedy fill in blocks), which no twin
+may serve: a twin judges the whole fit, not each part or block
+(``first_fit_large``).
+
+Run: ``python -m bench.run first_fit`` (``GPUML_FIRST_FIT=large python -m bench.run
+first_fit``).
 """
 
 from __future__ import annotations
@@ -47,10 +54,19 @@ from sklearn.datasets import make_classification
 from gpuml.estimators.asygcd import AsyGCDSVC
 from gpuml.estimators.casvm import CASVMClassifier
 t_import = time.perf_counter() - t0
-X, y = make_classification(2000, 20, random_state=0)
+name, n = sys.argv[1], int(sys.argv[2])
+if n == 2000:
+    X, y = make_classification(2000, 20, random_state=0)
+else:  # the scale benchmark's synthetic set
+    X, y = make_classification(n, n_features=28, n_informative=20, n_redundant=4,
+                               flip_y=0.05, class_sep=0.8, random_state=0)
+    X = X.astype(np.float32)
 make = {"CASVMClassifier(n_partitions=16)":
             lambda: CASVMClassifier(n_partitions=16, device="cpu", random_state=0),
-        "AsyGCDSVC()": lambda: AsyGCDSVC(device="cpu", random_state=0)}[sys.argv[1]]
+        "CASVMClassifier(n_partitions=200)":
+            lambda: CASVMClassifier(n_partitions=200, device="cpu", random_state=0),
+        "CASVMClassifier()": lambda: CASVMClassifier(device="cpu", random_state=0),
+        "AsyGCDSVC()": lambda: AsyGCDSVC(device="cpu", random_state=0)}[name]
 times, cpu = [], []
 for _ in range(2):
     t0, c0 = time.perf_counter(), time.process_time()
@@ -61,53 +77,74 @@ print(json.dumps({"import_s": t_import, "first_fit_s": times[0], "first_fit_cpu_
                   "second_fit_s": times[1], "second_fit_cpu_s": cpu[1]}))
 """
 
-ESTIMATORS = ("CASVMClassifier(n_partitions=16)", "AsyGCDSVC()")
+#: (estimator, rows): small fits, which the NumPy twins serve while numba compiles ...
+ESTIMATORS = (("CASVMClassifier(n_partitions=16)", 2000), ("AsyGCDSVC()", 2000))
+#: ... and large fits of small pieces, which must not take them (``GPUML_FIRST_FIT=large``)
+LARGE = (("CASVMClassifier(n_partitions=200)", 100_000), ("CASVMClassifier()", 500_000))
 REPEATS = 3
+LARGE_REPEATS = 2
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _child(name, cache_dir, source=ROOT):
+def _child(name, n, cache_dir, source=ROOT):
     # The library's default (bench._harness turns background compiling off for the
     # other benchmarks).
     env = dict(os.environ, NUMBA_CACHE_DIR=cache_dir, PYTHONPATH=str(source),
                GPUML_JIT_BACKGROUND="1")
-    out = subprocess.run([sys.executable, "-c", CHILD, name], env=env, capture_output=True,
-                         text=True, check=True, cwd=str(source)).stdout
+    out = subprocess.run([sys.executable, "-c", CHILD, name, str(n)], env=env,
+                         capture_output=True, text=True, check=True, cwd=str(source)).stdout
     return json.loads(out.strip().splitlines()[-1])
 
 
 def main(quick: bool = False, gpu: bool = False) -> None:
+    """Small fits (``first_fit``), or with ``GPUML_FIRST_FIT=large`` the large fits
+    (``first_fit_large``)."""
+    large = os.environ.get("GPUML_FIRST_FIT") == "large"
     sources = {"this tree": ROOT}
     if os.environ.get("GPUML_FIRST_FIT_BASELINE"):
         sources["baseline"] = Path(os.environ["GPUML_FIRST_FIT_BASELINE"]).resolve()
-    repeats = 1 if quick else REPEATS
+    repeats = 1 if quick else LARGE_REPEATS if large else REPEATS
+    cases = LARGE if large else ESTIMATORS
     runs = {}
     for _ in range(repeats):
-        for name in ESTIMATORS:
+        for name, n in cases:
             for code, source in sources.items():
                 with tempfile.TemporaryDirectory(prefix="gpuml-numba-cache-") as cache_dir:
                     for state in ("cold", "warm"):
-                        out = _child(name, cache_dir, source)
-                        runs.setdefault((name, code, state), []).append(out)
-                        print(f"{name:34s} {code:9s} {state}: first fit "
+                        out = _child(name, n, cache_dir, source)
+                        runs.setdefault((name, n, code, state), []).append(out)
+                        print(f"{name:34s} {n:>7,} {code:9s} {state}: first fit "
                               f"{out['first_fit_s']:.2f} s ({out['first_fit_cpu_s']:.2f} s "
                               f"CPU), second {out['second_fit_s']:.3f} s", flush=True)
     rows = []
-    for (name, code, state), outs in runs.items():
-        row = {"estimator": name, "code": code, "cache": state}
+    for (name, n, code, state), outs in runs.items():
+        row = {"estimator": name, "n": n, "code": code, "cache": state}
         for key in ("import_s", "first_fit_s", "first_fit_cpu_s", "second_fit_s",
                     "second_fit_cpu_s"):
             row[key] = statistics.median(o[key] for o in outs)
         rows.append(row)
+    common = ("cold: empty numba cache (NUMBA_CACHE_DIR a new folder), as right after "
+              "installing; warm: a new process with the cache the cold one wrote (every "
+              "later process; or run `python -m gpuml.precompile` once after installing). "
+              f"Medians of {repeats} runs per row, the versions interleaved; "
+              f"{os.cpu_count()} CPU cores, shared with other jobs, so wall times stretch "
+              "with the load; *_cpu_s: CPU seconds of the process, much less sensitive to "
+              "it. ")
+    if large:
+        record("first_fit_large", rows,
+               title="First fit in a fresh process: large fits of small pieces (CPU)",
+               notes=common + "Data: the scale benchmark's synthetic set (28 features, "
+                     "float32). A NumPy twin serves only a fit small as a whole "
+                     "(gpuml.kernels._jit): these fits' parts (500 rows at P=200) and "
+                     "fill blocks are each small, and before the twins judged the whole "
+                     "fit they ran the twins throughout, the compile waiting for the fit "
+                     "to end. baseline: main before that (commit a2e1676, `git archive "
+                     "a2e1676 gpuml | tar -x -C DIR`; `GPUML_FIRST_FIT=large "
+                     "GPUML_FIRST_FIT_BASELINE=DIR python -m bench.run first_fit`).",
+               command="GPUML_FIRST_FIT=large python -m bench.run first_fit")
+        return
     record("first_fit", rows, title="First fit in a fresh process (2,000 x 20, CPU)",
-           notes="cold: empty numba cache (NUMBA_CACHE_DIR a new folder), as right after "
-                 "installing; warm: a new process with the cache the cold one wrote (every "
-                 "later process; or run `python -m gpuml.precompile` once after installing). "
-                 f"Medians of {repeats} runs per row, the versions interleaved; "
-                 f"{os.cpu_count()} CPU cores, shared with other jobs (run at raised "
-                 "priority: own scheduler group, nice -15), so wall times stretch with the "
-                 "load; *_cpu_s: CPU seconds of the process, much less sensitive to it. "
-                 "Since the NumPy twins (gpuml.kernels._jit), a small first fit runs "
+           notes=common + "Since the NumPy twins (gpuml.kernels._jit), a small first fit runs "
                  "them while numba compiles in a background thread started after the fit: "
                  "the second fit shares the interpreter with that compile, and a child that "
                  "exits before it ends writes no cache for the solvers, so its warm child "
