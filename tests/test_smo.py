@@ -321,6 +321,42 @@ def test_sgemm_matrix_on_centred_rows():
     np.testing.assert_array_equal(sgemm_matrix(kernel, sp.csr_matrix(X), max_bytes=1 << 30), K)
 
 
+def test_parts_of_a_partitioned_fit_take_float32_matrices_from_1024_rows(monkeypatch):
+    """A CA-SVM of several parts makes the rbf matrices of its parts of 1,024+ rows in float32
+    (the default parts hold just under 2,048 rows); one part, the exact SVM, keeps the
+    data's dtype below 2,048 rows. The model stays that of float64 matrices to the
+    solver's tolerance."""
+    from gpuml import CASVMClassifier
+    from gpuml.kernels.smo import cpu as smo
+
+    X, y = _far_from_origin(n=2600, seed=4)
+    made = []
+    real = smo.sgemm_matrix
+    monkeypatch.setattr(smo, "sgemm_matrix", lambda kernel, X, **kw: made.append(
+        X.shape[0]) or real(kernel, X, **kw))
+    two = CASVMClassifier(n_partitions=2, partition="random", random_state=0).fit(X, y)
+    assert sorted(made) == [1300, 1300]
+    made.clear()
+    one = CASVMClassifier(n_partitions=1).fit(X[:1500], y[:1500])
+    assert made == []
+    # the solver's own switch: smo_solve_batch(partitioned=)
+    kernel = make_kernel("rbf", "scale", X=X)
+    problems = [SMOProblem(0, np.arange(1100), y[:1100])]
+    for partitioned, expected in ((False, []), (True, [1100])):
+        made.clear()
+        smo_solve_batch(kernel, [X[:1100]], problems, partitioned=partitioned)
+        assert made == expected
+    # as before: the parts' matrices in float64
+    made.clear()
+    monkeypatch.setattr(smo, "PART_SGEMM_MIN_ROWS", smo.SGEMM_MIN_ROWS)
+    float64 = CASVMClassifier(n_partitions=2, partition="random", random_state=0).fit(X, y)
+    assert made == []
+    np.testing.assert_allclose(two.decision_function(X), float64.decision_function(X),
+                               atol=2e-2)
+    assert (two.predict(X) != float64.predict(X)).mean() < 0.005
+    assert one.score(X[:1500], y[:1500]) > 0.9
+
+
 def test_solution_on_float32_kernel_matches_svc():
     """SMO on the SGEMM matrix ends where LIBSVM does, to its tolerance."""
     X, y = _far_from_origin(seed=3)

@@ -657,9 +657,11 @@ default="auto"
                 progress.update(k, _part_line(len(part_rows[k]), len(res),
                                               sum(int(r.n_iter) for r in res),
                                               all(bool(r.converged) for r in res)))
+        partitioned = max(map(len, part_rows), default=0) < self.shape_fit_[0]  # P > 1
         results = smo_solve_batch(self._kernel, Xs, problems, tol=self.tol,
                                   max_iter=self.max_iter, cache_size=self.cache_size,
-                                  shrinking=self.shrinking, n_jobs=self.n_jobs, progress=report)
+                                  shrinking=self.shrinking, n_jobs=self.n_jobs, progress=report,
+                                  partitioned=partitioned)
         # One copy to the host: the GPU solver's alphas are joined on the device first.
         alphas = [res.alpha for res in results]
         alpha = (to_numpy(namespace_of(alphas[0]).concatenate(alphas)) if alphas
@@ -717,14 +719,12 @@ default="auto"
     def _solver_rows(self, Xp):
         """A part's rows as the solver gets them: sparse ones dense when that costs little.
 
-        A sparse part with no more features than rows is no larger dense than
-        the kernel matrix its solver holds anyway. Densified, its kernel values
-        come from the same GEMM as a dense fit's, bit for bit, so the sparse fit
-        takes the same SMO steps and gives the same model (as SVC's dense and
-        sparse LIBSVM agree); a product of sparse matrices sums in another
-        order, and rounding differences then steer the working-set selection
-        elsewhere (differences of the order of ``tol``). Wide sparse data
-        (text) stays sparse.
+        A sparse part with no more features than rows is no larger dense than the kernel
+        matrix its solver holds anyway. Densified, its kernel values come from the same GEMM
+        as a dense fit's, bit for bit, so the sparse fit takes the same SMO steps and gives
+        the same model (as SVC's dense and sparse LIBSVM agree); a product of sparse matrices
+        sums in another order, and rounding differences then steer the working-set selection
+        elsewhere (differences of the order of ``tol``). Wide sparse data (text) stays sparse.
         """
         if not hasattr(Xp, "tocsr"):
             return Xp

@@ -117,7 +117,7 @@ def fill_nearest_open(D, counts, caps, entries=None):
 
 
 def smo_solve_batch(kernel, Xs, problems, *, tol=1e-3, max_iter=-1, cache_size=1024.0,
-                    shrinking=True, n_jobs=None, progress=None):
+                    shrinking=True, n_jobs=None, progress=None, partitioned=False):
     """Solve a batch of SVM dual problems (SMO with WSS2, You 2020 Alg 1), CPU or GPU.
 
     ``Xs`` is a list of matrices (all NumPy or all CuPy); each
@@ -132,6 +132,12 @@ def smo_solve_batch(kernel, Xs, problems, *, tol=1e-3, max_iter=-1, cache_size=1
     once per group with problems, with that group's results in problem order:
     on the CPU as soon as the group's last problem is solved, on a GPU (one
     launch for all) after the batch.
+
+    ``partitioned``: the groups are parts of a larger fit (a CA-SVM of several parts),
+    whose rbf kernel matrices the CPU makes in float32 from
+    :data:`~gpuml.kernels.smo.cpu.PART_SGEMM_MIN_ROWS` rows instead of
+    :data:`~gpuml.kernels.smo.cpu.SGEMM_MIN_ROWS` (:func:`~gpuml.kernels.smo.cpu.sgemm_matrix`,
+    as LIBSVM keeps its kernel values); a GPU computes them in the rows' dtype either way.
     """
     cache_bytes = int(float(cache_size) * (1 << 20))
     if any(is_cupy_array(X) for X in Xs):
@@ -144,10 +150,12 @@ def smo_solve_batch(kernel, Xs, problems, *, tol=1e-3, max_iter=-1, cache_size=1
             for g in dict.fromkeys(groups):
                 progress(g, [r for r, h in zip(results, groups) if h == g])
         return results
+    from .smo.cpu import PART_SGEMM_MIN_ROWS, SGEMM_MIN_ROWS
     from .smo.cpu import solve_batch as _cpu
 
     return _cpu(kernel, Xs, problems, tol=tol, max_iter=max_iter, cache_bytes=cache_bytes,
-                shrinking=shrinking, n_jobs=n_jobs, progress=progress)
+                shrinking=shrinking, n_jobs=n_jobs, progress=progress,
+                sgemm_min_rows=PART_SGEMM_MIN_ROWS if partitioned else SGEMM_MIN_ROWS)
 
 
 def smo_solve(kernel, X, y, C=1.0, *, tol=1e-3, max_iter=-1, cache_size=1024.0,

@@ -322,7 +322,8 @@ def _reconstruct(src, y, alpha, G, active, state):
 
 
 def solve_batch(kernel, Xs, problems, *, tol=1e-3, max_iter=-1, cache_bytes=1 << 30,
-                shrinking=True, n_jobs=None, progress=None) -> list[SMOResult]:
+                shrinking=True, n_jobs=None, progress=None,
+                sgemm_min_rows=None) -> list[SMOResult]:
     """Solve every problem, sharing kernel values between the problems of a group.
 
     The problems are validated once, together, and laid end to end in flat
@@ -333,7 +334,9 @@ def solve_batch(kernel, Xs, problems, *, tol=1e-3, max_iter=-1, cache_bytes=1 <<
     with rows computed on demand. Chunks and large problems run in joblib
     threads (the numba loops release the GIL). ``progress(group, results)``, when
     given, is called in the calling thread as soon as every problem of a group is
-    solved, with that group's results in problem order.
+    solved, with that group's results in problem order. ``sgemm_min_rows``: the fewest
+    rows of a group whose rbf matrix :func:`sgemm_matrix` makes (None:
+    :data:`SGEMM_MIN_ROWS`).
     """
     if not problems:
         return []
@@ -352,7 +355,7 @@ def solve_batch(kernel, Xs, problems, *, tol=1e-3, max_iter=-1, cache_bytes=1 <<
     if np.any(idx < 0) or np.any(idx >= np.repeat(rows[group], sizes)):
         raise ValueError("a problem's row index is outside its group's matrix")
     used = np.unique(group).tolist()
-    planned = {g: _matrix_plan(kernel, Xs[g], cache_bytes) for g in used}
+    planned = {g: _matrix_plan(kernel, Xs[g], cache_bytes, sgemm_min_rows) for g in used}
     mat_rows = np.array([-1 if planned.get(g) is None else Xs[g].shape[0]
                          for g in range(len(Xs))], dtype=np.int64)
     dense = mat_rows[group] >= 0
@@ -448,7 +451,7 @@ def solve_batch(kernel, Xs, problems, *, tol=1e-3, max_iter=-1, cache_bytes=1 <<
     return results
 
 
-def _matrix_plan(kernel, X, cache_bytes):
+def _matrix_plan(kernel, X, cache_bytes, sgemm_min_rows=None):
     """How a group's whole kernel matrix is made ("precomputed", "sgemm", "exact"), or
     None when it does not fit in ``cache_bytes`` (its problems then compute rows on demand).
 
@@ -457,7 +460,7 @@ def _matrix_plan(kernel, X, cache_bytes):
     """
     if kernel.name == "precomputed":
         return "precomputed"
-    if X.shape[0] ** 2 * 4 <= cache_bytes and sgemm_applies(kernel, X):
+    if X.shape[0] ** 2 * 4 <= cache_bytes and sgemm_applies(kernel, X, sgemm_min_rows):
         return "sgemm"
     if X.shape[0] ** 2 * np.dtype(X.dtype).itemsize > cache_bytes:
         return None
@@ -483,6 +486,10 @@ SGEMM_EXPONENT_ERROR = 1e-4
 #: and small problems then solve exactly as before, as the GPU
 #: solver does and as with a precomputed kernel matrix.
 SGEMM_MIN_ROWS = 2048
+#: ... except the parts of a partitioned fit (``smo_solve_batch(partitioned=True)``): the
+#: default CA-SVM parts hold just under 2,048 rows, and their matrices in float32 make a
+#: float64 fit about 1.3x faster at the same accuracy (``bench/bench_casvm_sgemm.py``).
+PART_SGEMM_MIN_ROWS = 1024
 
 
 def _centred(X):
@@ -490,17 +497,17 @@ def _centred(X):
     return dense - dense.mean(axis=0)
 
 
-def sgemm_rows(kernel, X):
+def sgemm_rows(kernel, X, min_rows=None):
     """The centred rows of ``X`` when its rbf matrix is built by :func:`sgemm_matrix`, else None.
 
-    rbf, at least :data:`SGEMM_MIN_ROWS` rows, no more features than rows
+    rbf, at least ``min_rows`` rows (None: :data:`SGEMM_MIN_ROWS`), no more features than rows
     (a sparse part is densified: the dense copy is then no larger than the
     matrix) and a rounding bound ``2 gamma max ||x - mean||^2 eps32`` at most
     :data:`SGEMM_EXPONENT_ERROR` (a large gamma falls back to float64). It
     depends on the shape and the values only, never on the format.
     """
     n, d = X.shape
-    if kernel.name != "rbf" or n < SGEMM_MIN_ROWS or d > n:
+    if kernel.name != "rbf" or n < (SGEMM_MIN_ROWS if min_rows is None else min_rows) or d > n:
         return None
     centred = _centred(X)
     radius = float(np.einsum("ij,ij->i", centred, centred).max())
@@ -509,9 +516,9 @@ def sgemm_rows(kernel, X):
     return centred
 
 
-def sgemm_applies(kernel, X) -> bool:
+def sgemm_applies(kernel, X, min_rows=None) -> bool:
     """Whether the rbf matrix of ``X`` is built by :func:`sgemm_matrix` (see :func:`sgemm_rows`)."""
-    return sgemm_rows(kernel, X) is not None
+    return sgemm_rows(kernel, X, min_rows) is not None
 
 
 def sgemm_matrix(kernel, X, *, max_bytes, centred=None):
