@@ -150,12 +150,12 @@ def smo_solve_batch(kernel, Xs, problems, *, tol=1e-3, max_iter=-1, cache_size=1
             for g in dict.fromkeys(groups):
                 progress(g, [r for r, h in zip(results, groups) if h == g])
         return results
-    from .smo.cpu import PART_SGEMM_MIN_ROWS, SGEMM_MIN_ROWS
+    from .smo.cpu import PART_SGEMM_MIN_ROWS
     from .smo.cpu import solve_batch as _cpu
 
     return _cpu(kernel, Xs, problems, tol=tol, max_iter=max_iter, cache_bytes=cache_bytes,
                 shrinking=shrinking, n_jobs=n_jobs, progress=progress,
-                sgemm_min_rows=PART_SGEMM_MIN_ROWS if partitioned else SGEMM_MIN_ROWS)
+                sgemm_min_rows=PART_SGEMM_MIN_ROWS if partitioned else None)
 
 
 def smo_solve(kernel, X, y, C=1.0, *, tol=1e-3, max_iter=-1, cache_size=1024.0,
