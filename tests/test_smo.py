@@ -246,6 +246,49 @@ def test_batch_equals_each_problem_alone(n_jobs):
     assert batch[-1].n_iter == 0
 
 
+def test_default_threads_follow_the_work_and_the_blas_limit(monkeypatch):
+    """``n_jobs=None``: one thread for a small batch, one per THREAD_MIN_WORK of a large one,
+    at most the threads BLAS may use (a limit from outside, as joblib's process workers and
+    Dask's set, is honoured); an int is joblib's. The threads chosen are the ones that
+    solve, and they change no result beyond rounding."""
+    from threadpoolctl import threadpool_limits
+
+    from gpuml.kernels import smo_threads
+    from gpuml.kernels.smo import cpu
+
+    parts = np.full(20, 2048)  # ten times THREAD_MIN_WORK
+    assert smo_threads(None, np.full(3, 2000)) == 1
+    with threadpool_limits(limits=2, user_api="blas"):
+        assert smo_threads(None, parts) == 2
+        assert smo_threads(None, np.full(5, 2048)) == 2
+        assert smo_threads(None, np.full(3, 2048)) == 1  # under two threads' work
+    with threadpool_limits(limits=1, user_api="blas"):
+        assert smo_threads(None, parts) == 1
+    assert smo_threads(1, parts) == 1 and smo_threads(2, np.full(3, 10)) == 2
+
+    X, y = load_digits(return_X_y=True)
+    X = StandardScaler().fit_transform(X)[:600]
+    kernel = make_kernel("rbf", "scale", X=X)
+    groups = np.array_split(np.arange(600), 6)
+    Xs = [X[rows] for rows in groups]
+    problems = [SMOProblem(g, np.arange(len(rows)), np.where(y[rows] < 5, 1.0, -1.0), 1.0)
+                for g, rows in enumerate(groups)]
+    used = []
+    real = cpu._in_threads
+    monkeypatch.setattr(cpu, "_in_threads", lambda fn, items, n_jobs, on_result=None: (
+        used.append(n_jobs), real(fn, items, n_jobs, on_result))[1])
+    one = smo_solve_batch(kernel, Xs, problems, n_jobs=1)
+    assert set(used) == {1}
+    used.clear()
+    monkeypatch.setattr(cpu, "THREAD_MIN_WORK", 100**2)
+    with threadpool_limits(limits=2, user_api="blas"):
+        default = smo_solve_batch(kernel, Xs, problems)
+    assert set(used) == {2}
+    for a, b in zip(one, default):  # equal but for BLAS's rounding on other threads
+        np.testing.assert_allclose(a.alpha, b.alpha, atol=1e-8)
+        assert a.intercept == pytest.approx(b.intercept, abs=1e-8)
+
+
 def test_batch_rejects_a_bad_problem_among_good_ones(cancer):
     X, y = cancer
     kernel = make_kernel("rbf", "scale", X=X)

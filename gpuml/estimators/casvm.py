@@ -6,7 +6,6 @@ from numbers import Integral, Real
 
 import numpy as np
 import scipy.sparse as sp
-from joblib import effective_n_jobs
 from sklearn.base import BaseEstimator, ClassifierMixin, _fit_context
 from sklearn.utils._param_validation import Interval, StrOptions
 from sklearn.utils.validation import check_is_fitted
@@ -15,7 +14,7 @@ from .._backend import namespace_of, stack_rows, to_numpy, to_output
 from .._progress import Progress
 from .._validation import check_n_partitions
 from ..distributed import smo_cost
-from ..kernels import SMOProblem, compile_after_fit, smo_solve_batch
+from ..kernels import SMOProblem, compile_after_fit, smo_solve_batch, smo_threads
 from ..partition import Partitioning, split
 from ..pipeline import FitData, FitResult, PartitionedFit
 from ._params import CachedParamNames
@@ -225,7 +224,9 @@ default="auto"
         solved; a part that alone does not fit is refused before any work
         (docs/scale.md). The model is the one of an unbounded fit.
     n_jobs : int or None, default=None
-        Threads solving parts in parallel on the CPU.
+        Threads solving parts on the CPU. None: by the fit's size, up to the
+        threads BLAS may use (every core for a large fit, one for a small one:
+        :func:`gpuml.kernels.smo_threads`); an int as joblib reads it.
     random_state : int, RandomState or None, default=None
         Seeds the partitioner.
     verbose : int, default=0
@@ -513,18 +514,17 @@ default="auto"
     def _worker_memory_need(self, n_features, dtype):
         """Bytes a worker holds to fit parts of given sizes: rows, and each part's kernel.
 
-        The CPU SMO keeps a part's whole kernel matrix when it fits in
-        ``cache_size``, else a row cache of at most ``cache_size``, one part per
-        solver thread at a time (``n_jobs``); a GPU worker's device memory is
-        checked by the solver itself.
+        The CPU SMO keeps a part's whole kernel matrix when it fits in ``cache_size``,
+        else a row cache of at most ``cache_size``, one part per solver thread at a time
+        (:func:`~gpuml.kernels.smo_threads`); a GPU worker's device memory is checked by
+        the solver itself.
         """
         cache = float(self.cache_size) * 2**20
-        jobs = effective_n_jobs(self.n_jobs)
 
         def need(sizes):
             m = sizes.astype(np.float64)
             # one matrix per solver thread at a time (gpuml.kernels.smo_solve_batch)
-            blocks = np.sort(np.minimum(8.0 * m**2, cache))[::-1][:max(1, jobs)]
+            blocks = np.sort(np.minimum(8.0 * m**2, cache))[::-1][:smo_threads(self.n_jobs, m)]
             return int((8.0 * m * (n_features + 2)).sum() + blocks.sum())
 
         return need

@@ -235,6 +235,40 @@ def blas_controller() -> ThreadpoolController:
     return ThreadpoolController()
 
 
+#: ``n_jobs=None``: the least work (the sum of the problems' squared sizes) that a solver
+#: thread is given; a batch with less runs on one thread. Two parts of 2,048 rows: with
+#: less, starting threads and an idle thread at the end cost about what they save
+#: (bench/results/cpu-2core/casvm_threads.md).
+THREAD_MIN_WORK = 2 * 2048**2
+
+
+def batch_threads(n_jobs, sizes) -> int:
+    """The threads that solve a batch of problems of ``sizes`` rows.
+
+    An int ``n_jobs`` means what it means to joblib (-1: every core). ``None``: one
+    thread per :data:`THREAD_MIN_WORK` of the batch's work, at most one per problem and
+    at most the threads BLAS may use in this process. That honours
+    ``OMP_NUM_THREADS`` / ``OPENBLAS_NUM_THREADS``, threadpoolctl's limits, and the
+    limit joblib's process workers (an outer ``GridSearchCV(n_jobs=...)``) and Dask's
+    workers set, so a fit inside them takes no more than its share of the cores. Small
+    batches (a fit on a few thousand rows, many small fits in a search) stay on one thread.
+
+    >>> import numpy as np
+    >>> batch_threads(None, np.full(3, 2000)), batch_threads(1, np.full(50, 2000))
+    (1, 1)
+    """
+    if n_jobs is not None:
+        return 1 if n_jobs == 1 else int(effective_n_jobs(n_jobs))
+    sizes = np.asarray(sizes, dtype=np.int64)
+    work = int((sizes * sizes).sum())
+    if work < 2 * THREAD_MIN_WORK:
+        return 1
+    allowed = [lib.num_threads for lib in blas_controller().lib_controllers
+               if lib.user_api == "blas"]
+    cores = max(allowed) if allowed else int(effective_n_jobs(-1))
+    return int(max(1, min(cores, work // THREAD_MIN_WORK, sizes.size)))
+
+
 class _BlasThreads:
     """BLAS on one thread while rows are computed, all threads for a reconstruction.
 
@@ -366,23 +400,25 @@ def solve_batch(kernel, Xs, problems, *, tol=1e-3, max_iter=-1, cache_bytes=1 <<
                     shrinking)
     # One compiled call per chunk of a group's problems: largest first, dealt
     # round-robin, about 8 chunks per thread over all groups.
-    jobs = 1 if n_jobs in (None, 1) else effective_n_jobs(n_jobs)
+    jobs = batch_threads(n_jobs, sizes)
     dense_groups = np.array([g for g in used if planned[g] is not None], dtype=np.int64)
     per_group = 1 if jobs == 1 else -(-8 * jobs // max(len(dense_groups), 1))
     # A group's whole matrix is made just before its problems are solved and dropped
     # after them (so at most n_jobs are held at once, each at most cache_size, and the
     # solver reads a matrix partly still in the CPU's cache): on one thread group after
     # group (the GEMM with all of BLAS's threads); on several when each group is one
-    # task, inside it. Otherwise (few groups, their problems split over the threads)
-    # every matrix is made first.
-    own = jobs > 1 and per_group == 1
+    # task (binary parts always are), inside it. Otherwise (few groups, their problems
+    # split over the threads) every matrix is made first.
     row_cached = np.flatnonzero(~dense).tolist()
     tasks = [("row-cached", w) for w in row_cached]
+    split_groups = False
     for g in dense_groups.tolist():
         mine = np.flatnonzero(group == g)
         mine = mine[np.argsort(-sizes[mine], kind="stable")]
         n_chunks = min(per_group, mine.size)
+        split_groups |= n_chunks > 1
         tasks += [("dense", (g, mine[c::n_chunks])) for c in range(n_chunks)]
+    own = jobs > 1 and not split_groups
     diagonal = _run_blocks(kernel, Xs, [(group[w], idxs[w]) for w in row_cached], cache_bytes)
     bounds = checked.offsets
 
@@ -429,7 +465,7 @@ def solve_batch(kernel, Xs, problems, *, tol=1e-3, max_iter=-1, cache_bytes=1 <<
 
     def solve(items):
         with blas.limit(limits=1, user_api="blas") if blas is not None else nullcontext():
-            return _in_threads(task, items, n_jobs, on_result=finished)
+            return _in_threads(task, items, jobs, on_result=finished)
 
     mats = {}
     if jobs == 1:
@@ -442,7 +478,7 @@ def solve_batch(kernel, Xs, problems, *, tol=1e-3, max_iter=-1, cache_bytes=1 <<
         if not own:
             mats = dict(zip(dense_groups.tolist(), _in_threads(
                 lambda g: _make_matrix(kernel, Xs[g], planned[g], cache_bytes),
-                dense_groups.tolist(), n_jobs)))
+                dense_groups.tolist(), jobs)))
         done = solve(tasks)
     results = run.results()
     for out in done:
