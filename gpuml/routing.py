@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from ._backend import namespace_of, to_numpy
-from .pairwise import gram, sq_distances, squared_norms
+from .pairwise import _is_sparse, gram, sq_distances, squared_norms
 from .partition import assign_nearest
 
 
@@ -91,7 +91,8 @@ def neighbor_blocks(X, parts: PartVectors, n_neighbors: int, centers=None,
     X's device, as :func:`gpuml.pairwise.sq_distances`) of the block's rows ``rows`` (host
     indices into the block) to part ``p``'s vectors (``parts.vectors[p]``,
     :class:`PartVectors`).
-    A caller may overwrite ``D``. Every part a row weighs has a piece holding that row.
+    A caller may overwrite ``D``; on the host it holds until the next block is asked for
+    (the blocks share one workspace). Every part a row weighs has a piece holding that row.
 
     The search: among every vector (``k = min(n_neighbors, number of vectors)``)
     when at most ``n_searched`` parts hold vectors or ``centers`` is None;
@@ -115,9 +116,15 @@ def neighbor_blocks(X, parts: PartVectors, n_neighbors: int, centers=None,
     searched = held.size if every else n_searched
     itemsize = max(np.dtype(X.dtype).itemsize, parts.dtype.itemsize)
     rows = max(1, NEIGHBOR_BLOCK_BYTES // (itemsize * searched * parts.widest + 16 * k))
+    # The distances of a block go to one workspace on the host, reused block after block
+    # (fresh arrays of tens of MiB cost page faults, on some machines as much as the GEMMs).
+    dense = xp is np and not _is_sparse(X) and not any(map(_is_sparse, parts.vectors.values()))
+    work = (np.empty(min(rows, X.shape[0]) * searched * parts.widest,
+                     dtype=np.result_type(X.dtype, parts.dtype)) if dense else None)
     for start in range(0, X.shape[0], rows):
         stop = min(start + rows, X.shape[0])
         Xb = X[start:stop]
+        used = 0
         x_norms = squared_norms(Xb)
         if held_centers is None:
             everyone = np.arange(stop - start)
@@ -133,7 +140,13 @@ def neighbor_blocks(X, parts: PartVectors, n_neighbors: int, centers=None,
             else:
                 sel_d = xp.asarray(sel)
                 Xs, xs_norms = Xb[sel_d], x_norms[sel_d]
-            G = gram(Xs, parts.vectors[p])
+            if work is None:
+                G = gram(Xs, parts.vectors[p])
+            else:
+                V = parts.vectors[p]
+                G = work[used:used + Xs.shape[0] * V.shape[0]].reshape(Xs.shape[0], V.shape[0])
+                used += G.size
+                np.matmul(Xs, V.T, out=G)
             merge.add(G, xs_norms, parts.norms[p], sel, p)
             pieces.append((p, sel, G))
         counts, found = merge.counts(parts.n_parts)

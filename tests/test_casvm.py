@@ -712,6 +712,32 @@ def test_prediction_in_row_blocks_equals_one_block(combine, monkeypatch):
     np.testing.assert_array_equal(clf.predict(X), labels)
 
 
+@pytest.mark.parametrize("combine", ["auto", "neighbors", "nearest"])
+def test_prediction_in_threads_equals_one_thread(combine, monkeypatch):
+    """``n_jobs=None`` predicts blocks of rows in threads (one per PREDICT_THREAD_MIN_ROWS
+    rows, at most the threads BLAS may use): the same labels, the values to rounding."""
+    from threadpoolctl import threadpool_limits
+
+    import gpuml.estimators._part_prediction as prediction
+
+    X, y = load_digits(return_X_y=True)
+    clf = cpu(n_partitions=6, combine=combine, random_state=0, n_jobs=1).fit(X, y)
+    values, labels = clf.decision_function(X), clf.predict(X)
+    used = []
+    real = prediction.in_threads
+    monkeypatch.setattr(prediction, "in_threads", lambda fn, ranges, threads: (
+        used.append((len(ranges), threads)), real(fn, ranges, threads))[1])
+    monkeypatch.setattr(prediction, "PREDICT_THREAD_MIN_ROWS", 400)
+    with threadpool_limits(limits=2, user_api="blas"):
+        clf.set_params(n_jobs=None)
+        np.testing.assert_allclose(clf.decision_function(X), values, rtol=1e-13, atol=1e-13)
+        np.testing.assert_array_equal(clf.predict(X), labels)
+        assert used == [(2, 2)] * 2  # two blocks of 899 and 898 rows, one per thread
+        used.clear()
+        clf.decision_function(X[:700])  # fewer than two threads' rows
+        assert used == [(1, 1)]
+
+
 @pytest.mark.parametrize("y", [
     np.array([0, 1, 2, 1]), np.array([True, False, True, True]), np.array([3.0, -1.0, 3.0, 0.0]),
     np.array([0.5, 1.0, 2.0, 1.0]), np.array(["a", "b", "a", "c"], dtype=object),

@@ -18,6 +18,7 @@ import numpy as np
 
 from .._backend import resolve, to_numpy
 from .._validation import validate_X
+from ..kernels import in_threads, row_ranges, threads_for
 from ..pairwise import widened_dot
 from ..pipeline import predict_on_devices, prediction_group, route_on_devices
 from ..routing import PartVectors, neighbor_blocks, route
@@ -26,6 +27,9 @@ from ._svm import gpu_compute_dtype, unsettled_votes
 
 #: Rows predicted at a time (``predict``, ``decision_function``).
 PREDICT_BLOCK_ROWS = 16384
+#: ``n_jobs=None``: a prediction takes a CPU thread per this many rows, at most the
+#: threads BLAS may use (:func:`gpuml.kernels.threads_for`); fewer rows, one thread.
+PREDICT_THREAD_MIN_ROWS = 4096
 
 
 class PartPredictionMixin:
@@ -110,25 +114,35 @@ class PartPredictionMixin:
         n = X.shape[0]
         columns = self._part_columns()
         rule = self._rule()
+        # (an int n_jobs too gives no thread fewer than a quarter of that)
+        threads = 1 if backend.is_gpu else threads_for(
+            getattr(self, "n_jobs", None), n, PREDICT_THREAD_MIN_ROWS,
+            n // max(1, PREDICT_THREAD_MIN_ROWS // 4))
         with backend.use():
-            # the support vectors by part, made once when a block first blends
+            # the support vectors by part, made once when a block first blends (before
+            # the threads start when there are several)
             parts = functools.cache(lambda: self._part_vectors(backend, X))
+            if threads > 1 and rule != "nearest":
+                parts()
             out = backend.xp.zeros((n, self.ovo_dual_coef_.shape[0]), dtype=np.float64)
             voting = np.zeros(out.shape, dtype=bool)
-            # In blocks of rows: what a block needs beside its output (weights, routes,
-            # kernel values) does not grow with the number of rows predicted.
-            for start in range(0, n, PREDICT_BLOCK_ROWS):
-                stop = min(start + PREDICT_BLOCK_ROWS, n)
+
+            def predict_block(start, stop):
                 Xd = backend.asarray(X[start:stop])
                 if rule == "neighbors":
                     voting[start:stop] = self._blended(backend, Xd, out[start:stop], columns,
                                                        parts())
-                    continue
+                    return
                 owner = self._nearest(backend, Xd, out[start:stop], precomputed, columns)
                 voting[start:stop] = self.pair_status_[owner] > 0
                 if rule == "auto":
                     self._blend_unsettled(backend, Xd, out[start:stop], voting[start:stop],
                                           owner, columns, parts)
+
+            # In blocks of rows: what a block needs beside its output (weights, routes,
+            # kernel values) does not grow with the number of rows predicted. Each block
+            # writes its own rows of the output, so blocks run in threads as they are.
+            in_threads(predict_block, row_ranges(n, PREDICT_BLOCK_ROWS, threads), threads)
         return out, voting
 
     def _nearest(self, backend, Xd, out, precomputed, columns):

@@ -224,9 +224,9 @@ default="auto"
         solved; a part that alone does not fit is refused before any work
         (docs/scale.md). The model is the one of an unbounded fit.
     n_jobs : int or None, default=None
-        Threads solving parts on the CPU. None: by the fit's size, up to the
-        threads BLAS may use (every core for a large fit, one for a small one:
-        :func:`gpuml.kernels.smo_threads`); an int as joblib reads it.
+        CPU threads solving parts, and predicting blocks of rows. None: by the size
+        (:func:`gpuml.kernels.smo_threads`; a thread per 4,096 rows predicted), up to
+        the threads BLAS may use: every core for large work, one for small; an int as joblib's.
     random_state : int, RandomState or None, default=None
         Seeds the partitioner.
     verbose : int, default=0

@@ -34,6 +34,7 @@ from ..pairwise import (
 )
 from ._jit import deferring as compile_after_fit
 from ._jit import synchronous as compiling_in_caller
+from ._threads import in_threads, row_ranges, threads_for
 from .gcd import GCDProblem, GCDResult
 from .krr import (
     NotPositiveDefiniteError,
@@ -64,6 +65,9 @@ __all__ = [
     "smo_solve",
     "smo_solve_batch",
     "smo_threads",
+    "threads_for",
+    "in_threads",
+    "row_ranges",
     "HOST_KERNELS",
     "KERNELS",
     "PairwiseKernel",

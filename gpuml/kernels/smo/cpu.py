@@ -13,16 +13,14 @@ a bounded LRU cache, re-entering the loop after each miss (:func:`_iterate`).
 
 from __future__ import annotations
 
-import functools
 from contextlib import nullcontext
 
 import numpy as np
-from joblib import effective_n_jobs
 from numba import njit
-from threadpoolctl import ThreadpoolController
 
 from ...pairwise import squared_norms
 from .. import _jit
+from .._threads import blas_controller, threads_for
 from . import Checked, SMOResult, check_flat, iteration_limit
 from .loop import (
     _ACTIVE,
@@ -228,13 +226,6 @@ def _in_threads(fn, items, n_jobs, on_result=None):
     return done
 
 
-@functools.cache
-def blas_controller() -> ThreadpoolController:
-    """The loaded BLAS libraries, scanned once per process: a scan reads the process's
-    memory map, which costs more than the solve of a small problem."""
-    return ThreadpoolController()
-
-
 #: ``n_jobs=None``: the least work (the sum of the problems' squared sizes) that a solver
 #: thread is given; a batch with less runs on one thread. Two parts of 2,048 rows: with
 #: less, starting threads and an idle thread at the end cost about what they save
@@ -247,26 +238,17 @@ def batch_threads(n_jobs, sizes) -> int:
 
     An int ``n_jobs`` means what it means to joblib (-1: every core). ``None``: one
     thread per :data:`THREAD_MIN_WORK` of the batch's work, at most one per problem and
-    at most the threads BLAS may use in this process. That honours
-    ``OMP_NUM_THREADS`` / ``OPENBLAS_NUM_THREADS``, threadpoolctl's limits, and the
-    limit joblib's process workers (an outer ``GridSearchCV(n_jobs=...)``) and Dask's
-    workers set, so a fit inside them takes no more than its share of the cores. Small
-    batches (a fit on a few thousand rows, many small fits in a search) stay on one thread.
+    at most the threads BLAS may use in this process (:func:`.._threads.threads_for`),
+    so that a fit inside an outer ``GridSearchCV(n_jobs=...)`` or a Dask worker takes
+    no more than its share of the cores. Small batches (a fit on a few thousand rows,
+    many small fits in a search) stay on one thread.
 
     >>> import numpy as np
     >>> batch_threads(None, np.full(3, 2000)), batch_threads(1, np.full(50, 2000))
     (1, 1)
     """
-    if n_jobs is not None:
-        return 1 if n_jobs == 1 else int(effective_n_jobs(n_jobs))
     sizes = np.asarray(sizes, dtype=np.int64)
-    work = int((sizes * sizes).sum())
-    if work < 2 * THREAD_MIN_WORK:
-        return 1
-    allowed = [lib.num_threads for lib in blas_controller().lib_controllers
-               if lib.user_api == "blas"]
-    cores = max(allowed) if allowed else int(effective_n_jobs(-1))
-    return int(max(1, min(cores, work // THREAD_MIN_WORK, sizes.size)))
+    return threads_for(n_jobs, int((sizes * sizes).sum()), THREAD_MIN_WORK, max(1, sizes.size))
 
 
 class _BlasThreads:
