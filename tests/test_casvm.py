@@ -715,7 +715,8 @@ def test_prediction_in_row_blocks_equals_one_block(combine, monkeypatch):
 @pytest.mark.parametrize("combine", ["auto", "neighbors", "nearest"])
 def test_prediction_in_threads_equals_one_thread(combine, monkeypatch):
     """``n_jobs=None`` predicts blocks of rows in threads (one per PREDICT_THREAD_MIN_ROWS
-    rows, at most the threads BLAS may use): the same labels, the values to rounding."""
+    rows, at most the threads BLAS may use, each block PREDICT_THREAD_ROWS_PER_PART rows
+    per part or more): the same labels, the values to rounding."""
     from threadpoolctl import threadpool_limits
 
     import gpuml.estimators._part_prediction as prediction
@@ -735,6 +736,10 @@ def test_prediction_in_threads_equals_one_thread(combine, monkeypatch):
         assert used == [(2, 2)] * 2  # two blocks of 899 and 898 rows, one per thread
         used.clear()
         clf.decision_function(X[:700])  # fewer than two threads' rows
+        assert used == [(1, 1)]
+        used.clear()
+        monkeypatch.setattr(prediction, "PREDICT_THREAD_ROWS_PER_PART", 200)
+        clf.decision_function(X)  # too few rows per part (6 parts) for two threads
         assert used == [(1, 1)]
 
 

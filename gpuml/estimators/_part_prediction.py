@@ -30,6 +30,10 @@ PREDICT_BLOCK_ROWS = 16384
 #: ``n_jobs=None``: a prediction takes a CPU thread per this many rows, at most the
 #: threads BLAS may use (:func:`gpuml.kernels.threads_for`); fewer rows, one thread.
 PREDICT_THREAD_MIN_ROWS = 4096
+#: ... and only while each thread's block holds this many rows per part: with more parts,
+#: the Python steps per part (holding the GIL) outweigh the threads' gain
+#: (bench/results/cpu-2core/casvm_predict.md: none at 98 parts, a loss from 245).
+PREDICT_THREAD_ROWS_PER_PART = 128
 
 
 class PartPredictionMixin:
@@ -114,10 +118,12 @@ class PartPredictionMixin:
         n = X.shape[0]
         columns = self._part_columns()
         rule = self._rule()
-        # (an int n_jobs too gives no thread fewer than a quarter of that)
-        threads = 1 if backend.is_gpu else threads_for(
-            getattr(self, "n_jobs", None), n, PREDICT_THREAD_MIN_ROWS,
-            n // max(1, PREDICT_THREAD_MIN_ROWS // 4))
+        # A thread's block must give each part enough rows to outweigh the part's Python
+        # steps, which hold the GIL (an int n_jobs too: no more threads than that allows).
+        per_thread = max(PREDICT_THREAD_MIN_ROWS // 4,
+                         PREDICT_THREAD_ROWS_PER_PART * self.part_intercept_.shape[0])
+        threads = 1 if backend.is_gpu or per_thread > PREDICT_BLOCK_ROWS else threads_for(
+            getattr(self, "n_jobs", None), n, PREDICT_THREAD_MIN_ROWS, n // per_thread)
         with backend.use():
             # the support vectors by part, made once when a block first blends (before
             # the threads start when there are several)
