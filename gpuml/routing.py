@@ -9,9 +9,10 @@ distances it computed on to the parts' kernel values.
 from __future__ import annotations
 
 import numpy as np
+import scipy.sparse as sp
 
 from ._backend import namespace_of, to_numpy
-from .pairwise import _is_sparse, gram, sq_distances, squared_norms
+from .pairwise import gram, sq_distances, squared_norms
 from .partition import assign_nearest
 
 
@@ -118,7 +119,7 @@ def neighbor_blocks(X, parts: PartVectors, n_neighbors: int, centers=None,
     rows = max(1, NEIGHBOR_BLOCK_BYTES // (itemsize * searched * parts.widest + 16 * k))
     # The distances of a block go to one workspace on the host, reused block after block
     # (fresh arrays of tens of MiB cost page faults, on some machines as much as the GEMMs).
-    dense = xp is np and not _is_sparse(X) and not any(map(_is_sparse, parts.vectors.values()))
+    dense = xp is np and not sp.issparse(X) and not any(map(sp.issparse, parts.vectors.values()))
     work = (np.empty(min(rows, X.shape[0]) * searched * parts.widest,
                      dtype=np.result_type(X.dtype, parts.dtype)) if dense else None)
     for start in range(0, X.shape[0], rows):
