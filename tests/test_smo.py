@@ -247,24 +247,25 @@ def test_batch_equals_each_problem_alone(n_jobs):
 
 
 def test_default_threads_follow_the_work_and_the_blas_limit(monkeypatch):
-    """``n_jobs=None``: one thread for a small batch, one per THREAD_MIN_WORK of a large one,
+    """``n_jobs=None``: one thread for a small batch, one per PART_THREAD_MIN_WORK of a large one,
     at most the threads BLAS may use (a limit from outside, as joblib's process workers and
     Dask's set, is honoured); an int is joblib's. The threads chosen are the ones that
     solve, and they change no result beyond rounding."""
     from threadpoolctl import threadpool_limits
 
-    from gpuml.kernels import smo_threads
+    from gpuml.kernels import _threads as threads
+    from gpuml.kernels import part_threads
     from gpuml.kernels.smo import cpu
 
-    parts = np.full(20, 2048)  # ten times THREAD_MIN_WORK
-    assert smo_threads(None, np.full(3, 2000)) == 1
+    parts = np.full(20, 2048)  # ten times PART_THREAD_MIN_WORK
+    assert part_threads(None, np.full(3, 2000)) == 1
     with threadpool_limits(limits=2, user_api="blas"):
-        assert smo_threads(None, parts) == 2
-        assert smo_threads(None, np.full(5, 2048)) == 2
-        assert smo_threads(None, np.full(3, 2048)) == 1  # under two threads' work
+        assert part_threads(None, parts) == 2
+        assert part_threads(None, np.full(5, 2048)) == 2
+        assert part_threads(None, np.full(3, 2048)) == 1  # under two threads' work
     with threadpool_limits(limits=1, user_api="blas"):
-        assert smo_threads(None, parts) == 1
-    assert smo_threads(1, parts) == 1 and smo_threads(2, np.full(3, 10)) == 2
+        assert part_threads(None, parts) == 1
+    assert part_threads(1, parts) == 1 and part_threads(2, np.full(3, 10)) == 2
 
     X, y = load_digits(return_X_y=True)
     X = StandardScaler().fit_transform(X)[:600]
@@ -280,7 +281,7 @@ def test_default_threads_follow_the_work_and_the_blas_limit(monkeypatch):
     one = smo_solve_batch(kernel, Xs, problems, n_jobs=1)
     assert set(used) == {1}
     used.clear()
-    monkeypatch.setattr(cpu, "THREAD_MIN_WORK", 100**2)
+    monkeypatch.setattr(threads, "PART_THREAD_MIN_WORK", 100**2)
     with threadpool_limits(limits=2, user_api="blas"):
         default = smo_solve_batch(kernel, Xs, problems)
     assert set(used) == {2}

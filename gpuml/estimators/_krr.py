@@ -21,7 +21,6 @@ from dataclasses import dataclass
 from numbers import Integral, Real
 
 import numpy as np
-from joblib import effective_n_jobs
 from sklearn.base import BaseEstimator, RegressorMixin
 from sklearn.utils._param_validation import Interval, StrOptions
 from sklearn.utils.validation import check_is_fitted
@@ -40,7 +39,13 @@ from .._backend import (
 )
 from .._progress import Progress
 from .._validation import check_n_partitions, validate_X, validate_X_y
-from ..kernels import NotPositiveDefiniteError, gpu_solve_bytes, krr_lstsq_part, krr_solve_parts
+from ..kernels import (
+    NotPositiveDefiniteError,
+    gpu_solve_bytes,
+    krr_lstsq_part,
+    krr_solve_parts,
+    part_threads,
+)
 from ..kernels.krr import GPU_HEADROOM_BYTES
 from ..pairwise import HOST_KERNELS, Kernel, PairwiseKernel, resolve_gamma
 from ..partition import fewest_parts_fitting, split
@@ -228,7 +233,7 @@ class _BKRRBase(CachedParamNames, RegressorMixin, BaseEstimator):
     def _memory_need(self, sizes, itemsize, backend, search=False) -> int:
         """Peak bytes of the solve (or of the σ/λ search) for parts of these sizes.
 
-        CPU: ``n_jobs`` blocks of ``m_j^2`` live at once (each factored in
+        CPU: :func:`~gpuml.kernels.part_threads` blocks of ``m_j^2`` live at once (each factored in
         place), three times over for the search. GPU: the solve's largest chunk
         (:func:`gpuml.kernels.gpu_solve_bytes`), or for the search
         :func:`_gpu_search_bytes`.
@@ -236,8 +241,7 @@ class _BKRRBase(CachedParamNames, RegressorMixin, BaseEstimator):
         sizes = np.asarray(sizes, dtype=np.int64)
         if backend.is_gpu:
             return (_gpu_search_bytes if search else gpu_solve_bytes)(sizes, itemsize)
-        concurrent = max(1, min(effective_n_jobs(self.n_jobs), sizes.size))
-        blocks = int((np.sort(sizes)[::-1][:concurrent] ** 2).sum())
+        blocks = int((np.sort(sizes)[::-1][:part_threads(self.n_jobs, sizes)] ** 2).sum())
         return blocks * itemsize * (3 if search else 1)
 
     def _check_memory(self, sizes, itemsize, backend, *, search=False, n_samples=None,
@@ -358,8 +362,8 @@ class _BKRRBase(CachedParamNames, RegressorMixin, BaseEstimator):
         shifts = self._shifts(_part_masses(part_rows, weights), lam)
         kernel = self._kernel(self._fit_gamma(sigma, X.shape[1]))
         try:
-            alphas = krr_solve_parts(kernel, parts, targets, shifts, n_jobs=self.n_jobs,
-                                     weights=weights)
+            jobs = part_threads(self.n_jobs, [len(idx) for idx in part_rows])
+            alphas = krr_solve_parts(kernel, parts, targets, shifts, n_jobs=jobs, weights=weights)
         except NotPositiveDefiniteError:
             alphas = []
             for k, (Xj, yj, shift) in enumerate(zip(parts, targets, shifts)):

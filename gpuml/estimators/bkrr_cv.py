@@ -17,7 +17,12 @@ from sklearn.utils.validation import check_is_fitted
 
 from .._backend import to_numpy
 from .._validation import refuse_dask
-from ..kernels import NotPositiveDefiniteError, cholesky_solve_batch, tridiagonal_batch
+from ..kernels import (
+    NotPositiveDefiniteError,
+    cholesky_solve_batch,
+    part_threads,
+    tridiagonal_batch,
+)
 from ..pairwise import Kernel, sq_distances
 from ..routing import route
 from ._krr import _COMMON_CONSTRAINTS, _BKRRBase, _take
@@ -197,6 +202,10 @@ class BKRRRegressorCV(_BKRRBase):
             out.append(A)
         return out
 
+    def _jobs(self, blocks):
+        """Threads over the parts' square ``blocks`` (:func:`gpuml.kernels.part_threads`)."""
+        return part_threads(self.n_jobs, [b.shape[0] for b in blocks])
+
     def _loo_scores_cholesky(self, xp, dists, targets, offsets, sigma, lams):
         """:meth:`_loo_scores` by one Cholesky per part and λ: ``(K + lam m I)^{-1} [y | I]``."""
         blocks = self._blocks(xp, dists, sigma)
@@ -205,7 +214,7 @@ class BKRRRegressorCV(_BKRRBase):
             rhs = [xp.concatenate([t.reshape(t.shape[0], -1), xp.eye(t.shape[0], dtype=t.dtype)],
                                   axis=1) for t in targets]
             sols = cholesky_solve_batch(self._shifted(xp, blocks, lam), rhs, overwrite_a=True,
-                                        n_jobs=self.n_jobs)
+                                        n_jobs=self._jobs(blocks))
             per_part = []
             for sol, t, b in zip(sols, targets, offsets):
                 k = sol.shape[1] - t.shape[0]
@@ -228,7 +237,7 @@ class BKRRRegressorCV(_BKRRBase):
         for L, lam in enumerate(lams.tolist()):
             alphas = cholesky_solve_batch(self._shifted(xp, blocks, lam),
                                           [targets[j] for j in used], overwrite_a=True,
-                                          n_jobs=self.n_jobs)
+                                          n_jobs=self._jobs(blocks))
             for j, Kv, a in zip(used, val_blocks, alphas):
                 if self.combine == "nearest":
                     preds[L, xp.asarray(rows[j])] = Kv @ a + offsets[j]
@@ -267,7 +276,7 @@ class BKRRRegressorCV(_BKRRBase):
         (not refitted without the left-out sample).
         """
         forms = tridiagonal_batch(self._blocks(xp, dists, sigma), eigen=True, overwrite_a=True,
-                                  n_jobs=self.n_jobs)
+                                  n_jobs=self._jobs(dists))
         preds = []
         for form, t in zip(forms, targets):
             m, L = form.size, lams.size
@@ -292,7 +301,7 @@ class BKRRRegressorCV(_BKRRBase):
         """
         used = [j for j, r in enumerate(rows) if r.size]
         forms = tridiagonal_batch(self._blocks(xp, [dists[j] for j in used], sigma),
-                                  overwrite_a=True, n_jobs=self.n_jobs)
+                                  overwrite_a=True, n_jobs=self._jobs([dists[j] for j in used]))
         val_blocks = self._blocks(xp, [val_dists[j] for j in used], sigma)
         models = []
         for j, form, Kv in zip(used, forms, val_blocks):

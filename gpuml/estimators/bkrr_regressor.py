@@ -13,13 +13,12 @@ from __future__ import annotations
 from numbers import Real
 
 import numpy as np
-from joblib import effective_n_jobs
 from sklearn.utils._param_validation import Interval, StrOptions
 from sklearn.utils.validation import check_is_fitted
 
 from .._backend import CPU, is_cupy_array, is_dask_collection, to_numpy
 from ..distributed import cholesky_cost
-from ..kernels import compile_after_fit, tridiagonal_batch
+from ..kernels import compile_after_fit, part_threads, tridiagonal_batch
 from ..pairwise import HOST_KERNELS
 from ..pipeline import FitData, PartitionedFit, dask_module
 from ._krr import _COMMON_CONSTRAINTS, KRRPartFit, _BKRRBase, _take
@@ -214,8 +213,10 @@ default="kbalance"
         is refused before any work (docs/scale.md). The model is the one of an
         unbounded fit.
     n_jobs : int or None, default=None
-        Threads over parts on the CPU (joblib); each part's LAPACK call is
-        itself multi-threaded by BLAS.
+        Threads over parts on the CPU. None: by the fit's size
+        (:func:`gpuml.kernels.part_threads`), up to the threads BLAS may use:
+        every core for a large fit, one for a small one, where each part's LAPACK
+        call is itself multi-threaded by BLAS; an int as joblib reads it.
     random_state : int, RandomState or None, default=None
         Seeds the partitioner.
     alpha : float >= 0 or None, default=None
@@ -453,12 +454,11 @@ default="kbalance"
 
     def _worker_memory_need(self, n_features, dtype):
         """Bytes a worker holds to fit parts of given sizes: rows and targets, and the
-        solve's kernel blocks (``n_jobs`` at a time)."""
-        jobs = effective_n_jobs(self.n_jobs)
+        solve's kernel blocks (:func:`~gpuml.kernels.part_threads` at a time)."""
         itemsize = np.dtype(dtype).itemsize
 
         def need(sizes):
-            concurrent = max(1, min(jobs, sizes.size))
+            concurrent = part_threads(self.n_jobs, sizes)
             blocks = int((np.sort(sizes)[::-1][:concurrent].astype(np.float64) ** 2).sum())
             return int(itemsize * (sizes.sum() * (n_features + 2) + blocks))
 

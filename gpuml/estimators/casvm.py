@@ -14,7 +14,7 @@ from .._backend import namespace_of, stack_rows, to_numpy, to_output
 from .._progress import Progress
 from .._validation import check_n_partitions
 from ..distributed import smo_cost
-from ..kernels import SMOProblem, compile_after_fit, smo_solve_batch, smo_threads
+from ..kernels import SMOProblem, compile_after_fit, part_threads, smo_solve_batch
 from ..partition import Partitioning, split
 from ..pipeline import FitData, FitResult, PartitionedFit
 from ._params import CachedParamNames
@@ -225,7 +225,7 @@ default="auto"
         (docs/scale.md). The model is the one of an unbounded fit.
     n_jobs : int or None, default=None
         CPU threads solving parts, and predicting blocks of rows. None: by the size
-        (:func:`gpuml.kernels.smo_threads`; a thread per 4,096 rows predicted), up to
+        (:func:`gpuml.kernels.part_threads`; a thread per 4,096 rows predicted), up to
         the threads BLAS may use: every core for large work, one for small; an int as joblib's.
     random_state : int, RandomState or None, default=None
         Seeds the partitioner.
@@ -516,7 +516,7 @@ default="auto"
 
         The CPU SMO keeps a part's whole kernel matrix when it fits in ``cache_size``,
         else a row cache of at most ``cache_size``, one part per solver thread at a time
-        (:func:`~gpuml.kernels.smo_threads`); a GPU worker's device memory is checked by
+        (:func:`~gpuml.kernels.part_threads`); a GPU worker's device memory is checked by
         the solver itself.
         """
         cache = float(self.cache_size) * 2**20
@@ -524,7 +524,7 @@ default="auto"
         def need(sizes):
             m = sizes.astype(np.float64)
             # one matrix per solver thread at a time (gpuml.kernels.smo_solve_batch)
-            blocks = np.sort(np.minimum(8.0 * m**2, cache))[::-1][:smo_threads(self.n_jobs, m)]
+            blocks = np.sort(np.minimum(8.0 * m**2, cache))[::-1][:part_threads(self.n_jobs, m)]
             return int((8.0 * m * (n_features + 2)).sum() + blocks.sum())
 
         return need

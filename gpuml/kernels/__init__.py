@@ -34,7 +34,7 @@ from ..pairwise import (
 )
 from ._jit import deferring as compile_after_fit
 from ._jit import synchronous as compiling_in_caller
-from ._threads import in_threads, row_ranges, threads_for
+from ._threads import in_threads, part_threads, row_ranges, threads_for
 from .gcd import GCDProblem, GCDResult
 from .krr import (
     NotPositiveDefiniteError,
@@ -64,7 +64,7 @@ __all__ = [
     "SMOResult",
     "smo_solve",
     "smo_solve_batch",
-    "smo_threads",
+    "part_threads",
     "threads_for",
     "in_threads",
     "row_ranges",
@@ -128,7 +128,7 @@ def smo_solve_batch(kernel, Xs, problems, *, tol=1e-3, max_iter=-1, cache_size=1
     ``Xs`` is a list of matrices (all NumPy or all CuPy); each
     :class:`SMOProblem` names its matrix (``group``) and rows. Problems of one
     group share its kernel matrix when it fits in ``cache_size`` MB. On the
-    CPU groups and problems run in :func:`smo_threads` threads; on a GPU the problems
+    CPU groups and problems run in :func:`part_threads` threads; on a GPU the problems
     are solved concurrently, one kernel launch per chunk of groups whose
     kernel matrices fit in device memory together (usually one). Returns one
     :class:`SMOResult` per problem, arrays in the namespace of ``Xs``.
@@ -161,15 +161,6 @@ def smo_solve_batch(kernel, Xs, problems, *, tol=1e-3, max_iter=-1, cache_size=1
     return _cpu(kernel, Xs, problems, tol=tol, max_iter=max_iter, cache_bytes=cache_bytes,
                 shrinking=shrinking, n_jobs=n_jobs, progress=progress,
                 sgemm_min_rows=PART_SGEMM_MIN_ROWS if partitioned else None)
-
-
-def smo_threads(n_jobs, sizes) -> int:
-    """The CPU threads :func:`smo_solve_batch` solves problems of ``sizes`` rows in, for
-    its ``n_jobs`` (:func:`~gpuml.kernels.smo.cpu.batch_threads`: None chooses by the
-    batch's work and the cores BLAS may use)."""
-    from .smo.cpu import batch_threads
-
-    return batch_threads(n_jobs, sizes)
 
 
 def smo_solve(kernel, X, y, C=1.0, *, tol=1e-3, max_iter=-1, cache_size=1024.0,

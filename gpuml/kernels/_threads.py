@@ -10,8 +10,15 @@ from __future__ import annotations
 
 import functools
 
+import numpy as np
 from joblib import effective_n_jobs
 from threadpoolctl import ThreadpoolController
+
+#: ``n_jobs=None``: the least work (the parts' or problems' squared sizes summed) that a
+#: thread solving parts is given; less runs on one thread. Two parts of 2,048 rows: with
+#: less, starting threads and an idle thread at the end cost about what they save
+#: (bench/results/cpu-2core/part_threads.md).
+PART_THREAD_MIN_WORK = 2 * 2048**2
 
 
 @functools.cache
@@ -75,3 +82,22 @@ def in_threads(fn, ranges, threads: int) -> None:
 
     with blas_controller().limit(limits=1, user_api="blas"):
         Parallel(n_jobs=threads, prefer="threads")(delayed(fn)(a, b) for a, b in ranges)
+
+
+def part_threads(n_jobs, sizes) -> int:
+    """The threads that solve independent problems (a fit's parts) of ``sizes`` rows.
+
+    An int ``n_jobs`` means what it means to joblib (-1: every core). ``None``: one
+    thread per :data:`PART_THREAD_MIN_WORK` of the problems' squared sizes summed, at most
+    one per problem and at most the threads BLAS may use in this process
+    (:func:`threads_for`), so that a fit inside an outer ``GridSearchCV(n_jobs=...)`` or a
+    Dask worker takes no more than its share of the cores. Small fits (a few thousand rows,
+    the many fits of a search on small data) stay on one thread.
+
+    >>> import numpy as np
+    >>> part_threads(None, np.full(3, 2000)), part_threads(1, np.full(50, 2000))
+    (1, 1)
+    """
+    sizes = np.asarray(sizes, dtype=np.int64)
+    return threads_for(n_jobs, int((sizes * sizes).sum()), PART_THREAD_MIN_WORK,
+                       max(1, sizes.size))

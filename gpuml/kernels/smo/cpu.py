@@ -20,7 +20,7 @@ from numba import njit
 
 from ...pairwise import squared_norms
 from .. import _jit
-from .._threads import blas_controller, threads_for
+from .._threads import blas_controller, part_threads
 from . import Checked, SMOResult, check_flat, iteration_limit
 from .loop import (
     _ACTIVE,
@@ -226,29 +226,6 @@ def _in_threads(fn, items, n_jobs, on_result=None):
     return done
 
 
-#: ``n_jobs=None``: the least work (the sum of the problems' squared sizes) that a solver
-#: thread is given; a batch with less runs on one thread. Two parts of 2,048 rows: with
-#: less, starting threads and an idle thread at the end cost about what they save
-#: (bench/results/cpu-2core/casvm_threads.md).
-THREAD_MIN_WORK = 2 * 2048**2
-
-
-def batch_threads(n_jobs, sizes) -> int:
-    """The threads that solve a batch of problems of ``sizes`` rows.
-
-    An int ``n_jobs`` means what it means to joblib (-1: every core). ``None``: one
-    thread per :data:`THREAD_MIN_WORK` of the batch's work, at most one per problem and
-    at most the threads BLAS may use in this process (:func:`.._threads.threads_for`),
-    so that a fit inside an outer ``GridSearchCV(n_jobs=...)`` or a Dask worker takes
-    no more than its share of the cores. Small batches (a fit on a few thousand rows,
-    many small fits in a search) stay on one thread.
-
-    >>> import numpy as np
-    >>> batch_threads(None, np.full(3, 2000)), batch_threads(1, np.full(50, 2000))
-    (1, 1)
-    """
-    sizes = np.asarray(sizes, dtype=np.int64)
-    return threads_for(n_jobs, int((sizes * sizes).sum()), THREAD_MIN_WORK, max(1, sizes.size))
 
 
 class _BlasThreads:
@@ -382,7 +359,7 @@ def solve_batch(kernel, Xs, problems, *, tol=1e-3, max_iter=-1, cache_bytes=1 <<
                     shrinking)
     # One compiled call per chunk of a group's problems: largest first, dealt
     # round-robin, about 8 chunks per thread over all groups.
-    jobs = batch_threads(n_jobs, sizes)
+    jobs = part_threads(n_jobs, sizes)
     dense_groups = np.array([g for g in used if planned[g] is not None], dtype=np.int64)
     per_group = 1 if jobs == 1 else -(-8 * jobs // max(len(dense_groups), 1))
     # A group's whole matrix is made just before its problems are solved and dropped
