@@ -290,6 +290,31 @@ def test_default_threads_follow_the_work_and_the_blas_limit(monkeypatch):
         assert a.intercept == pytest.approx(b.intercept, abs=1e-8)
 
 
+def test_default_threads_are_one_inside_ranks_and_dask_tasks():
+    """Inside work that already runs in parallel (the ranks of a multi-device fit, a Dask
+    task, even of an in-process cluster whose BLAS is not limited) ``n_jobs=None`` takes
+    one thread; an int is still the user's."""
+    from dask.distributed import Client, LocalCluster
+    from threadpoolctl import threadpool_limits
+
+    from gpuml._backend import CPU
+    from gpuml.distributed.placement import run_on_devices
+    from gpuml.kernels import parallel_region, part_threads
+
+    parts = np.full(20, 2048)
+    with threadpool_limits(limits=2, user_api="blas"):
+        assert part_threads(None, parts) == 2
+        with parallel_region():
+            assert part_threads(None, parts) == 1 and part_threads(2, parts) == 2
+        assert part_threads(None, parts) == 2
+        assert run_on_devices(lambda rank, backend: part_threads(None, parts), [CPU] * 2) \
+            == [1, 1]
+        with LocalCluster(n_workers=1, threads_per_worker=1, processes=False,
+                          dashboard_address=None) as cluster, Client(cluster) as client:
+            assert client.submit(part_threads, None, parts).result() == 1
+            assert client.submit(part_threads, 2, parts).result() == 2
+
+
 def test_batch_rejects_a_bad_problem_among_good_ones(cancer):
     X, y = cancer
     kernel = make_kernel("rbf", "scale", X=X)

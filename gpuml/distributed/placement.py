@@ -30,6 +30,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
+from ..kernels import parallel_region
 from .comm import CommunicatorAborted, communicators
 
 
@@ -146,7 +147,8 @@ def run_on_devices(fn, backends, *, on_error=None) -> list:
 
     def call(rank, backend):
         try:
-            with backend.use():
+            # the ranks are the parallelism: n_jobs=None inside each takes one thread
+            with backend.use(), parallel_region():
                 return fn(rank, backend)
         except BaseException as err:
             with lock:

@@ -3,12 +3,17 @@
 One rule for every ``n_jobs=None`` of the CPU paths: a thread per ``min_work`` of the
 work, at most the threads BLAS may use in this process (which honours
 ``OMP_NUM_THREADS`` / ``OPENBLAS_NUM_THREADS``, threadpoolctl's limits and the limits
-that joblib's process workers and Dask's workers set), one thread for small work.
+that joblib's process workers and Dask's workers set), one thread for small work, and
+one thread inside work that already runs in parallel (a Dask task, a rank of a
+multi-device fit: :func:`parallel_region`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import sys
+import threading
 
 import numpy as np
 from joblib import effective_n_jobs
@@ -35,18 +40,48 @@ def blas_threads() -> int:
     return max(allowed) if allowed else int(effective_n_jobs(-1))
 
 
+_region = threading.local()
+
+
+@contextlib.contextmanager
+def parallel_region():
+    """Marks this thread as one of several that already share the cores (the ranks of a
+    multi-device fit): ``n_jobs=None`` inside it takes one thread."""
+    before = getattr(_region, "inside", False)
+    _region.inside = True
+    try:
+        yield
+    finally:
+        _region.inside = before
+
+
+def _nested() -> bool:
+    """Whether this thread runs inside :func:`parallel_region` or a Dask task."""
+    if getattr(_region, "inside", False):
+        return True
+    distributed = sys.modules.get("distributed")
+    if distributed is None:
+        return False
+    try:
+        distributed.get_worker()
+    except (ValueError, AttributeError):
+        return False
+    return True
+
+
 def threads_for(n_jobs, work, min_work, most) -> int:
     """The threads for ``work`` (any unit) split in at most ``most`` pieces.
 
     An int ``n_jobs`` means what it means to joblib (-1: every core); ``None``: one
     thread per ``min_work`` (so one below ``2 * min_work``), at most
-    :func:`blas_threads`. Never more than ``most``, nor fewer than 1.
+    :func:`blas_threads`, and one inside a Dask task or a :func:`parallel_region` (their
+    threads are the parallelism). Never more than ``most``, nor fewer than 1.
 
     >>> threads_for(None, 10, min_work=100, most=4), threads_for(1, 10**9, 100, 4)
     (1, 1)
     """
     if n_jobs is None:
-        if work < 2 * min_work:
+        if work < 2 * min_work or _nested():
             return 1
         wanted = min(blas_threads(), int(work // min_work))
     else:

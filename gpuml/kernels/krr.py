@@ -89,10 +89,11 @@ def _map(fn, items, n_jobs):
     if n_jobs in (None, 1) or len(items) <= 1:
         return [fn(item) for item in items]
     from joblib import Parallel, delayed
-    from threadpoolctl import threadpool_limits
+
+    from ._threads import blas_controller
 
     # Parts already run side by side; BLAS threads inside each would oversubscribe the cores.
-    with threadpool_limits(limits=1, user_api="blas"):
+    with blas_controller().limit(limits=1, user_api="blas"):
         return Parallel(n_jobs=n_jobs, prefer="threads")(delayed(fn)(item) for item in items)
 
 
