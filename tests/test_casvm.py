@@ -725,8 +725,8 @@ def test_prediction_in_threads_equals_one_thread(combine, monkeypatch):
     clf = cpu(n_partitions=6, combine=combine, random_state=0, n_jobs=1).fit(X, y)
     values, labels = clf.decision_function(X), clf.predict(X)
     used = []
-    real = prediction.in_threads
-    monkeypatch.setattr(prediction, "in_threads", lambda fn, ranges, threads: (
+    real = prediction.map_threads
+    monkeypatch.setattr(prediction, "map_threads", lambda fn, ranges, threads: (
         used.append((len(ranges), threads)), real(fn, ranges, threads))[1])
     monkeypatch.setattr(prediction, "PREDICT_THREAD_MIN_ROWS", 400)
     with threadpool_limits(limits=2, user_api="blas"):

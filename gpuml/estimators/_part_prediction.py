@@ -18,7 +18,7 @@ import numpy as np
 
 from .._backend import resolve, to_numpy
 from .._validation import validate_X
-from ..kernels import in_threads, row_ranges, threads_for
+from ..kernels import map_threads, row_ranges, threads_for
 from ..pairwise import widened_dot
 from ..pipeline import predict_on_devices, prediction_group, route_on_devices
 from ..routing import PartVectors, neighbor_blocks, route
@@ -133,7 +133,8 @@ class PartPredictionMixin:
             out = backend.xp.zeros((n, self.ovo_dual_coef_.shape[0]), dtype=np.float64)
             voting = np.zeros(out.shape, dtype=bool)
 
-            def predict_block(start, stop):
+            def predict_block(bounds):
+                start, stop = bounds
                 Xd = backend.asarray(X[start:stop])
                 if rule == "neighbors":
                     voting[start:stop] = self._blended(backend, Xd, out[start:stop], columns,
@@ -148,7 +149,7 @@ class PartPredictionMixin:
             # In blocks of rows: what a block needs beside its output (weights, routes,
             # kernel values) does not grow with the number of rows predicted. Each block
             # writes its own rows of the output, so blocks run in threads as they are.
-            in_threads(predict_block, row_ranges(n, PREDICT_BLOCK_ROWS, threads), threads)
+            map_threads(predict_block, row_ranges(n, PREDICT_BLOCK_ROWS, threads), threads)
         return out, voting
 
     def _nearest(self, backend, Xd, out, precomputed, columns):

@@ -34,7 +34,7 @@ from ..pairwise import (
 )
 from ._jit import deferring as compile_after_fit
 from ._jit import synchronous as compiling_in_caller
-from ._threads import in_threads, parallel_region, part_threads, row_ranges, threads_for
+from ._threads import map_threads, parallel_region, part_threads, row_ranges, threads_for
 from .gcd import GCDProblem, GCDResult
 from .krr import (
     NotPositiveDefiniteError,
@@ -67,7 +67,7 @@ __all__ = [
     "part_threads",
     "parallel_region",
     "threads_for",
-    "in_threads",
+    "map_threads",
     "row_ranges",
     "HOST_KERNELS",
     "KERNELS",

@@ -105,18 +105,18 @@ def row_ranges(n: int, block: int, threads: int = 1) -> list[tuple[int, int]]:
     return [(start, min(start + size, n)) for start in range(0, n, size)]
 
 
-def in_threads(fn, ranges, threads: int) -> None:
-    """``fn(start, stop)`` for every range, in ``threads`` joblib threads with BLAS on one
-    thread inside them (``fn`` releases the GIL in its NumPy and compiled calls), or in
-    this thread when one."""
-    if threads <= 1 or len(ranges) <= 1:
-        for start, stop in ranges:
-            fn(start, stop)
-        return
+def map_threads(fn, items, n_jobs) -> list:
+    """``[fn(item) for item in items]``, in ``n_jobs`` joblib threads (joblib's meaning;
+    None or 1: in this thread) with BLAS on one thread inside them: the items already
+    run side by side, so BLAS threads inside each would oversubscribe the cores (``fn``
+    releases the GIL in its NumPy, LAPACK and compiled calls)."""
+    items = list(items)
+    if n_jobs in (None, 1) or len(items) <= 1:
+        return [fn(item) for item in items]
     from joblib import Parallel, delayed
 
     with blas_controller().limit(limits=1, user_api="blas"):
-        Parallel(n_jobs=threads, prefer="threads")(delayed(fn)(a, b) for a, b in ranges)
+        return Parallel(n_jobs=n_jobs, prefer="threads")(delayed(fn)(item) for item in items)
 
 
 def part_threads(n_jobs, sizes) -> int:

@@ -31,6 +31,7 @@ import scipy.linalg
 
 from .._backend import is_cupy_array, namespace_of
 from ..pairwise import Kernel
+from ._threads import map_threads
 
 __all__ = [
     "NotPositiveDefiniteError",
@@ -82,19 +83,6 @@ class NotPositiveDefiniteError(np.linalg.LinAlgError):
         self.part = part
         where = "one of the systems" if part is None else f"system {part}"
         super().__init__(f"{where} is not positive definite (Cholesky failed)")
-
-
-def _map(fn, items, n_jobs):
-    items = list(items)
-    if n_jobs in (None, 1) or len(items) <= 1:
-        return [fn(item) for item in items]
-    from joblib import Parallel, delayed
-
-    from ._threads import blas_controller
-
-    # Parts already run side by side; BLAS threads inside each would oversubscribe the cores.
-    with blas_controller().limit(limits=1, user_api="blas"):
-        return Parallel(n_jobs=n_jobs, prefer="threads")(delayed(fn)(item) for item in items)
 
 
 def _size_groups(sizes) -> list[np.ndarray]:
@@ -212,7 +200,7 @@ def gram_batch(kernel: Kernel, parts: list, *, n_jobs=None) -> list:
             for slot, j in enumerate(group):
                 out[j] = stack[slot]
         return out
-    return _map(lambda X: kernel.matrix(X, max_bytes=1 << 62), parts, n_jobs)
+    return map_threads(lambda X: kernel.matrix(X, max_bytes=1 << 62), parts, n_jobs)
 
 
 #: Rows per block of :func:`_upper_gram_host`.
@@ -387,7 +375,8 @@ def cholesky_solve_batch(As: list, Bs: list, *, overwrite_a=False, n_jobs=None) 
                 out[j] = solver.single(j, A, Bs[j])
         solver.raise_if_failed()
         return out
-    return _map(lambda j: _cho_solve_host(As[j], Bs[j], j, overwrite_a), range(len(As)), n_jobs)
+    return map_threads(lambda j: _cho_solve_host(As[j], Bs[j], j, overwrite_a),
+                       range(len(As)), n_jobs)
 
 
 def _weigh(K, targets, w):
@@ -479,7 +468,7 @@ def krr_solve_parts(kernel: Kernel, parts: list, targets: list, shifts, *, n_job
             a = a * (root[:, None] if a.ndim == 2 else root)
         return a
 
-    return _map(solve, range(len(parts)), n_jobs)
+    return map_threads(solve, range(len(parts)), n_jobs)
 
 
 def _solve_parts_device(kernel: Kernel, parts: list, targets: list, shifts: list,
@@ -564,7 +553,7 @@ def eigh_batch(As: list, *, overwrite_a=False, n_jobs=None) -> list:
             A = A.T
         return scipy.linalg.eigh(A, overwrite_a=overwrite_a, check_finite=False, driver="evd")
 
-    return _map(decompose, As, n_jobs)
+    return map_threads(decompose, As, n_jobs)
 
 
 
@@ -716,4 +705,4 @@ def tridiagonal_batch(As: list, *, eigen=False, overwrite_a=False, n_jobs=None) 
     if eigen or (As and is_cupy_array(As[0])):
         return [Tridiagonal(w, Q=Q) for w, Q in eigh_batch(As, overwrite_a=overwrite_a,
                                                              n_jobs=n_jobs)]
-    return _map(lambda A: _tridiagonalize_host(A, overwrite_a), As, n_jobs)
+    return map_threads(lambda A: _tridiagonalize_host(A, overwrite_a), As, n_jobs)

@@ -226,8 +226,6 @@ def _in_threads(fn, items, n_jobs, on_result=None):
     return done
 
 
-
-
 class _BlasThreads:
     """BLAS on one thread while rows are computed, all threads for a reconstruction.
 
