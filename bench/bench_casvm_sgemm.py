@@ -1,4 +1,4 @@
-"""CA-SVM with float32 kernel matrices by one SGEMM against the same fits in the data's dtype.
+"""CA-SVM with float32 kernel matrices (one SSYRK) against the same fits in the data's dtype.
 
 rbf parts of 2,048+ rows, and of 1,024+ rows when the fit has several parts, build their
 kernel matrix in float32 on centred rows (``gpuml.kernels.smo.cpu.sgemm_matrix``, as
@@ -60,7 +60,7 @@ def main(quick: bool = False, gpu: bool = False) -> None:
                              "max_decision_diff": float(diff)})
     finally:
         smo.sgemm_rows = sgemm
-    record("casvm_sgemm", rows, title="CA-SVM: float32 SGEMM kernel matrices vs float64",
+    record("casvm_sgemm", rows, title="CA-SVM: float32 kernel matrices vs float64",
            notes="Median of 3 interleaved fits each, BLAS on one thread, n_jobs=1, the "
                  "shared 2-core machine. P=auto: the default n_partitions (parts just "
                  "under 2,048 rows), whose float32 matrices come from the 1,024-row "

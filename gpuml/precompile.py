@@ -32,6 +32,8 @@ def precompile(verbose: bool = True) -> dict:
     from gpuml.estimators.asygcd import AsyGCDSVC
     from gpuml.estimators.bkrr import BKRRRegressor
     from gpuml.estimators.casvm import CASVMClassifier
+    from gpuml.kernels.smo.cpu import sgemm_matrix
+    from gpuml.pairwise import Kernel
 
     # 1,200 rows, 3 classes: one-vs-one pairs of ~800, enough for two Asy-GCD workers
     X, y = make_classification(1200, 8, n_classes=3, n_informative=4, random_state=0)
@@ -56,6 +58,10 @@ def precompile(verbose: bool = True) -> dict:
             n_workers=2, selection="random", device="cpu", random_state=0).fit(X, y),
         "BKRRRegressor": lambda X: BKRRRegressor(n_partitions=2, device="cpu",
                                                  random_state=0).fit(X, yr),
+
+        # the float32 kernel matrices of parts of 1,024+ rows (the default parts' size)
+        "CA-SVM float32 part matrices": lambda X: sgemm_matrix(
+            Kernel("rbf", gamma=0.1), X, max_bytes=1 << 30),
     }
     from gpuml.kernels import compiling_in_caller
 

@@ -101,7 +101,7 @@ def test_columns_match_pairwise_kernels(name):
 
 
 def test_vectorised_exp_is_within_two_ulps_of_libm():
-    from gpuml.kernels.gcd.vexp import XMIN, exp_nonpositive
+    from gpuml.kernels.vexp import XMIN, exp_nonpositive
 
     rng = np.random.default_rng(0)
     x = np.concatenate([[0.0, -0.0, -1e-300, XMIN, -745.0, -1e4, -np.inf],
@@ -114,6 +114,23 @@ def test_vectorised_exp_is_within_two_ulps_of_libm():
     np.testing.assert_array_less(np.abs(out[normal] - expected[normal]),
                                  2.0 * np.spacing(expected[normal]) + 1e-300)
     np.testing.assert_array_equal(out[~normal], 0.0)  # true values below 3.3e-308
+
+
+def test_vectorised_float32_exp_is_within_two_ulps_of_the_exact_value():
+    from gpuml.kernels.vexp import XMIN_F32, exp_nonpositive_f32
+
+    rng = np.random.default_rng(0)
+    x = np.concatenate([[0.0, -0.0, -1e-30, XMIN_F32, -87.4, -104.0, -1e4, -np.inf],
+                        -rng.exponential(1.0, 5000), rng.uniform(XMIN_F32, 0.0, 5000)]
+                       ).astype(np.float32)
+    out = np.empty_like(x)
+    exp_nonpositive_f32(x, out, np.empty(x.size, dtype=np.int32))
+    assert out.dtype == np.float32 and out[0] == out[1] == 1.0
+    normal = x >= np.float32(XMIN_F32)
+    exact = np.exp(x.astype(np.float64))  # the float32 argument's exact exp
+    np.testing.assert_array_less(np.abs(out[normal] - exact[normal]),
+                                 2.0 * np.spacing(exact[normal].astype(np.float32)))
+    np.testing.assert_array_equal(out[~normal], 0.0)  # true values below 1.2e-38
 
 
 @pytest.fixture(scope="module")

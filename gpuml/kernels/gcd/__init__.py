@@ -4,7 +4,7 @@ You 2020, chapter 4: Alg 13 (serial GCD) and Alg 14 (Asy-GCD) for
 
     min_a  1/2 a'Qa - e'a   s.t.  0 <= a_i <= C_i,   Q_ij = y_i y_j K(x_i, x_j)   (eq. 4.9)
 
-:mod:`.cpu` runs it on CPU threads (numba, with :mod:`.atomics` and :mod:`.vexp`),
+:mod:`.cpu` runs it on CPU threads (numba, with :mod:`.atomics` and :mod:`gpuml.kernels.vexp`),
 :mod:`.cuda` with ``gcd.cu`` on a GPU (CuPy); :func:`gpuml.kernels.gcd_solve_batch`
 picks one by the arrays' namespace. This module holds what both take and return
 (:class:`GCDProblem`, :class:`GCDResult`), the codes and constants both follow, the

@@ -105,6 +105,7 @@ import numpy as np
 from numba import njit
 
 from .. import _jit
+from ..vexp import exp_nonpositive
 from . import (
     CAPPED,
     CERTIFIED,
@@ -116,7 +117,6 @@ from . import (
     max_violation,
 )
 from .atomics import atomic_add_seq, atomic_load, atomic_store
-from .vexp import exp_nonpositive
 
 #: int64 stride between words that different CPU workers write (one 64-byte cache line
 #: each): the per-worker positions and quiet states, and the two shared counters, would

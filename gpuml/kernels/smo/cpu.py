@@ -21,6 +21,7 @@ from numba import njit
 from ...pairwise import squared_norms
 from .. import _jit
 from .._threads import blas_controller, part_threads
+from ..vexp import exp_nonpositive_f32
 from . import Checked, SMOResult, check_flat, iteration_limit
 from .loop import (
     _ACTIVE,
@@ -515,38 +516,59 @@ def sgemm_applies(kernel, X, min_rows=None) -> bool:
 
 
 def sgemm_matrix(kernel, X, *, max_bytes, centred=None):
-    """``K(X, X)`` for rbf in float32 by one SGEMM, as LIBSVM caches its values (``Qfloat``).
+    """``K(X, X)`` for rbf in float32, as LIBSVM caches its values (``Qfloat``).
 
-    Half the memory of float64, and faster (SGEMM and a float32 ``exp``;
-    building the matrix is most of a CA-SVM part's fit: ``bench/bench_casvm_sgemm.py``,
+    Half the memory of float64, and faster: one SSYRK (the lower triangle of the
+    rows' products) and one compiled pass that turns that triangle into kernel
+    values and mirrors it (:func:`_rbf_from_lower`; building the matrix is most of a
+    CA-SVM part's fit: ``bench/bench_casvm_sgemm.py``,
     bench/results/cpu-2core/casvm_sgemm.md). The rows are
     centred first (``centred``: :func:`sgemm_rows`' result, when the caller has
     it), which leaves distances unchanged and removes the cancellation of
-    ``||x||^2 + ||y||^2 - 2 x.y`` for data far from the origin; the diagonal is
-    set to its exact value 1 and the matrix mirrored to exact symmetry. The
-    gradient and the dual variables stay in float64. Use where
-    :func:`sgemm_applies`.
+    ``||x||^2 + ||y||^2 - 2 x.y`` for data far from the origin. The diagonal is its
+    exact value 1 and the matrix exactly symmetric: SMO's incremental gradient reads
+    rows and a fresh one columns, which must agree to the last bit for a warm start
+    from a solution to take no step. The gradient and the dual variables stay in
+    float64. Use where :func:`sgemm_applies`.
     """
+    from scipy.linalg.blas import ssyrk
+
     centred = _centred(X) if centred is None else centred
-    K = np.ascontiguousarray(kernel.matrix(centred.astype(np.float32), max_bytes=max_bytes))
-    np.fill_diagonal(K, 1.0)
-    return _mirror_upper(K)
+    rows = np.ascontiguousarray(centred, dtype=np.float32)
+    n = rows.shape[0]
+    if n * n * 4 > max_bytes:
+        raise MemoryError(f"the {n} x {n} float32 kernel matrix would take "
+                          f"{n * n * 4 / 2**30:.1f} GiB, more than max_bytes="
+                          f"{max_bytes / 2**30:.1f} GiB")
+    # ssyrk on the (d, n) Fortran view of the rows: the upper triangle of a Fortran
+    # n x n array, which is the lower triangle of its C-ordered transpose.
+    gram_lower = ssyrk(1.0, rows.T, trans=1, lower=0).T
+    return _rbf_from_lower(gram_lower, np.einsum("ij,ij->i", rows, rows), float(kernel.gamma))
 
 
-@njit(nogil=True, cache=True)
-def _mirror_upper(K):
-    """Copy the upper triangle onto the lower one, in place: an exactly symmetric ``K``.
-
-    ``||x||^2 + ||y||^2 - 2 x.y`` rounds differently in ``(i, j)`` and ``(j, i)``;
-    SMO's incremental gradient reads rows and a fresh one columns, which must
-    agree to the last bit for a warm start from a solution to take no step.
+@njit(nogil=True, cache=True, fastmath={"contract"})
+def _rbf_from_lower(K, norms, gamma):
+    """``exp(-gamma ||x_i - x_j||^2)`` from the products ``K[i, j] = x_i . x_j`` of the
+    lower triangle (``j < i``), in place, row by row in float32 (the exponent clamped
+    at 0 from above, :func:`~gpuml.kernels.vexp.exp_nonpositive_f32`); the diagonal set
+    to 1 and the upper triangle a copy of the lower one: an exactly symmetric ``K``.
     """
     n = K.shape[0]
+    g, two, zero = np.float32(-gamma), np.float32(2.0), np.float32(0.0)
+    arg = np.empty(n, np.float32)
+    scratch = np.empty(n, np.int32)
+    for i in range(n):
+        ni = norms[i]
+        row = K[i]
+        for j in range(i):
+            arg[j] = g * max(ni + norms[j] - two * row[j], zero)
+        exp_nonpositive_f32(arg[:i], row[:i], scratch)
+        row[i] = 1.0
     step = 64
     for a in range(0, n, step):
-        for b in range(a, n, step):
+        for b in range(0, a + 1, step):
             for i in range(a, min(a + step, n)):
-                for j in range(max(b, i + 1), min(b + step, n)):
+                for j in range(b, min(b + step, i)):
                     K[j, i] = K[i, j]
     return K
 
