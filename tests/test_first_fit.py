@@ -127,8 +127,9 @@ def test_fit_is_the_same_whether_the_compile_ends_before_during_or_after_it(meth
             asked.clear()
             monkeypatch.setattr(_jit, "ready", not_before({f: n // 2 for f, n in calls.items()}))
             mixed = make().fit(X, y)
-    # k-means' sweep and the SMO, each asked often enough to switch midway.
-    assert len(calls) == 2 and min(calls.values()) >= 2 and asked == calls
+    # k-means' sweep, the rbf kernel blocks and the SMO, each asked often enough to switch
+    # midway.
+    assert len(calls) == 3 and min(calls.values()) >= 2 and asked == calls
     for fit in (twins, mixed):
         for name in ("support_", "dual_coef_", "intercept_", "n_iter_", "centers_"):
             np.testing.assert_array_equal(getattr(fit, name), getattr(compiled, name), name)

@@ -4,7 +4,7 @@ import scipy.sparse as sp
 from sklearn.datasets import load_breast_cancer
 from sklearn.metrics import pairwise as skp
 
-from gpuml.pairwise import Kernel, kernel_matrix, make_kernel, resolve_gamma
+from gpuml.pairwise import Kernel, kernel_matrix, make_kernel, resolve_gamma, sq_distances
 
 X_REAL = load_breast_cancer().data[:120]
 X_STD = (X_REAL - X_REAL.mean(0)) / X_REAL.std(0)
@@ -128,3 +128,39 @@ def test_gpu_matches_cpu(kernel, sparse):
     got = kernel_matrix(Xg, kernel=kernel, gamma=0.02, degree=3, coef0=0.5)
     assert isinstance(got, cp.ndarray)
     np.testing.assert_allclose(got.get(), expected, rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_host_rbf_blocks_are_the_same_compiled_or_by_numpy(dtype, monkeypatch):
+    """On the host an rbf block is one compiled pass (the vectorised exp); while numba has not
+    compiled it, NumPy computes the same steps: the same values to the bit, within two ulps
+    of the exact kernel."""
+    from gpuml.kernels import _jit
+    from gpuml.kernels.vexp import (
+        exp_nonpositive,
+        exp_nonpositive_f32,
+        exp_nonpositive_numpy,
+    )
+    from gpuml.pairwise import rbf_from_sq_distances
+
+    rng = np.random.default_rng(3)
+    X = rng.normal(size=(70, 5)).astype(dtype)
+    Y = rng.normal(size=(90, 5)).astype(dtype)
+    kernel = Kernel("rbf", gamma=0.7)
+    with _jit.synchronous():
+        compiled = kernel.matrix(X, Y)
+        D = sq_distances(X.astype(np.float64), Y.astype(np.float64))
+        from_d = rbf_from_sq_distances(D.astype(dtype), 0.7)
+    monkeypatch.setattr(_jit, "ready", lambda dispatcher, *args: False)
+    np.testing.assert_array_equal(kernel.matrix(X, Y), compiled)
+    np.testing.assert_array_equal(rbf_from_sq_distances(D.astype(dtype), 0.7), from_d)
+    exact = np.exp(-0.7 * D)
+    assert compiled.dtype == dtype
+    np.testing.assert_allclose(compiled, exact, rtol=30 * np.finfo(dtype).eps, atol=0)
+    # the exp alone, over its whole range
+    x = np.concatenate([[0.0, -1e-30, -87.33, -87.5, -708.0, -709.0, -1e4],
+                        rng.uniform(-100.0, 0.0, 5000)]).astype(dtype)
+    out = np.empty_like(x)
+    scratch = np.empty(x.size, np.int32 if dtype == np.float32 else np.int64)
+    (exp_nonpositive_f32 if dtype == np.float32 else exp_nonpositive)(x, out, scratch)
+    np.testing.assert_array_equal(exp_nonpositive_numpy(x.copy()), out)

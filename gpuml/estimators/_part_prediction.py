@@ -19,7 +19,7 @@ import numpy as np
 from .._backend import resolve, to_numpy
 from .._validation import validate_X
 from ..kernels import map_threads, row_ranges, threads_for
-from ..pairwise import widened_dot
+from ..pairwise import rbf_from_sq_distances, widened_dot
 from ..pipeline import predict_on_devices, prediction_group, route_on_devices
 from ..routing import PartVectors, neighbor_blocks, route
 from ._partitioned import on_device
@@ -200,9 +200,8 @@ class PartPredictionMixin:
                 coef, intercept = self._part_coef(backend, p, columns[p])
                 rows, D = found[p]
                 mine = np.flatnonzero(weights[rows, p])
-                K = D[backend.asarray(mine)] if mine.size < rows.size else D
-                K *= -self._kernel.gamma
-                backend.xp.exp(K, out=K)
+                K = rbf_from_sq_distances(D[backend.asarray(mine)] if mine.size < rows.size
+                                          else D, self._kernel.gamma)
                 sel = backend.asarray(rows[mine])
                 out[sel] += (backend.asarray(weights[rows[mine], p])[:, None]
                              * (intercept[None, :] + widened_dot(K, coef)))

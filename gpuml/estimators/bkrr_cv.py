@@ -23,7 +23,7 @@ from ..kernels import (
     part_threads,
     tridiagonal_batch,
 )
-from ..pairwise import Kernel, sq_distances
+from ..pairwise import Kernel, rbf_from_sq_distances, sq_distances
 from ..routing import route
 from ._krr import _COMMON_CONSTRAINTS, _BKRRBase, _take
 from .bkrr_regressor import BKRRRegressor
@@ -263,8 +263,7 @@ class BKRRRegressorCV(_BKRRBase):
         :class:`BKRRRegressor` factors.
         """
         gamma = 1.0 / (2.0 * sigma**2)
-        blocks = [D * -gamma for D in dists]
-        return [xp.exp(K, out=K) for K in blocks]
+        return [rbf_from_sq_distances(xp.array(D, copy=True), gamma) for D in dists]
 
     def _loo_scores(self, xp, dists, targets, offsets, sigma, lams):
         """R² of the pooled leave-one-out predictions within each part, for every λ.

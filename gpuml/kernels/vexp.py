@@ -10,10 +10,14 @@ for ``x >= -708`` (``tests/test_gcd_solver.py`` checks it); below that (true
 values under 3.3e-308) it returns 0. :func:`exp_nonpositive_f32` is the same in
 float32 (eight lanes to a 256-bit register), for the float32 kernel matrices of
 CA-SVM's parts: a degree-7 polynomial, within two float32 ulps for
-``x >= -87.33``, 0 below.
+``x >= -87.33``, 0 below. :func:`exp_nonpositive_numpy` computes both in NumPy, to the
+bit (no step is fused into a multiply-add), for the host's NumPy paths: values do not
+depend on whether numba has compiled yet.
 
-Both are used by Asy-GCD's kernel columns (:mod:`gpuml.kernels.gcd.cpu`) and by
-the SMO solver's float32 part matrices (:func:`gpuml.kernels.smo.cpu.sgemm_matrix`).
+Both are used by Asy-GCD's kernel columns (:mod:`gpuml.kernels.gcd.cpu`), by
+the SMO solver's float32 part matrices (:func:`gpuml.kernels.smo.cpu.sgemm_matrix`)
+and, through :func:`rbf_in_place`, by every rbf kernel block on the host
+(:meth:`gpuml.pairwise.Kernel.matrix` and ``dot``: kernel rows, prediction).
 """
 
 import math
@@ -28,7 +32,7 @@ _LN2_LO = 1.90821492927058770002e-10
 XMIN = -708.0
 
 
-@njit(nogil=True, cache=True, fastmath={"contract"}, _nrt=False)
+@njit(nogil=True, cache=True, _nrt=False)
 def exp_nonpositive(x, out, scratch):
     """``out[j] = exp(x[j])`` for ``x[j] <= 0``.
 
@@ -68,7 +72,7 @@ def exp_nonpositive(x, out, scratch):
 XMIN_F32 = -87.33
 
 
-@njit(nogil=True, cache=True, fastmath={"contract"}, _nrt=False)
+@njit(nogil=True, cache=True, _nrt=False)
 def exp_nonpositive_f32(x, out, scratch):
     """:func:`exp_nonpositive` for float32 ``x`` and ``out``; ``scratch`` an int32
     array at least as long as ``x``, overwritten. Every step is in float32."""
@@ -91,3 +95,88 @@ def exp_nonpositive_f32(x, out, scratch):
     scale = scratch[:n].view(np.float32)
     for j in range(n):
         out[j] *= scale[j]
+
+
+@njit(nogil=True, cache=True)
+def rbf_exponent(row, scale, x_term, y_terms, gamma, arg):
+    """``arg[j] = -gamma * max(scale * row[j] + y_terms[j] + x_term, 0)`` in ``row``'s dtype:
+    from inner products (``scale=-2``, the squared norms) the rbf exponent of squared
+    distances rounded as :func:`gpuml.pairwise.gram_to_sq_distances` rounds them, and
+    from squared distances (``scale=1``, zero terms) their exponent. No fused
+    multiply-add: the distances equal NumPy's to the bit."""
+    zero = row.dtype.type(0.0)
+    g = row.dtype.type(-gamma)
+    a = row.dtype.type(scale)
+    for j in range(row.shape[0]):
+        arg[j] = g * max((row[j] * a + y_terms[j]) + x_term, zero)
+
+
+@njit(nogil=True, cache=True)
+def _rbf_rows_f32(G, scale, x_terms, y_terms, gamma):
+    arg = np.empty(G.shape[1], np.float32)
+    scratch = np.empty(G.shape[1], np.int32)
+    for i in range(G.shape[0]):
+        rbf_exponent(G[i], scale, x_terms[i], y_terms, gamma, arg)
+        exp_nonpositive_f32(arg, G[i], scratch)
+
+
+@njit(nogil=True, cache=True)
+def _rbf_rows_f64(G, scale, x_terms, y_terms, gamma):
+    arg = np.empty(G.shape[1], np.float64)
+    scratch = np.empty(G.shape[1], np.int64)
+    for i in range(G.shape[0]):
+        rbf_exponent(G[i], scale, x_terms[i], y_terms, gamma, arg)
+        exp_nonpositive(arg, G[i], scratch)
+
+
+def rbf_in_place(G, gamma, scale=1.0, x_terms=None, y_terms=None) -> bool:
+    """``G[i, j] = exp(-gamma * max(scale * G[i, j] + y_terms[j] + x_terms[i], 0))`` in
+    place, one compiled pass (:func:`rbf_exponent`, then the vectorised ``exp``); the
+    terms default to zeros. Returns False, and leaves ``G`` as it was, where it does not
+    apply (not a C-contiguous float32 or float64 host matrix) or while the compiled pass
+    is not loaded yet (see :mod:`gpuml.kernels._jit`): the caller then computes the same
+    values with NumPy (to two ulps: NumPy's ``exp`` against this one).
+    """
+    from . import _jit
+
+    if not (isinstance(G, np.ndarray) and G.ndim == 2 and G.flags.c_contiguous
+            and G.flags.writeable and G.dtype in (np.float32, np.float64)):
+        return False
+    fn = _rbf_rows_f32 if G.dtype == np.float32 else _rbf_rows_f64
+    x_terms = (np.zeros(G.shape[0], G.dtype) if x_terms is None
+               else np.ascontiguousarray(x_terms, dtype=G.dtype))
+    y_terms = (np.zeros(G.shape[1], G.dtype) if y_terms is None
+               else np.ascontiguousarray(y_terms, dtype=G.dtype))
+    args = (G, float(scale), x_terms, y_terms, float(gamma))
+    if G.size == 0 or not _jit.ready(fn, *args):
+        return G.size == 0
+    fn(*args)
+    return True
+
+
+def exp_nonpositive_numpy(x):
+    """:func:`exp_nonpositive` (float64) or :func:`exp_nonpositive_f32` (float32) in NumPy,
+    the same steps in the same order, so the same values to the bit, in place in ``x``
+    (a writeable float array); returns ``x``."""
+    f32 = x.dtype == np.float32
+    t = x.dtype.type
+    lowest = t(XMIN_F32 if f32 else XMIN)
+    normal = x >= lowest
+    np.maximum(x, lowest, out=x)
+    k = np.floor(x * t(_LOG2E) + t(0.5))
+    if f32:
+        x -= k * np.float32(0.693359375)
+        x -= k * np.float32(-2.12194440e-4)
+        coefs = [1.0 / 5040.0, 1.0 / 720.0, 1.0 / 120.0, 1.0 / 24.0, 1.0 / 6.0, 0.5, 1.0, 1.0]
+        p = np.full_like(x, t(coefs[0]))
+    else:
+        x -= k * _LN2_HI
+        x -= k * _LN2_LO
+        coefs = [1.0 / 6227020800.0] + [1.0 / math.factorial(i) for i in range(12, -1, -1)]
+        p = np.full_like(x, coefs[0])
+    for c in coefs[1:]:
+        p *= x
+        p += t(c)
+    bits = (k.astype(np.int32 if f32 else np.int64) + (127 if f32 else 1023)) << (23 if f32 else 52)
+    np.multiply(np.where(normal, p, t(0.0)), bits.view(x.dtype), out=x)
+    return x

@@ -21,7 +21,7 @@ from numba import njit
 from ...pairwise import squared_norms
 from .. import _jit
 from .._threads import blas_controller, part_threads
-from ..vexp import exp_nonpositive_f32
+from ..vexp import exp_nonpositive_f32, rbf_exponent
 from . import Checked, SMOResult, check_flat, iteration_limit
 from .loop import (
     _ACTIVE,
@@ -546,24 +546,22 @@ def sgemm_matrix(kernel, X, *, max_bytes, centred=None):
     return _rbf_from_lower(gram_lower, np.einsum("ij,ij->i", rows, rows), float(kernel.gamma))
 
 
-@njit(nogil=True, cache=True, fastmath={"contract"})
+@njit(nogil=True, cache=True)
 def _rbf_from_lower(K, norms, gamma):
     """``exp(-gamma ||x_i - x_j||^2)`` from the products ``K[i, j] = x_i . x_j`` of the
-    lower triangle (``j < i``), in place, row by row in float32 (the exponent clamped
-    at 0 from above, :func:`~gpuml.kernels.vexp.exp_nonpositive_f32`); the diagonal set
-    to 1 and the upper triangle a copy of the lower one: an exactly symmetric ``K``.
+    lower triangle (``j < i``), in place, row by row in float32
+    (:func:`~gpuml.kernels.vexp.rbf_exponent`,
+    :func:`~gpuml.kernels.vexp.exp_nonpositive_f32`); the diagonal set to 1 and the upper
+    triangle a copy of the lower one: an exactly symmetric ``K``.
     """
     n = K.shape[0]
-    g, two, zero = np.float32(-gamma), np.float32(2.0), np.float32(0.0)
     arg = np.empty(n, np.float32)
     scratch = np.empty(n, np.int32)
     for i in range(n):
-        ni = norms[i]
-        row = K[i]
-        for j in range(i):
-            arg[j] = g * max(ni + norms[j] - two * row[j], zero)
-        exp_nonpositive_f32(arg[:i], row[:i], scratch)
-        row[i] = 1.0
+        row = K[i, :i]
+        rbf_exponent(row, -2.0, norms[i], norms[:i], gamma, arg[:i])
+        exp_nonpositive_f32(arg[:i], row, scratch)
+        K[i, i] = 1.0
     step = 64
     for a in range(0, n, step):
         for b in range(0, a + 1, step):
