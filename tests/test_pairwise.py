@@ -137,8 +137,8 @@ def test_host_rbf_blocks_are_the_same_compiled_or_by_numpy(dtype, monkeypatch):
     of the exact kernel."""
     from gpuml.kernels import _jit
     from gpuml.kernels.vexp import (
-        exp_nonpositive,
         exp_nonpositive_f32,
+        exp_nonpositive_f64,
         exp_nonpositive_numpy,
     )
     from gpuml.pairwise import rbf_from_sq_distances
@@ -162,5 +162,10 @@ def test_host_rbf_blocks_are_the_same_compiled_or_by_numpy(dtype, monkeypatch):
                         rng.uniform(-100.0, 0.0, 5000)]).astype(dtype)
     out = np.empty_like(x)
     scratch = np.empty(x.size, np.int32 if dtype == np.float32 else np.int64)
-    (exp_nonpositive_f32 if dtype == np.float32 else exp_nonpositive)(x, out, scratch)
+    (exp_nonpositive_f32 if dtype == np.float32 else exp_nonpositive_f64)(x, out, scratch)
     np.testing.assert_array_equal(exp_nonpositive_numpy(x.copy()), out)
+    exact = np.exp(x.astype(np.float64))
+    normal = x >= (-87.33 if dtype == np.float32 else -708.0)
+    np.testing.assert_array_less(np.abs(out - exact)[normal],
+                                 2.0 * np.spacing(exact[normal].astype(dtype)))
+    np.testing.assert_array_equal(out[~normal], 0.0)

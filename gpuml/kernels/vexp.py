@@ -7,19 +7,21 @@ degree-13 Taylor polynomial, with the ``2^k`` scale built from the exponent
 bits in a second pass, so both loops vectorise (a column's cost with either:
 bench/results/cpu-2core/asygcd-runs.md). Error: within two ulps of ``math.exp``
 for ``x >= -708`` (``tests/test_gcd_solver.py`` checks it); below that (true
-values under 3.3e-308) it returns 0. :func:`exp_nonpositive_f32` is the same in
-float32 (eight lanes to a 256-bit register), for the float32 kernel matrices of
-CA-SVM's parts: a degree-7 polynomial, within two float32 ulps for
-``x >= -87.33``, 0 below. :func:`exp_nonpositive_numpy` computes both in NumPy, to the
-bit (no step is fused into a multiply-add), for the host's NumPy paths: values do not
-depend on whether numba has compiled yet.
+values under 3.3e-308) it returns 0. Three variants:
 
-Both are used by Asy-GCD's kernel columns (:mod:`gpuml.kernels.gcd.cpu`), by
-the SMO solver's float32 part matrices (:func:`gpuml.kernels.smo.cpu.sgemm_matrix`)
-and, through :func:`rbf_in_place`, by every rbf kernel block on the host
-(:meth:`gpuml.pairwise.Kernel.matrix` and ``dot``: kernel rows, prediction).
+* :func:`exp_nonpositive`: multiply-adds fused, the fastest; Asy-GCD's kernel columns
+  (:mod:`gpuml.kernels.gcd.cpu`), which nothing else has to agree with.
+* :func:`exp_nonpositive_f64`: the same rounded step by step, and
+  :func:`exp_nonpositive_f32` in float32 (a degree-7 polynomial, eight lanes to a
+  256-bit register; within two float32 ulps for ``x >= -87.33``, 0 below). Their
+  NumPy twin, :func:`exp_nonpositive_numpy`, computes the same values to the bit.
+  :func:`rbf_in_place` turns inner products or squared distances into rbf kernel
+  values with them in one pass: every rbf block on the host
+  (:meth:`gpuml.pairwise.Kernel.matrix` and ``dot``: SMO's rows, prediction, KRR)
+  and the SMO solver's float32 part matrices
+  (:func:`gpuml.kernels.smo.cpu.sgemm_matrix`). Where numba has not compiled yet,
+  NumPy gives the same values: a fit does not depend on whether the compile is done.
 """
-
 import math
 
 import numpy as np
@@ -32,9 +34,46 @@ _LN2_LO = 1.90821492927058770002e-10
 XMIN = -708.0
 
 
-@njit(nogil=True, cache=True, _nrt=False)
+@njit(nogil=True, cache=True, fastmath={"contract"}, _nrt=False)
 def exp_nonpositive(x, out, scratch):
     """``out[j] = exp(x[j])`` for ``x[j] <= 0``.
+
+    Give ``out`` distinct from ``x``: LLVM's runtime overlap check sends an
+    in-place call down the scalar loop (still correct, not vectorised).
+
+    ``scratch`` is an int64 array at least as long as ``x``, overwritten.
+    """
+    n = x.shape[0]
+    for j in range(n):
+        xj = x[j]
+        v = max(xj, XMIN)
+        k = math.floor(v * _LOG2E + 0.5)
+        r = (v - k * _LN2_HI) - k * _LN2_LO  # |r| <= ln(2) / 2
+        p = 1.0 / 6227020800.0  # Taylor to r^13 / 13!: remainder < 5e-18 for |r| <= 0.35
+        p = p * r + 1.0 / 479001600.0
+        p = p * r + 1.0 / 39916800.0
+        p = p * r + 1.0 / 3628800.0
+        p = p * r + 1.0 / 362880.0
+        p = p * r + 1.0 / 40320.0
+        p = p * r + 1.0 / 5040.0
+        p = p * r + 1.0 / 720.0
+        p = p * r + 1.0 / 120.0
+        p = p * r + 1.0 / 24.0
+        p = p * r + 1.0 / 6.0
+        p = p * r + 0.5
+        p = p * r + 1.0
+        p = p * r + 1.0
+        out[j] = p if xj >= XMIN else 0.0
+        scratch[j] = (np.int64(k) + 1023) << 52  # the bits of 2^k, k in [-1022, 0]
+    scale = scratch[:n].view(np.float64)
+    for j in range(n):
+        out[j] *= scale[j]
+
+
+@njit(nogil=True, cache=True, _nrt=False)
+def exp_nonpositive_f64(x, out, scratch):
+    """:func:`exp_nonpositive` rounded step by step (no fused multiply-add), as
+    :func:`exp_nonpositive_numpy` computes it: ``out[j] = exp(x[j])`` for ``x[j] <= 0``.
 
     Give ``out`` distinct from ``x``: LLVM's runtime overlap check sends an
     in-place call down the scalar loop (still correct, not vectorised).
@@ -126,7 +165,7 @@ def _rbf_rows_f64(G, scale, x_terms, y_terms, gamma):
     scratch = np.empty(G.shape[1], np.int64)
     for i in range(G.shape[0]):
         rbf_exponent(G[i], scale, x_terms[i], y_terms, gamma, arg)
-        exp_nonpositive(arg, G[i], scratch)
+        exp_nonpositive_f64(arg, G[i], scratch)
 
 
 def rbf_in_place(G, gamma, scale=1.0, x_terms=None, y_terms=None) -> bool:
