@@ -172,9 +172,10 @@ def rbf_in_place(G, gamma, scale=1.0, x_terms=None, y_terms=None) -> bool:
     """``G[i, j] = exp(-gamma * max(scale * G[i, j] + y_terms[j] + x_terms[i], 0))`` in
     place, one compiled pass (:func:`rbf_exponent`, then the vectorised ``exp``); the
     terms default to zeros. Returns False, and leaves ``G`` as it was, where it does not
-    apply (not a C-contiguous float32 or float64 host matrix) or while the compiled pass
-    is not loaded yet (see :mod:`gpuml.kernels._jit`): the caller then computes the same
-    values with NumPy (to two ulps: NumPy's ``exp`` against this one).
+    apply (not a C-contiguous float32 or float64 host matrix) or, for a block of at most
+    :data:`NUMPY_TWIN_MAX_ENTRIES` values, while the compiled pass is not loaded yet (see
+    :mod:`gpuml.kernels._jit`): the caller then computes the same values with NumPy
+    (:func:`exp_nonpositive_numpy`, the same to the bit).
     """
     from . import _jit
 
@@ -187,10 +188,18 @@ def rbf_in_place(G, gamma, scale=1.0, x_terms=None, y_terms=None) -> bool:
     y_terms = (np.zeros(G.shape[1], G.dtype) if y_terms is None
                else np.ascontiguousarray(y_terms, dtype=G.dtype))
     args = (G, float(scale), x_terms, y_terms, float(gamma))
-    if G.size == 0 or not _jit.ready(fn, *args):
-        return G.size == 0
-    fn(*args)
+    if G.size == 0:
+        return True
+    if G.size <= NUMPY_TWIN_MAX_ENTRIES and not _jit.ready(fn, *args):
+        return False
+    fn(*args)  # (a larger block compiles here if need be: the twin would cost more)
     return True
+
+
+#: Blocks of at most this many values take the NumPy twin while :func:`rbf_in_place`'s pass
+#: is not compiled; larger ones wait for the compile (else a large fit, during which the
+#: background compile waits, would compute every block by the slower twin).
+NUMPY_TWIN_MAX_ENTRIES = 1 << 16
 
 
 def exp_nonpositive_numpy(x):
