@@ -23,6 +23,7 @@ values under 3.3e-308) it returns 0. Three variants:
   NumPy gives the same values: a fit does not depend on whether the compile is done.
 """
 import math
+import types
 
 import numpy as np
 from numba import njit
@@ -34,8 +35,7 @@ _LN2_LO = 1.90821492927058770002e-10
 XMIN = -708.0
 
 
-@njit(nogil=True, cache=True, fastmath={"contract"}, _nrt=False)
-def exp_nonpositive(x, out, scratch):
+def _exp_nonpositive(x, out, scratch):
     """``out[j] = exp(x[j])`` for ``x[j] <= 0``.
 
     Give ``out`` distinct from ``x``: LLVM's runtime overlap check sends an
@@ -70,41 +70,22 @@ def exp_nonpositive(x, out, scratch):
         out[j] *= scale[j]
 
 
-@njit(nogil=True, cache=True, _nrt=False)
-def exp_nonpositive_f64(x, out, scratch):
-    """:func:`exp_nonpositive` rounded step by step (no fused multiply-add), as
-    :func:`exp_nonpositive_numpy` computes it: ``out[j] = exp(x[j])`` for ``x[j] <= 0``.
+def _compiled(py_func, name, doc, **flags):
+    """``py_func`` compiled under its own ``name`` (numba's disk cache files are named
+    after a function's qualified name, so one source compiled twice with different flags
+    needs two names, or the second would load the first's machine code)."""
+    fn = types.FunctionType(py_func.__code__, py_func.__globals__, name)
+    fn.__qualname__ = name
+    fn.__doc__ = doc
+    return njit(nogil=True, cache=True, _nrt=False, **flags)(fn)
 
-    Give ``out`` distinct from ``x``: LLVM's runtime overlap check sends an
-    in-place call down the scalar loop (still correct, not vectorised).
 
-    ``scratch`` is an int64 array at least as long as ``x``, overwritten.
-    """
-    n = x.shape[0]
-    for j in range(n):
-        xj = x[j]
-        v = max(xj, XMIN)
-        k = math.floor(v * _LOG2E + 0.5)
-        r = (v - k * _LN2_HI) - k * _LN2_LO  # |r| <= ln(2) / 2
-        p = 1.0 / 6227020800.0  # Taylor to r^13 / 13!: remainder < 5e-18 for |r| <= 0.35
-        p = p * r + 1.0 / 479001600.0
-        p = p * r + 1.0 / 39916800.0
-        p = p * r + 1.0 / 3628800.0
-        p = p * r + 1.0 / 362880.0
-        p = p * r + 1.0 / 40320.0
-        p = p * r + 1.0 / 5040.0
-        p = p * r + 1.0 / 720.0
-        p = p * r + 1.0 / 120.0
-        p = p * r + 1.0 / 24.0
-        p = p * r + 1.0 / 6.0
-        p = p * r + 0.5
-        p = p * r + 1.0
-        p = p * r + 1.0
-        out[j] = p if xj >= XMIN else 0.0
-        scratch[j] = (np.int64(k) + 1023) << 52  # the bits of 2^k, k in [-1022, 0]
-    scale = scratch[:n].view(np.float64)
-    for j in range(n):
-        out[j] *= scale[j]
+exp_nonpositive = _compiled(_exp_nonpositive, "exp_nonpositive", _exp_nonpositive.__doc__,
+                            fastmath={"contract"})
+exp_nonpositive_f64 = _compiled(
+    _exp_nonpositive, "exp_nonpositive_f64",
+    ":func:`exp_nonpositive` rounded step by step (no fused multiply-add), as "
+    ":func:`exp_nonpositive_numpy` computes it.")
 
 
 #: float32: smallest argument with a normal result (``exp(-87.33) = 1.18e-38``).
