@@ -184,7 +184,7 @@ NUMPY_TWIN_MAX_ENTRIES = 1 << 16
 
 
 def exp_nonpositive_numpy(x):
-    """:func:`exp_nonpositive` (float64) or :func:`exp_nonpositive_f32` (float32) in NumPy,
+    """:func:`exp_nonpositive_f64` (float64) or :func:`exp_nonpositive_f32` (float32) in NumPy,
     the same steps in the same order, so the same values to the bit, in place in ``x``
     (a writeable float array); returns ``x``."""
     f32 = x.dtype == np.float32
