@@ -158,15 +158,14 @@ class Kernel:
     def _block(self, Xb, Y, y_norms):
         """Kernel values ``K(Xb, Y)`` for one row block (one GEMM plus a map)."""
         if self.name == "rbf":
-            from .kernels.vexp import rbf_in_place
+            from .kernels.vexp import rbf_by_arrays, rbf_in_place
 
-            G = gram(Xb, Y)
+            G, x_norms = gram(Xb, Y), squared_norms(Xb)
             y_norms = squared_norms(Y) if y_norms is None else y_norms
-            # on the host one compiled pass (the vectorised exp), else the same in NumPy
-            if rbf_in_place(G, self.gamma, -2.0, squared_norms(Xb), y_norms):
+            # on the host one compiled pass (the vectorised exp), else the same by arrays
+            if rbf_in_place(G, self.gamma, -2.0, x_norms, y_norms):
                 return G
-            return _rbf_by_arrays(gram_to_sq_distances(G, squared_norms(Xb), y_norms),
-                                  self.gamma)
+            return rbf_by_arrays(gram_to_sq_distances(G, x_norms, y_norms), self.gamma)
         return self._from_gram(gram(Xb, Y))
 
     def _blocks(self, X, Y, block_bytes):
@@ -287,26 +286,6 @@ def sq_distances(X, Y, y_norms=None):
     """Squared Euclidean distances ``||x||^2 + ||y||^2 - 2 x.y`` (one GEMM), clamped at 0."""
     return gram_to_sq_distances(gram(X, Y), squared_norms(X),
                                 squared_norms(Y) if y_norms is None else y_norms)
-
-
-def rbf_from_sq_distances(D, gamma):
-    """``exp(-gamma D)`` in place for squared distances ``D`` (on any device); on the host
-    the values of :func:`gpuml.kernels.vexp.rbf_in_place` to the bit, compiled or not."""
-    from .kernels.vexp import rbf_in_place
-
-    return D if rbf_in_place(D, gamma) else _rbf_by_arrays(D, gamma)
-
-
-def _rbf_by_arrays(D, gamma):
-    """:func:`rbf_from_sq_distances` by array operations: NumPy's to the bit of the compiled
-    pass on the host, the device's ``exp`` elsewhere."""
-    from .kernels.vexp import exp_nonpositive_numpy
-
-    D *= -gamma
-    xp = namespace_of(D)
-    if xp is np and D.dtype in (np.float32, np.float64):
-        return exp_nonpositive_numpy(D)
-    return xp.exp(D, out=D)
 
 
 def gram_to_sq_distances(G, x_norms, y_norms):

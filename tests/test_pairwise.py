@@ -140,8 +140,8 @@ def test_host_rbf_blocks_are_the_same_compiled_or_by_numpy(dtype, monkeypatch):
         exp_nonpositive_f32,
         exp_nonpositive_f64,
         exp_nonpositive_numpy,
+        rbf_from_sq_distances,
     )
-    from gpuml.pairwise import rbf_from_sq_distances
 
     rng = np.random.default_rng(3)
     X = rng.normal(size=(70, 5)).astype(dtype)

@@ -18,8 +18,8 @@ import numpy as np
 
 from .._backend import resolve, to_numpy
 from .._validation import validate_X
-from ..kernels import map_threads, row_ranges, threads_for
-from ..pairwise import rbf_from_sq_distances, widened_dot
+from ..kernels import map_threads, rbf_from_sq_distances, row_ranges, threads_for
+from ..pairwise import widened_dot
 from ..pipeline import predict_on_devices, prediction_group, route_on_devices
 from ..routing import PartVectors, neighbor_blocks, route
 from ._partitioned import on_device

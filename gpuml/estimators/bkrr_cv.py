@@ -21,9 +21,10 @@ from ..kernels import (
     NotPositiveDefiniteError,
     cholesky_solve_batch,
     part_threads,
+    rbf_from_sq_distances,
     tridiagonal_batch,
 )
-from ..pairwise import Kernel, rbf_from_sq_distances, sq_distances
+from ..pairwise import Kernel, sq_distances
 from ..routing import route
 from ._krr import _COMMON_CONSTRAINTS, _BKRRBase, _take
 from .bkrr_regressor import BKRRRegressor

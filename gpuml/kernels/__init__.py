@@ -49,6 +49,7 @@ from .krr import (
 )
 from .nearest import nearest_centres, part_sums, row_blocks
 from .smo import SMOProblem, SMOResult
+from .vexp import rbf_from_sq_distances
 
 __all__ = [
     "GCDProblem",
@@ -68,6 +69,7 @@ __all__ = [
     "parallel_region",
     "threads_for",
     "map_threads",
+    "rbf_from_sq_distances",
     "row_ranges",
     "HOST_KERNELS",
     "KERNELS",

@@ -15,8 +15,9 @@ values under 3.3e-308) it returns 0. Three variants:
   :func:`exp_nonpositive_f32` in float32 (a degree-7 polynomial, eight lanes to a
   256-bit register; within two float32 ulps for ``x >= -87.33``, 0 below). Their
   NumPy twin, :func:`exp_nonpositive_numpy`, computes the same values to the bit.
-  :func:`rbf_in_place` turns inner products or squared distances into rbf kernel
-  values with them in one pass: every rbf block on the host
+  :func:`rbf_in_place` turns inner products or squared distances into rbf kernel values
+  with them in one pass (:func:`rbf_by_arrays` is the same by array operations, NumPy's
+  twin on the host, the device's ``exp`` on a GPU): every rbf block on the host
   (:meth:`gpuml.pairwise.Kernel.matrix` and ``dot``: SMO's rows, prediction, KRR)
   and the SMO solver's float32 part matrices
   (:func:`gpuml.kernels.smo.cpu.sgemm_matrix`). Where numba has not compiled yet,
@@ -27,6 +28,8 @@ import types
 
 import numpy as np
 from numba import njit
+
+from .._backend import namespace_of
 
 _LOG2E = 1.4426950408889634
 _LN2_HI = 6.93147180369123816490e-01  # ln 2 split so that k * _LN2_HI is exact
@@ -149,14 +152,29 @@ def _rbf_rows_f64(G, scale, x_terms, y_terms, gamma):
         exp_nonpositive_f64(arg, G[i], scratch)
 
 
+def rbf_from_sq_distances(D, gamma):
+    """``exp(-gamma D)`` in place for squared distances ``D`` (on any device): the compiled
+    pass on the host (:func:`rbf_in_place`), else :func:`rbf_by_arrays`."""
+    return D if rbf_in_place(D, gamma) else rbf_by_arrays(D, gamma)
+
+
+def rbf_by_arrays(D, gamma):
+    """``exp(-gamma D)`` by array operations: on the host :func:`exp_nonpositive_numpy`
+    (the compiled pass's values to the bit), elsewhere the device's ``exp``."""
+    D *= -gamma
+    if isinstance(D, np.ndarray) and D.dtype in (np.float32, np.float64):
+        return exp_nonpositive_numpy(D)
+    return namespace_of(D).exp(D, out=D)
+
+
 def rbf_in_place(G, gamma, scale=1.0, x_terms=None, y_terms=None) -> bool:
     """``G[i, j] = exp(-gamma * max(scale * G[i, j] + y_terms[j] + x_terms[i], 0))`` in
     place, one compiled pass (:func:`rbf_exponent`, then the vectorised ``exp``); the
     terms default to zeros. Returns False, and leaves ``G`` as it was, where it does not
     apply (not a C-contiguous float32 or float64 host matrix) or, for a block of at most
     :data:`NUMPY_TWIN_MAX_ENTRIES` values, while the compiled pass is not loaded yet (see
-    :mod:`gpuml.kernels._jit`): the caller then computes the same values with NumPy
-    (:func:`exp_nonpositive_numpy`, the same to the bit).
+    :mod:`gpuml.kernels._jit`): the caller then computes the same values by
+    :func:`rbf_by_arrays` (on the host the same to the bit).
     """
     from . import _jit
 
