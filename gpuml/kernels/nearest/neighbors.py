@@ -10,9 +10,10 @@ count: the kept set depends neither on the order the parts arrive in nor on the
 implementation. Two implementations:
 
 * **numba** (host): two passes over each row of ``G`` (the distances, then the
-  comparisons); each row keeps its k nearest as a max-heap, and a candidate replaces
-  the farthest only when nearer, so the cost is one comparison per candidate once the
-  row's k best are near. Nothing of the candidates' size is written beside ``G``.
+  comparisons); each row keeps its k nearest sorted farthest first, and a candidate
+  replaces the farthest only when nearer. Once the row's k best are near, whole
+  stretches of candidates are rejected by one vectorised count. Nothing of the
+  candidates' size is written beside ``G``.
 * **array twin** (CuPy, and the host while numba compiles the loop, see
   :mod:`.._jit`): a stable sort of each row's kept and new candidates.
 """
@@ -31,60 +32,68 @@ COLUMN_BITS = 32
 EMPTY_RANK = np.iinfo(np.int64).max
 
 
+#: Candidates the merge loop tests at once (one vectorised count) before it looks at
+#: them one by one: most stretches of a row hold none nearer than its k-th kept.
+MERGE_STRETCH = 64
+
+
 @njit(nogil=True, cache=True)
 def _merge_loop(G, minus_two, x_norms, v_norms, rows, part, best_d, best_r):
-    """:meth:`NearestMerge.add`'s host loop: row ``i``'s kept candidates are a max-heap
-    by (distance, rank) in ``best_d[i]``, ``best_r[i]`` (the farthest at slot 0).
+    """:meth:`NearestMerge.add`'s host loop: row ``i``'s kept candidates are sorted
+    farthest first by (distance, rank) in ``best_d[i]``, ``best_r[i]``.
 
     Per row, one pass turns the inner products into distances (a loop the compiler
-    vectorises), a second compares them with the farthest kept (most are rejected there).
+    vectorises); a second counts, :data:`MERGE_STRETCH` candidates at a time, those
+    no farther than the farthest kept (a vectorised count: most stretches hold none)
+    and compares those of the other stretches one by one. A nearer candidate replaces
+    the farthest and moves to its place in the order.
     """
     m2 = minus_two[0]
     zero = m2 - m2
     k = best_d.shape[1]
+    m = G.shape[1]
     base = np.int64(part) << COLUMN_BITS
     for r in range(G.shape[0]):
         g = G[r]
         xn = x_norms[r]
-        for j in range(g.shape[0]):
+        for j in range(m):
             # gram_to_sq_distances' arithmetic and order, row by row
             d = (g[j] * m2 + v_norms[j]) + xn
             g[j] = zero if d < 0 else d
         i = rows[r]
         hd = best_d[i]
         hr = best_r[i]
-        top_d = hd[0]
+        # the farthest kept, in G's dtype: exact, as every kept distance came from one
+        top_d = G.dtype.type(hd[0])
         top_r = hr[0]
-        for j in range(g.shape[0]):
-            d = g[j]
-            if d <= top_d:
-                rank = base + j
-                if d < top_d or rank < top_r:
-                    # replaces the farthest kept: sift down from the root
-                    pos = 0
-                    while True:
-                        c = 2 * pos + 1
-                        if c >= k:
-                            break
-                        if c + 1 < k and (hd[c + 1] > hd[c] or (hd[c + 1] == hd[c]
-                                                                 and hr[c + 1] > hr[c])):
-                            c += 1
-                        if hd[c] > d or (hd[c] == d and hr[c] > rank):
-                            hd[pos] = hd[c]
-                            hr[pos] = hr[c]
-                            pos = c
-                        else:
-                            break
-                    hd[pos] = d
-                    hr[pos] = rank
-                    top_d = hd[0]
-                    top_r = hr[0]
+        for start in range(0, m, MERGE_STRETCH):
+            stop = min(start + MERGE_STRETCH, m)
+            near = 0
+            for j in range(start, stop):
+                near += g[j] <= top_d
+            if near == 0:
+                continue
+            for j in range(start, stop):
+                d = g[j]
+                if d <= top_d:
+                    rank = base + j
+                    if d < top_d or rank < top_r:
+                        pos = 0
+                        while pos + 1 < k and (hd[pos + 1] > d or (hd[pos + 1] == d
+                                                                   and hr[pos + 1] > rank)):
+                            hd[pos] = hd[pos + 1]
+                            hr[pos] = hr[pos + 1]
+                            pos += 1
+                        hd[pos] = d
+                        hr[pos] = rank
+                        top_d = G.dtype.type(hd[0])
+                        top_r = hr[0]
 
 
 def _merge_array(G, x_norms, v_norms, rows, part, best_d, best_r):
     """:meth:`NearestMerge.add` by array operations on G's device: each row's kept and
     new candidates sorted by (distance, rank) (two stable sorts), the k first kept,
-    farthest first (a max-heap, as the loop needs them if it takes the next merge)."""
+    farthest first (as the loop keeps them, should it take the next merge)."""
     xp = namespace_of(G)
     gram_to_sq_distances(G, x_norms, v_norms)
     k = best_d.shape[1]
