@@ -135,7 +135,7 @@ def test_host_rbf_blocks_are_the_same_compiled_or_by_numpy(dtype, monkeypatch):
     """On the host an rbf block is one compiled pass (the vectorised exp); while numba has not
     compiled it, NumPy computes the same steps: the same values to the bit, within two ulps
     of the exact kernel."""
-    from gpuml.kernels import _jit
+    from gpuml.kernels import _jit, vexp
     from gpuml.kernels.vexp import (
         exp_nonpositive_f32,
         exp_nonpositive_f64,
@@ -152,6 +152,8 @@ def test_host_rbf_blocks_are_the_same_compiled_or_by_numpy(dtype, monkeypatch):
         D = sq_distances(X.astype(np.float64), Y.astype(np.float64))
         from_d = rbf_from_sq_distances(D.astype(dtype), 0.7)
     monkeypatch.setattr(_jit, "ready", lambda dispatcher, *args: False)
+    monkeypatch.setattr(vexp, "_twin_spent", 0)
+    monkeypatch.setattr(vexp, "TWIN_CHUNK", 1000)  # 6,300 values: by chunks, the last short
     np.testing.assert_array_equal(kernel.matrix(X, Y), compiled)
     np.testing.assert_array_equal(rbf_from_sq_distances(D.astype(dtype), 0.7), from_d)
     exact = np.exp(-0.7 * D)
@@ -169,3 +171,26 @@ def test_host_rbf_blocks_are_the_same_compiled_or_by_numpy(dtype, monkeypatch):
     np.testing.assert_array_less(np.abs(out - exact)[normal],
                                  2.0 * np.spacing(exact[normal].astype(dtype)))
     np.testing.assert_array_equal(out[~normal], 0.0)
+
+
+def test_host_rbf_blocks_take_the_numpy_twin_within_the_budget_then_the_compiled_pass(monkeypatch):
+    """While the compiled rbf pass is not loaded, blocks take the NumPy twin until the
+    process has computed TWIN_BUDGET values that way; later blocks run the compiled pass
+    (compiling it in the caller), with the same values."""
+    from gpuml.kernels import _jit, vexp
+
+    rng = np.random.default_rng(4)
+    G = rng.uniform(0.0, 3.0, size=(10, 9))
+    with _jit.synchronous():
+        expected = vexp.rbf_from_sq_distances(G.copy(), 0.5)
+    monkeypatch.setattr(_jit, "ready", lambda dispatcher, *args: False)
+    monkeypatch.setattr(vexp, "TWIN_BUDGET", 100)
+    monkeypatch.setattr(vexp, "_twin_spent", 0)
+    first = G.copy()
+    assert not vexp.rbf_in_place(first, 0.5)  # 90 values: within the budget, the twin's
+    assert vexp._twin_spent == 90
+    np.testing.assert_array_equal(first, G)  # left as it was
+    second = G.copy()
+    assert vexp.rbf_in_place(second, 0.5)  # 180 > 100: the compiled pass
+    np.testing.assert_array_equal(second, expected)
+    np.testing.assert_array_equal(vexp.rbf_by_arrays(first, 0.5), expected)

@@ -171,13 +171,14 @@ def rbf_in_place(G, gamma, scale=1.0, x_terms=None, y_terms=None) -> bool:
     """``G[i, j] = exp(-gamma * max(scale * G[i, j] + y_terms[j] + x_terms[i], 0))`` in
     place, one compiled pass (:func:`rbf_exponent`, then the vectorised ``exp``); the
     terms default to zeros. Returns False, and leaves ``G`` as it was, where it does not
-    apply (not a C-contiguous float32 or float64 host matrix) or, for a block of at most
-    :data:`NUMPY_TWIN_MAX_ENTRIES` values, while the compiled pass is not loaded yet (see
-    :mod:`gpuml.kernels._jit`): the caller then computes the same values by
-    :func:`rbf_by_arrays` (on the host the same to the bit).
+    apply (not a C-contiguous float32 or float64 host matrix) or while the compiled pass
+    is not loaded yet (see :mod:`gpuml.kernels._jit`) and the process's blocks taken that
+    way stay within :data:`TWIN_BUDGET` values: the caller then computes the same values
+    by :func:`rbf_by_arrays` (on the host the same to the bit).
     """
     from . import _jit
 
+    global _twin_spent
     if not (isinstance(G, np.ndarray) and G.ndim == 2 and G.flags.c_contiguous
             and G.flags.writeable and G.dtype in (np.float32, np.float64)):
         return False
@@ -189,22 +190,42 @@ def rbf_in_place(G, gamma, scale=1.0, x_terms=None, y_terms=None) -> bool:
     args = (G, float(scale), x_terms, y_terms, float(gamma))
     if G.size == 0:
         return True
-    if G.size <= NUMPY_TWIN_MAX_ENTRIES and not _jit.ready(fn, *args):
+    if not _jit.ready(fn, *args) and _twin_spent + G.size <= TWIN_BUDGET:
+        _twin_spent += G.size
         return False
-    fn(*args)  # (a larger block compiles here if need be: the twin would cost more)
+    fn(*args)  # (past the budget it compiles here if need be: the twin would cost more)
     return True
 
 
-#: Blocks of at most this many values take the NumPy twin while :func:`rbf_in_place`'s pass
-#: is not compiled; larger ones wait for the compile (else a large fit, during which the
-#: background compile waits, would compute every block by the slower twin).
-NUMPY_TWIN_MAX_ENTRIES = 1 << 16
+#: Values a process computes by the NumPy twin (:func:`rbf_by_arrays`) while
+#: :func:`rbf_in_place`'s pass is not compiled; blocks past it wait for the compile. The
+#: twin costs some 20 ns a value more in float64 (8 in float32) and a cold compile
+#: 0.8-1.5 s, so a first small fit (a 2,000-row kernel matrix: 4 million values) takes
+#: the twin, while a large fit, during which the background compile waits, does not
+#: compute all its blocks by the slower twin.
+TWIN_BUDGET = 1 << 24
+_twin_spent = 0
+
+
+#: Values :func:`exp_nonpositive_numpy` takes at a time: its dozen passes then stay in
+#: the core's cache instead of streaming the whole block from memory each time.
+TWIN_CHUNK = 1 << 16
 
 
 def exp_nonpositive_numpy(x):
     """:func:`exp_nonpositive_f64` (float64) or :func:`exp_nonpositive_f32` (float32) in NumPy,
     the same steps in the same order, so the same values to the bit, in place in ``x``
-    (a writeable float array); returns ``x``."""
+    (a writeable float array); returns ``x``. A contiguous ``x`` goes by chunks of
+    :data:`TWIN_CHUNK` values."""
+    if x.flags.c_contiguous and x.size > TWIN_CHUNK:
+        flat = x.reshape(-1)
+        for start in range(0, flat.size, TWIN_CHUNK):
+            _exp_nonpositive_numpy(flat[start:start + TWIN_CHUNK])
+        return x
+    return _exp_nonpositive_numpy(x)
+
+
+def _exp_nonpositive_numpy(x):
     f32 = x.dtype == np.float32
     t = x.dtype.type
     lowest = t(XMIN_F32 if f32 else XMIN)
