@@ -45,3 +45,61 @@ def test_precompile_fits_every_cpu_path_and_covers_the_default_fits():
     after = {name: set(f.overloads) for name, f in _numba_functions().items()}
     new = {name: after[name] - before[name] for name in after if after[name] - before[name]}
     assert not new, f"compiled after precompile: {new}"
+
+
+def _cached_kernels():
+    """Every numba dispatcher with a disk cache in the modules of gpuml.kernels."""
+    import importlib
+    import pkgutil
+
+    import gpuml.kernels
+
+    found = {}
+    for info in pkgutil.walk_packages(gpuml.kernels.__path__, "gpuml.kernels."):
+        try:
+            module = importlib.import_module(info.name)
+        except ImportError:  # a GPU module whose package is missing here
+            continue
+        for name, obj in vars(module).items():
+            if getattr(obj, "_cache", None) is not None and hasattr(obj, "overloads"):
+                found[f"{info.name}.{name}"] = obj
+    return found
+
+
+def test_every_kernel_cache_is_stamped_with_all_kernel_sources():
+    """numba keys a function's cached machine code by its own file, yet a compiled function
+    inlines those it calls from other files: every gpuml kernel's cache is stamped with one
+    digest of all the kernel sources instead, so that no edit leaves stale code loaded."""
+    from gpuml.kernels import _jit
+
+    kernels = _cached_kernels()
+    assert {"gpuml.kernels.vexp._rbf_rows_f32", "gpuml.kernels.smo.cpu._rbf_from_lower",
+            "gpuml.kernels.nearest.neighbors._merge_loop"} <= set(kernels)
+    for name, dispatcher in kernels.items():
+        locator = dispatcher._cache._impl._locator
+        assert type(locator).__name__.startswith("GpumlStamped"), name
+        assert locator.get_source_stamp() == _jit.sources_stamp(), name
+
+
+def test_sources_stamp_follows_every_file_and_other_code_keeps_numbas_cache(tmp_path,
+                                                                           monkeypatch):
+    import importlib
+
+    from gpuml.kernels import _jit
+
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "a.py").write_text("x = 1\n")
+    (tmp_path / "sub" / "b.py").write_text("y = 2\n")
+    first = _jit.sources_stamp.__wrapped__(tmp_path)
+    assert _jit.sources_stamp.__wrapped__(tmp_path) == first
+    (tmp_path / "sub" / "b.py").write_text("y = 3\n")  # another file than the function's
+    second = _jit.sources_stamp.__wrapped__(tmp_path)
+    assert second != first
+    (tmp_path / "sub" / "b.py").rename(tmp_path / "sub" / "c.py")
+    assert _jit.sources_stamp.__wrapped__(tmp_path) != second
+    # a cached function outside gpuml.kernels keeps numba's own locator
+    (tmp_path / "outside_module.py").write_text(
+        "import numba\n\n@numba.njit(cache=True)\ndef f(x):\n    return x + 1\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    outside = importlib.import_module("outside_module")
+    assert not type(outside.f._cache._impl._locator).__name__.startswith("GpumlStamped")

@@ -26,11 +26,69 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import hashlib
 import os
 import queue
 import threading
+from pathlib import Path
 
 import numpy as np
+
+#: The folder of the compiled sources whose machine code numba caches (``cache=True``).
+KERNELS_DIR = Path(__file__).resolve().parent
+
+
+@functools.cache
+def sources_stamp(root: Path = KERNELS_DIR) -> bytes:
+    """One digest of every Python source under ``root``, path and contents: the stamp of
+    the disk cache of gpuml's compiled functions (:func:`_stamp_gpuml_caches`)."""
+    digest = hashlib.sha256()
+    for path in sorted(root.rglob("*.py")):
+        digest.update(str(path.relative_to(root)).encode())
+        digest.update(path.read_bytes())
+    return digest.digest()
+
+
+def _stamped(locator):
+    """``locator`` (one of numba's cache locators) for gpuml's compiled functions, with
+    :func:`sources_stamp` as their source stamp."""
+
+    class Stamped(locator):
+        @classmethod
+        def from_function(cls, py_func, py_file):
+            if KERNELS_DIR not in Path(py_file).resolve().parents:
+                return None
+            return super().from_function(py_func, py_file)
+
+        def get_source_stamp(self):
+            return sources_stamp()
+
+    Stamped.__name__ = Stamped.__qualname__ = f"GpumlStamped{locator.__name__}"
+    return Stamped
+
+
+def _stamp_gpuml_caches():
+    """Make numba's disk cache of gpuml's compiled functions depend on all their sources.
+
+    numba keys a function's cached machine code by its own file's contents, but a
+    compiled function inlines the compiled functions it calls from other files (the SMO
+    matrix pass inlines :mod:`.vexp`'s ``exp``): after a change to those, it would load
+    the old code. Here every gpuml kernel's cache is stamped with :func:`sources_stamp`,
+    so a change to any of them recompiles them all. Functions outside gpuml keep numba's
+    locators, which come after these; a numba without this machinery keeps its own rule.
+    """
+    try:
+        from numba.core import caching
+
+        locators = caching.CacheImpl._locator_classes
+        mixin = caching._SourceFileBackedLocatorMixin
+    except (ImportError, AttributeError):  # pragma: no cover - another numba
+        return
+    if not any(c.__name__.startswith("GpumlStamped") for c in locators):
+        locators[:0] = [_stamped(c) for c in locators if issubclass(c, mixin)]
+
+
+_stamp_gpuml_caches()
 
 _lock = threading.Lock()
 _queued: set = set()
