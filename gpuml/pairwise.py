@@ -168,8 +168,10 @@ class Kernel:
             return rbf_by_arrays(gram_to_sq_distances(G, x_norms, y_norms), self.gamma)
         return self._from_gram(gram(Xb, Y))
 
-    def _blocks(self, X, Y, block_bytes):
-        """Yield ``(start, stop, K[start:stop])`` over row blocks of X."""
+    def blocks(self, X, Y, block_bytes: int = BLOCK_BYTES):
+        """Yield ``(start, stop, K(X[start:stop], Y))`` over row blocks of ``X``, each block
+        at most about ``block_bytes``: for products with the kernel values that need more
+        than :meth:`dot` (a precomputed kernel yields the rows of ``X``)."""
         if self.name == "precomputed":
             rows = max(1, block_bytes // max(1, X.shape[1] * X.dtype.itemsize))
             for start in range(0, X.shape[0], rows):
@@ -207,7 +209,7 @@ class Kernel:
         xp = namespace_of(X)
         coef = xp.asarray(coef)
         out = xp.empty((X.shape[0],) + coef.shape[1:], dtype=xp.result_type(X.dtype, coef.dtype))
-        for start, stop, block in self._blocks(X, Y, block_bytes):
+        for start, stop, block in self.blocks(X, Y, block_bytes):
             out[start:stop] = widened_dot(block, coef)
         return out
 

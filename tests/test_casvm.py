@@ -288,6 +288,27 @@ def _vote_winner(values, voting, n_classes):
     return np.argmax(ovo_votes(values, n_classes, voting)[0], axis=1)
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("n_classes", [2, 3, 4, 7])
+def test_pair_coef_times_kernel_values_is_the_dense_product(n_classes, dtype):
+    """PairCoef.times(K) is K @ coef, the coefficients one column per one-vs-one pair, each
+    support vector's nonzero only in its own class's pairs (by class blocks from four
+    classes on, one class without support vectors), accumulated in float64."""
+    from gpuml.estimators._svm import PairCoef, class_pairs
+
+    rng = np.random.default_rng(n_classes)
+    sv_class = np.sort(rng.integers(0, n_classes, size=40))
+    sv_class = sv_class[sv_class != 1] if n_classes > 2 else sv_class  # class 1: none
+    pairs = class_pairs(n_classes)
+    coef = rng.normal(size=(sv_class.size, len(pairs)))
+    for q, (a, b) in enumerate(pairs):
+        coef[(sv_class != a) & (sv_class != b), q] = 0.0
+    K = rng.uniform(size=(9, sv_class.size)).astype(dtype)
+    got = PairCoef(coef, sv_class, n_classes).times(K)
+    assert got.dtype == np.float64
+    np.testing.assert_allclose(got, K.astype(np.float64) @ coef, rtol=1e-12, atol=1e-12)
+
+
 @pytest.mark.parametrize("n_classes", [2, 3, 5])
 def test_unsettled_votes_are_the_rows_a_move_below_the_margin_can_turn(n_classes):
     """unsettled_votes against its definition: on a settled row no move of the pairwise

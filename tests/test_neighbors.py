@@ -91,6 +91,7 @@ def test_blend_over_the_nearest_parts_is_the_weighted_sum_of_part_values(kernel,
     from sklearn.datasets import make_classification
 
     import gpuml.routing as routing
+    from gpuml.estimators._part_prediction import PartModels
 
     monkeypatch.setattr(routing, "NEIGHBOR_PARTS", 3)
     X, y = make_classification(1600, 8, n_informative=6, n_classes=3, random_state=0)
@@ -102,8 +103,8 @@ def test_blend_over_the_nearest_parts_is_the_weighted_sum_of_part_values(kernel,
                                        clf.n_neighbors, centers=clf.centers_)
     assert (weights > 0).sum(axis=1).max() > 1  # rows blend several parts
     assert np.all((weights > 0).sum(axis=1) <= 3)
-    columns = clf._part_columns()
-    values = np.stack([clf._part_values(backend, p, Xte, columns[p]) for p in range(8)])
+    models = PartModels(clf, backend)
+    values = np.stack([clf._part_values(backend, p, Xte, models) for p in range(8)])
     expected = np.einsum("np,pnq->nq", weights, values)
     np.testing.assert_allclose(clf.decision_function(Xte), expected, rtol=1e-10, atol=1e-10)
 

@@ -19,11 +19,10 @@ import numpy as np
 from .._backend import resolve, to_numpy
 from .._validation import validate_X
 from ..kernels import map_threads, rbf_from_sq_distances, row_ranges, threads_for
-from ..pairwise import widened_dot
 from ..pipeline import predict_on_devices, prediction_group, route_on_devices
 from ..routing import PartVectors, neighbor_blocks, route
 from ._partitioned import on_device
-from ._svm import gpu_compute_dtype, unsettled_votes
+from ._svm import PairCoef, gpu_compute_dtype, pair_values, unsettled_votes
 
 #: Rows predicted at a time (``predict``, ``decision_function``).
 PREDICT_BLOCK_ROWS = 16384
@@ -34,6 +33,39 @@ PREDICT_THREAD_MIN_ROWS = 4096
 #: the Python steps per part (holding the GIL) outweigh the threads' gain
 #: (bench/results/cpu-2core/casvm_predict.md: none at 98 parts, a loss from 245).
 PREDICT_THREAD_ROWS_PER_PART = 128
+
+
+class PartModels:
+    """The parts' models for one prediction on one device: each part's support vectors and
+    its coefficients, gathered from the fitted arrays when the part is first asked for and
+    then shared by every block and thread of the prediction (a GPU keeps its copies across
+    predictions: :func:`~gpuml.estimators._partitioned.on_device`). ``columns``: the
+    parts' support vectors, :meth:`PartPredictionMixin._part_columns` (made here when None).
+    """
+
+    def __init__(self, estimator, backend, columns=None):
+        self._estimator = estimator
+        self._backend = backend
+        self.columns = estimator._part_columns() if columns is None else columns
+        self._made = {}
+
+    def _once(self, key, make):
+        # Two threads may both make a part's arrays at once; either copy serves.
+        if key not in self._made:
+            self._made[key] = make()
+        return self._made[key]
+
+    def coef(self, p):
+        """Part ``p``'s ``alpha y`` per pair (:class:`~gpuml.estimators._svm.PairCoef`) and
+        intercepts."""
+        return self._once(("coef", p), lambda: self._estimator._part_coef(
+            self._backend, p, self.columns[p]))
+
+    def vectors(self, p, dtype=None):
+        """Part ``p``'s support vectors (rows of the training kernel for a precomputed one),
+        in ``dtype`` when given."""
+        return self._once(("vectors", p, str(dtype)), lambda: self._estimator._part_vectors_of(
+            self._backend, p, self.columns[p], dtype))
 
 
 class PartPredictionMixin:
@@ -116,7 +148,7 @@ class PartPredictionMixin:
         X = validate_X(self, X, reset=False)
         precomputed = self._kernel.name == "precomputed"
         n = X.shape[0]
-        columns = self._part_columns()
+        models = PartModels(self, backend)
         rule = self._rule()
         # A thread's block must give each part enough rows to outweigh the part's Python
         # steps, which hold the GIL (an int n_jobs too: no more threads than that allows).
@@ -137,14 +169,14 @@ class PartPredictionMixin:
                 start, stop = bounds
                 Xd = backend.asarray(X[start:stop])
                 if rule == "neighbors":
-                    voting[start:stop] = self._blended(backend, Xd, out[start:stop], columns,
+                    voting[start:stop] = self._blended(backend, Xd, out[start:stop], models,
                                                        parts())
                     return
-                owner = self._nearest(backend, Xd, out[start:stop], precomputed, columns)
+                owner = self._nearest(backend, Xd, out[start:stop], precomputed, models)
                 voting[start:stop] = self.pair_status_[owner] > 0
                 if rule == "auto":
                     self._blend_unsettled(backend, Xd, out[start:stop], voting[start:stop],
-                                          owner, columns, parts)
+                                          owner, models, parts)
 
             # In blocks of rows: what a block needs beside its output (weights, routes,
             # kernel values) does not grow with the number of rows predicted. Each block
@@ -152,27 +184,27 @@ class PartPredictionMixin:
             map_threads(predict_block, row_ranges(n, PREDICT_BLOCK_ROWS, threads), threads)
         return out, voting
 
-    def _nearest(self, backend, Xd, out, precomputed, columns):
+    def _nearest(self, backend, Xd, out, precomputed, models):
         """The values of the rows ``Xd`` under their nearest centre's model (Alg 5), written
-        to ``out`` (``columns``: :meth:`_part_columns`); returns each row's part (host)."""
+        to ``out`` (``models``: :class:`PartModels`); returns each row's part (host)."""
         owner = route(Xd, backend.asarray(self.centers_)) if not precomputed \
             else np.zeros(Xd.shape[0], dtype=np.int64)
         for p in np.unique(owner).tolist():
             sel = backend.asarray(np.flatnonzero(owner == p))
-            out[sel] = self._part_values(backend, p, Xd[sel], columns[p])
+            out[sel] = self._part_values(backend, p, Xd[sel], models)
         return owner
 
-    def _blended(self, backend, Xd, out, columns, parts):
+    def _blended(self, backend, Xd, out, models, parts):
         """The values of the rows ``Xd`` blended over the parts holding their nearest support
-        vectors (``parts``: :meth:`_part_vectors`), written to ``out``; returns which pairs
-        vote."""
+        vectors (``parts``: :meth:`_part_vectors`; ``models``: :class:`PartModels`), written
+        to ``out``; returns which pairs vote."""
         voting = np.zeros(out.shape, dtype=bool)
         for start, stop, weights, pieces in self._weighted_blocks(backend, Xd, parts):
-            self._blend(backend, Xd[start:stop], weights, pieces, out[start:stop], columns)
+            self._blend(backend, Xd[start:stop], weights, pieces, out[start:stop], models)
             voting[start:stop] = weights @ (self.pair_status_ > 0) > 0
         return voting
 
-    def _blend_unsettled(self, backend, Xd, out, voting, owner, columns, parts):
+    def _blend_unsettled(self, backend, Xd, out, voting, owner, models, parts):
         """``combine="auto"``: the rows whose nearest part's values (``out``, ``voting``;
         ``owner``: the part) leave the vote open get the blended values instead, in place
         (``parts``: a callable giving :meth:`_part_vectors`, called only when some row is
@@ -182,10 +214,10 @@ class PartPredictionMixin:
             return
         sel = backend.asarray(rows)
         blended = backend.xp.zeros((rows.size, out.shape[1]), dtype=out.dtype)
-        voting[rows] = self._blended(backend, Xd[sel], blended, columns, parts())
+        voting[rows] = self._blended(backend, Xd[sel], blended, models, parts())
         out[sel] = blended
 
-    def _blend(self, backend, Xb, weights, pieces, out, columns):
+    def _blend(self, backend, Xb, weights, pieces, out, models):
         """Add ``sum_p w_p f_p(x)`` for the rows ``Xb`` into ``out``, in part order.
 
         For the RBF kernel a part's kernel values come from the squared distances
@@ -197,37 +229,40 @@ class PartPredictionMixin:
         reuse = self._kernel.name == "rbf"
         for p in np.flatnonzero(weights.any(axis=0)).tolist():
             if reuse and p in found:
-                coef, intercept = self._part_coef(backend, p, columns[p])
+                coef, intercept = models.coef(p)
                 rows, D = found[p]
                 mine = np.flatnonzero(weights[rows, p])
                 K = rbf_from_sq_distances(D[backend.asarray(mine)] if mine.size < rows.size
                                           else D, self._kernel.gamma)
                 sel = backend.asarray(rows[mine])
                 out[sel] += (backend.asarray(weights[rows[mine], p])[:, None]
-                             * (intercept[None, :] + widened_dot(K, coef)))
+                             * (intercept[None, :] + coef.times(K)))
                 continue
             rows = np.flatnonzero(weights[:, p])
             sel = backend.asarray(rows)
             out[sel] += (backend.asarray(weights[rows, p])[:, None]
-                         * self._part_values(backend, p, Xb[sel], columns[p]))
+                         * self._part_values(backend, p, Xb[sel], models))
 
-    def _part_model(self, backend, p, cols, dtype=None):
+    def _part_vectors_of(self, backend, p, cols, dtype=None):
         """Part ``p``'s support vectors (their rows for a precomputed kernel; in ``dtype``
-        when given), ``alpha y`` per pair and intercepts, on ``backend``; copied to a GPU
-        once and cached there. ``cols``: the part's support vectors (:meth:`_part_columns`)."""
+        when given) on ``backend``; copied to a GPU once and cached there. ``cols``: the
+        part's support vectors (:meth:`_part_columns`)."""
         def upload():
             vectors = (self.support_[cols] if self._kernel.name == "precomputed"
                        else self.support_vectors_[cols])
             if dtype is not None and self._kernel.name != "precomputed":
                 vectors = vectors.astype(dtype, copy=False)
-            return (backend.asarray(vectors), *self._part_coef(backend, p, cols))
+            return backend.asarray(vectors)
 
         return on_device(self, backend, ("part", p, str(dtype)), upload)
 
     def _part_coef(self, backend, p, cols):
-        """Part ``p``'s ``alpha y`` per pair (one column per pair) and intercepts on ``backend``."""
+        """Part ``p``'s ``alpha y`` per pair (:class:`~gpuml.estimators._svm.PairCoef`) and
+        intercepts on ``backend``."""
         def upload():
-            return (backend.asarray(self.ovo_dual_coef_[:, cols].T),
+            sv_class = np.repeat(np.arange(len(self.classes_)), self.n_support_)[cols]
+            return (PairCoef(self.ovo_dual_coef_[:, cols].T, sv_class, len(self.classes_),
+                             backend.asarray),
                     backend.asarray(self.part_intercept_[p]))
 
         return on_device(self, backend, ("coef", p), upload)
@@ -239,22 +274,21 @@ class PartPredictionMixin:
         ends = np.searchsorted(owner[order], np.arange(self.part_intercept_.shape[0] + 1))
         return [order[a:b] for a, b in zip(ends[:-1], ends[1:])]
 
-    def _part_values(self, backend, p, Xp, cols):
+    def _part_values(self, backend, p, Xp, models):
         """Pairwise decision values of the rows ``Xp`` (on ``backend``) under part ``p``'s model
-        (``cols``: its support vectors).
+        (``models``: :class:`PartModels` on ``backend``).
 
         Kernel values in :func:`gpu_compute_dtype` (float32 on a GPU for float32 rows),
         summed against the float64 coefficients: float64 accumulation.
         """
         dtype = (None if self._kernel.name == "precomputed" else
                  gpu_compute_dtype(backend, Xp, self.support_vectors_.dtype))
-        vectors, coef, intercept = self._part_model(backend, p, cols, dtype)
-        values = intercept[None, :]
-        if vectors.shape[0]:
-            if self._kernel.name == "precomputed":
-                values = values + Xp[:, vectors] @ coef
-            else:
-                values = values + self._kernel.dot(Xp, vectors, coef)
+        vectors = models.vectors(p, dtype)
+        coef, intercept = models.coef(p)
+        if not vectors.shape[0]:
+            return intercept[None, :]
+        values = pair_values(self._kernel, Xp, vectors, coef)
+        values += intercept[None, :]
         return values
 
     def _ovo_values_on_devices(self, group, X):
@@ -284,12 +318,12 @@ class PartPredictionMixin:
             weights = self._part_weights(backend, backend.asarray(X))
 
         def weighted_parts(rank, backend):
+            models = PartModels(self, backend, columns)
             shares = {}
             for p in np.flatnonzero(self.part_device_ == rank).tolist():
                 rows = np.flatnonzero(weights[:, p])
                 if rows.size:
-                    values = self._part_values(backend, p, backend.asarray(X[rows]),
-                                               columns[p])
+                    values = self._part_values(backend, p, backend.asarray(X[rows]), models)
                     shares[p] = (rows, to_numpy(backend.asarray(weights[rows, p])[:, None]
                                                 * values))
             return shares
@@ -309,11 +343,12 @@ class PartPredictionMixin:
         owner = route_on_devices(group, X, self.centers_)
 
         def predict_local(backend, Xd, parts):
+            models = PartModels(self, backend, columns)
             out = backend.xp.empty((Xd.shape[0], self.ovo_dual_coef_.shape[0]),
                                    dtype=np.float64)
             for p in np.unique(parts).tolist():
                 sel = backend.asarray(np.flatnonzero(parts == p))
-                out[sel] = self._part_values(backend, p, Xd[sel], columns[p])
+                out[sel] = self._part_values(backend, p, Xd[sel], models)
             return out
 
         return predict_on_devices(group, X, owner, self.part_device_, predict_local), owner

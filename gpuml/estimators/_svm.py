@@ -35,7 +35,7 @@ from sklearn.utils.validation import (
 
 from .._backend import is_dask_collection, namespace_of, to_numpy, to_output
 from .._validation import check_class_labels, validate_X_y
-from ..pairwise import make_kernel, squared_norms
+from ..pairwise import make_kernel, squared_norms, widened_dot
 from ..pipeline import dask_module
 
 
@@ -71,6 +71,71 @@ def gpu_compute_dtype(backend, X, model_dtype):
 def class_pairs(n_classes: int) -> list[tuple[int, int]]:
     """The one-vs-one pairs ``(a, b)``, ``a < b``, in LIBSVM's order."""
     return [(a, b) for a in range(n_classes) for b in range(a + 1, n_classes)]
+
+
+#: Fewest classes for which :class:`PairCoef` multiplies by class blocks: from four on
+#: the blocks do at most half the dense product's work.
+PAIR_BLOCKS_MIN_CLASSES = 4
+
+
+class PairCoef:
+    """One model's ``alpha y`` per one-vs-one pair (``(m, n_pairs)``, a column per pair),
+    ready for products with kernel values, on one device.
+
+    A support vector of class ``c`` takes part in the ``n_classes - 1`` pairs of ``c``
+    only (the rows LIBSVM keeps in ``dual_coef_``), so the dense product ``K @ coef`` does
+    ``n_classes / 2`` times the work needed. With :data:`PAIR_BLOCKS_MIN_CLASSES` classes
+    or more, :meth:`times` multiplies each class's kernel columns by its coefficients in
+    its own pairs and adds the result into those pairs' columns, as LIBSVM's prediction
+    sums them. ``coef`` (host, float64), ``sv_class`` (host: each support vector's class,
+    grouped: non-decreasing) and ``asarray`` (host to the device) make it.
+
+    >>> import numpy as np
+    >>> coef = np.array([[1.0, 2.0, 0.0], [-1.0, 0.0, 3.0], [0.0, -2.0, -3.0]])
+    >>> K = np.array([[1.0, 0.5, 0.25]])
+    >>> PairCoef(coef, np.array([0, 1, 2]), 3).times(K).tolist() == (K @ coef).tolist()
+    True
+    """
+
+    def __init__(self, coef, sv_class, n_classes: int, asarray=np.asarray):
+        self.n_pairs = coef.shape[1]
+        self.dense = None
+        self.blocks = []
+        if n_classes < PAIR_BLOCKS_MIN_CLASSES:
+            self.dense = asarray(np.ascontiguousarray(coef))
+            return
+        pair_of = {pair: q for q, pair in enumerate(class_pairs(n_classes))}
+        ends = np.searchsorted(sv_class, np.arange(n_classes + 1))
+        for c in range(n_classes):
+            start, stop = int(ends[c]), int(ends[c + 1])
+            if start == stop:
+                continue
+            pairs = np.array([pair_of[(min(c, d), max(c, d))] for d in range(n_classes)
+                              if d != c])
+            self.blocks.append((start, stop, asarray(pairs),
+                                asarray(np.ascontiguousarray(coef[start:stop][:, pairs]))))
+
+    def times(self, K):
+        """``K @ coef`` (float64) for kernel values ``K`` (``(n, m)``, any float dtype, on the
+        device): float64 accumulation (:func:`gpuml.pairwise.widened_dot`)."""
+        if self.dense is not None:
+            return widened_dot(K, self.dense)
+        out = namespace_of(K).zeros((K.shape[0], self.n_pairs), dtype=np.float64)
+        for start, stop, pairs, coef in self.blocks:
+            out[:, pairs] += widened_dot(K[:, start:stop], coef)
+        return out
+
+
+def pair_values(kernel, X, vectors, coef: PairCoef):
+    """``K(X, vectors) @ coef`` (float64, one column per pair) for a :class:`PairCoef`, by
+    blocks of rows of the kernel values (:meth:`gpuml.pairwise.Kernel.blocks`); for a
+    precomputed kernel ``vectors`` are the support vectors' columns of ``X``."""
+    if kernel.name == "precomputed":
+        return coef.times(X[:, vectors])
+    out = namespace_of(X).empty((X.shape[0], coef.n_pairs), dtype=np.float64)
+    for start, stop, K in kernel.blocks(X, vectors):
+        out[start:stop] = coef.times(K)
+    return out
 
 
 def ovo_votes(values, n_classes: int, voting=None, zero_votes_first=False):
@@ -541,6 +606,18 @@ class KernelSVMMixin:
         state = self.__dict__.copy()
         state.pop("_device_cache", None)
         return state
+
+    def _pair_coef(self, backend):
+        """``ovo_dual_coef_`` as a :class:`PairCoef` on the predicting device: made once per
+        device and fit, and, like the device copies, never pickled."""
+        cache = self.__dict__.setdefault("_device_cache", {})
+        key = (backend.device, "pair_coef")
+        if key not in cache:
+            sv_class = np.repeat(np.arange(len(self.classes_)), self.n_support_)
+            with backend.use():
+                cache[key] = PairCoef(self.ovo_dual_coef_.T, sv_class, len(self.classes_),
+                                      backend.asarray)
+        return cache[key]
 
     def _on_device(self, backend, name):
         """The fitted host array ``name`` on the predicting device (copied once, cached)."""

@@ -25,6 +25,7 @@ from ._svm import (
     class_pairs,
     gpu_compute_dtype,
     pack_dual_coef,
+    pair_values,
     primal_coef,
 )
 
@@ -434,15 +435,16 @@ class AsyGCDSVC(CachedParamNames, KernelSVMMixin, ClassifierMixin, BaseEstimator
         X = validate_X(self, X, reset=False)
         with backend.use():
             Xd = backend.asarray(X)
-            coef = self._on_device(backend, "ovo_dual_coef_")
-            if self._kernel_name == "precomputed":
-                values = Xd[:, backend.asarray(self.support_)] @ coef.T
-            elif len(self.support_) == 0:
-                values = backend.xp.zeros((X.shape[0], coef.shape[0]))
+            if len(self.support_) == 0:
+                values = backend.xp.zeros((X.shape[0], self.ovo_dual_coef_.shape[0]))
             else:
-                # Kernel values in float32 on a GPU for float32 rows, summed in float64.
-                vectors = self._on_device(backend, "support_vectors_")
-                vectors = vectors.astype(gpu_compute_dtype(backend, Xd, vectors.dtype),
-                                         copy=False)
-                values = self._kernel.dot(Xd, vectors, coef.T)
+                coef = self._pair_coef(backend)
+                if self._kernel_name == "precomputed":
+                    vectors = backend.asarray(self.support_)
+                else:
+                    # Kernel values in float32 on a GPU for float32 rows, summed in float64.
+                    vectors = self._on_device(backend, "support_vectors_")
+                    vectors = vectors.astype(gpu_compute_dtype(backend, Xd, vectors.dtype),
+                                             copy=False)
+                values = pair_values(self._kernel, Xd, vectors, coef)
             return to_numpy(values).astype(np.float64, copy=False), None

@@ -130,7 +130,7 @@ def _chunk_matrices(kernel, Xs, chunk, dtype, cp):
     pos = 0
     for g, n in zip(chunk, sizes):
         slot = flat[pos:pos + n * n].reshape(n, n)
-        for start, stop, rows in kernel._blocks(Xs[g], Xs[g], BLOCK_BYTES):
+        for start, stop, rows in kernel.blocks(Xs[g], Xs[g], BLOCK_BYTES):
             slot[start:stop] = rows.toarray() if hasattr(rows, "toarray") else rows
         offsets[g] = pos
         pos += n * n
