@@ -88,7 +88,8 @@ class PairCoef:
     or more, :meth:`times` multiplies each class's kernel columns by its coefficients in
     its own pairs and adds the result into those pairs' columns, as LIBSVM's prediction
     sums them. ``coef`` (host, float64), ``sv_class`` (host: each support vector's class,
-    grouped: non-decreasing) and ``asarray`` (host to the device) make it.
+    grouped: non-decreasing; None below :data:`PAIR_BLOCKS_MIN_CLASSES` classes) and
+    ``asarray`` (host to the device) make it.
 
     >>> import numpy as np
     >>> coef = np.array([[1.0, 2.0, 0.0], [-1.0, 0.0, 3.0], [0.0, -2.0, -3.0]])
@@ -102,7 +103,7 @@ class PairCoef:
         self.dense = None
         self.blocks = []
         if n_classes < PAIR_BLOCKS_MIN_CLASSES:
-            self.dense = asarray(np.ascontiguousarray(coef))
+            self.dense = asarray(coef)
             return
         pair_of = {pair: q for q, pair in enumerate(class_pairs(n_classes))}
         ends = np.searchsorted(sv_class, np.arange(n_classes + 1))
