@@ -22,13 +22,7 @@ from ..kernels import map_threads, rbf_from_sq_distances, row_ranges, threads_fo
 from ..pipeline import predict_on_devices, prediction_group, route_on_devices
 from ..routing import PartVectors, neighbor_blocks, route
 from ._partitioned import on_device
-from ._svm import (
-    PAIR_BLOCKS_MIN_CLASSES,
-    PairCoef,
-    gpu_compute_dtype,
-    pair_values,
-    unsettled_votes,
-)
+from ._svm import gpu_compute_dtype, pair_values, unsettled_votes
 
 #: Rows predicted at a time (``predict``, ``decision_function``).
 PREDICT_BLOCK_ROWS = 16384
@@ -266,12 +260,7 @@ class PartPredictionMixin:
         """Part ``p``'s ``alpha y`` per pair (:class:`~gpuml.estimators._svm.PairCoef`) and
         intercepts on ``backend``."""
         def upload():
-            n_classes = len(self.classes_)
-            sv_class = (np.repeat(np.arange(n_classes), self.n_support_)[cols]
-                        if n_classes >= PAIR_BLOCKS_MIN_CLASSES else None)
-            return (PairCoef(self.ovo_dual_coef_[:, cols].T, sv_class, n_classes,
-                             backend.asarray),
-                    backend.asarray(self.part_intercept_[p]))
+            return self._ovo_coef(backend, cols), backend.asarray(self.part_intercept_[p])
 
         return on_device(self, backend, ("coef", p), upload)
 

@@ -608,16 +608,25 @@ class KernelSVMMixin:
         state.pop("_device_cache", None)
         return state
 
+    def _ovo_coef(self, backend, cols=None):
+        """``ovo_dual_coef_`` of the support vectors ``cols`` (all when None) as a
+        :class:`PairCoef` on ``backend``."""
+        n_classes = len(self.classes_)
+        coef = self.ovo_dual_coef_.T if cols is None else self.ovo_dual_coef_[:, cols].T
+        sv_class = None
+        if n_classes >= PAIR_BLOCKS_MIN_CLASSES:  # the blocks need each vector's class
+            sv_class = np.repeat(np.arange(n_classes), self.n_support_)
+            sv_class = sv_class if cols is None else sv_class[cols]
+        return PairCoef(coef, sv_class, n_classes, backend.asarray)
+
     def _pair_coef(self, backend):
-        """``ovo_dual_coef_`` as a :class:`PairCoef` on the predicting device: made once per
-        device and fit, and, like the device copies, never pickled."""
+        """:meth:`_ovo_coef` of every support vector on the predicting device: made once
+        per device and fit, and, like the device copies, never pickled."""
         cache = self.__dict__.setdefault("_device_cache", {})
         key = (backend.device, "pair_coef")
         if key not in cache:
-            sv_class = np.repeat(np.arange(len(self.classes_)), self.n_support_)
             with backend.use():
-                cache[key] = PairCoef(self.ovo_dual_coef_.T, sv_class, len(self.classes_),
-                                      backend.asarray)
+                cache[key] = self._ovo_coef(backend)
         return cache[key]
 
     def _on_device(self, backend, name):
