@@ -28,6 +28,17 @@ RESULTS = Path(__file__).resolve().parent / "results"
 
 #: Environment variable naming the folder :func:`record` writes to instead of ``RESULTS``.
 OUT_ENV = "GPUML_BENCH_OUT"
+#: Environment variable holding the wall-clock time (``time.time()``) by which the running
+#: benchmark is killed: ``bench.run`` sets it for a benchmark it runs with a time limit.
+DEADLINE_ENV = "GPUML_BENCH_DEADLINE"
+
+
+def seconds_left() -> float:
+    """Seconds until the running benchmark is killed (:data:`DEADLINE_ENV`), or infinity when
+    it runs without a limit: a benchmark that measures points in order of value skips those
+    that would not finish."""
+    deadline = os.environ.get(DEADLINE_ENV)
+    return float(deadline) - time.time() if deadline else float("inf")
 
 #: The command line that is running, set by ``bench.run``; the default for :func:`record`.
 COMMAND: str | None = None

@@ -100,6 +100,9 @@ def _run_child(spec: str, gpu: bool, timeout: float, env: dict) -> str | None:
     error_file = Path(tempfile.mkdtemp(prefix="gpuml-bench-")) / "error.txt"
     env = dict(env, GPUML_BENCH_DUMP_AFTER=str(max(timeout - 10, timeout * 0.9, 0.01)),
                GPUML_BENCH_ERROR=str(error_file))
+    from bench._harness import DEADLINE_ENV
+
+    env[DEADLINE_ENV] = repr(time.time() + timeout)  # the benchmark may plan by it
     # Same process group as this one: whoever stops the whole run stops the child too.
     proc = subprocess.Popen(cmd, env=env)
     try:
