@@ -75,7 +75,7 @@ from sklearn.svm import SVC, LinearSVC
 
 import gpuml
 from bench._harness import OUT_ENV, RESULTS, machine_name, record
-from bench.datasets import DatasetMissing, load, train_test_split_std
+from bench.datasets import DatasetMissing, data_dir, load, train_test_split_std
 
 SIZES, QUICK_SIZES = (20_000, 50_000, 100_000, 200_000, 500_000, 1_000_000), (5_000, 20_000)
 N_TEST, QUICK_N_TEST = 20_000, 5_000
@@ -392,10 +392,19 @@ def _idx(path: Path) -> np.ndarray:
     return np.frombuffer(raw, dtype=np.uint8, offset=4 + 4 * raw[3]).reshape(shape)
 
 
+def fashion_folder() -> Path:
+    """The folder of Fashion-MNIST's idx files: ``<data_dir>/fashion-mnist`` where they were
+    carried (``make gpu-data`` copies them there for the GPU machine), else the Debian
+    package's."""
+    carried = data_dir() / "fashion-mnist"
+    return carried if (carried / "train-images-idx3-ubyte.gz").exists() else FASHION
+
+
 def load_fashion(quick):
     """Fashion-MNIST ``X_train, X_test, y_train, y_test``, pixels / 255 as float32."""
     parts = ("train-images-idx3", "t10k-images-idx3", "train-labels-idx1", "t10k-labels-idx1")
-    files = [FASHION / f"{p}-ubyte.gz" for p in parts]
+    folder = fashion_folder()
+    files = [folder / f"{p}-ubyte.gz" for p in parts]
     missing = [str(f) for f in files if not f.exists()]
     if missing:
         raise DatasetMissing(f"data set 'fashion-mnist': no {', '.join(missing)}")

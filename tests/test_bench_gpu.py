@@ -6,6 +6,7 @@ rotting between the rare runs on a GPU machine.
 """
 
 import json
+import time
 
 import pytest
 
@@ -54,3 +55,54 @@ def test_dry_run_reports_every_target(tmp_path, monkeypatch):
         assert row["fp32_rel_diff"] < 1e-6 and row["bf16_max_ulps"] <= 1
     refusal = recorded["gpu_memory_dryrun"][0]
     assert refusal["outcome"].startswith("refused") and refusal["met"] is True
+
+
+@pytest.mark.slow
+def test_scale_dry_run_measures_every_point_and_plans_by_the_time_left(tmp_path, monkeypatch):
+    from bench import bench_gpu_scale
+
+    monkeypatch.setattr(_harness, "RESULTS", tmp_path)
+    monkeypatch.delenv(_harness.DEADLINE_ENV, raising=False)
+    recorded = {}
+    real_record = bench_gpu_scale.record
+
+    def capture(name, rows, **kwargs):
+        recorded[name] = rows
+        return real_record(name, rows, **kwargs)
+
+    monkeypatch.setattr(bench_gpu_scale, "record", capture)
+    bench_gpu_scale.main(gpu=False)
+
+    curve = recorded["gpu_scale_dryrun"]
+    assert [(r["method"], r["n_train"]) for r in curve] == [
+        (method, n) for method in ("CASVMClassifier", "BKRRRegressor")
+        for n in bench_gpu_scale.DRY_SIZES]
+    assert all(r["score"] > 0.8 for r in curve)  # accuracy, R²: real fits
+    for row in recorded["gpu_streamed_dryrun"]:  # the streamed fit is the same model
+        assert row["same_predictions"] is True
+    peers = {r["method"]: r for r in recorded["gpu_peers_dryrun"] if "first_s" in r}
+    assert peers["gpuml BKRRRegressor(n_partitions=1)"]["rel_diff_vs_cholesky"] < 1e-10
+    assert peers["torch.linalg.cholesky"]["rel_diff_vs_cholesky"] == 0.0
+    try:
+        load_adult()
+    except DatasetMissing:
+        assert "gpu_asygcd_threads_dryrun" not in recorded
+    else:
+        sweep = recorded["gpu_asygcd_threads_dryrun"]
+        assert [(r["blocks"], r["workers"]) for r in sweep] == [
+            (b, w) for b in ("kbalance", "random") for w in (1, 2)]
+        assert all(r["accuracy"] > 0.75 and r["updates"] > 0 for r in sweep)
+
+    # With little time left, the curve stops after its first point instead of being
+    # killed in the middle of a larger one, and the peers are not started.
+    monkeypatch.setenv(_harness.DEADLINE_ENV, repr(time.time() + 300))
+    monkeypatch.setattr(bench_gpu_scale, "PEERS_RESERVE", 200.0)
+    monkeypatch.setattr(bench_gpu_scale, "MARGIN", 1e6)  # any next point "would not finish"
+    rows, streamed = bench_gpu_scale.scale_curve(False)
+    first, second = bench_gpu_scale.DRY_SIZES
+    assert [(r["n_train"], r.get("note")) for r in rows] == [
+        (first, None), (second, "skipped: time left")] * 2
+    assert streamed == []
+    monkeypatch.setenv(_harness.DEADLINE_ENV, repr(time.time() + 5))
+    assert all(r["note"].startswith(("skipped", "not run"))
+               for r in bench_gpu_scale.peers(False))
