@@ -74,8 +74,12 @@ def test_make_wiring():
     assert any("GPUML_REQUIRE_GPU=1" in line and 'bench.gpu_check tests gpu-out' in line
                and 'GPUML_RUN_LAST="tests/test_gcd_gpu.py"' in line for line in real)
     assert any('-m "gpu or cuda_also" tests' in line for line in real)
-    assert any("bench.run gpu kernels:quick partition:quick optim:quick --gpu --out gpu-out"
-               in line for line in real)
+    assert any("bench.run gpu gpu_scale kernels:quick partition:quick optim:quick --gpu "
+               "--out gpu-out" in line for line in real)
+    # one call within GPU_BUDGET: the tests get TEST_SHARE of it, the benchmarks the rest
+    assert any("--budget 240" in line for line in real)
+    assert any("left=$(( 470 - $(date +%s) + start ))" in line for line in real)
+    assert any("gpu-check-bench GPU_GUARD= BENCH_BUDGET=$left" in line for line in real)
     assert sum("bench.gpu_check summary gpu-out" in line for line in real) == 2
     dry = "\n".join(_make("-n", "gpu-check", "DRY_RUN=1").stdout.splitlines())
     assert "guard" not in dry and "GPUML_REQUIRE_GPU" not in dry and "--gpu" not in dry
