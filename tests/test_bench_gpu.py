@@ -106,3 +106,4 @@ def test_scale_dry_run_measures_every_point_and_plans_by_the_time_left(tmp_path,
     monkeypatch.setenv(_harness.DEADLINE_ENV, repr(time.time() + 5))
     assert all(r["note"].startswith(("skipped", "not run"))
                for r in bench_gpu_scale.peers(False))
+    assert bench_gpu_scale.fashion_exact(False)[0]["note"].startswith("skipped")
