@@ -597,3 +597,49 @@ def test_kmeans_on_many_rows_runs_on_a_sample_then_assigns_every_row(monkeypatch
     assert not np.array_equal(centers, centers_all)
     inertia = ((X - centers[labels]) ** 2).sum()
     assert inertia <= 1.03 * ((X - centers_all[labels_all]) ** 2).sum()
+
+
+def test_apportion_shares_the_parts_by_rows():
+    rng = np.random.default_rng(0)
+    for _ in range(500):
+        sizes = rng.integers(0, 40, size=rng.integers(1, 10))
+        held = int((sizes > 0).sum())
+        if not held:
+            continue
+        total = int(rng.integers(held, sizes.sum() + 1))
+        share = algorithms.apportion(sizes, total)
+        assert share.sum() == total and (share <= sizes).all()
+        assert (share[sizes > 0] >= 1).all() and (share[sizes == 0] == 0).all()
+        # proportional: no group is more than one part (plus its floor of one) off its quota
+        quota = sizes * total / sizes.sum()
+        assert (np.abs(share - quota) < 1 + (quota < 1)).all()
+    assert algorithms.apportion(np.array([100, 1, 1, 1]), 4).tolist() == [1, 1, 1, 1]
+
+
+def test_kmeans_with_many_centres_runs_in_two_levels_on_the_sample(monkeypatch):
+    X = _blobs(8000, seed=1)
+    monkeypatch.setattr(algorithms, "KMEANS_MIN_ROWS", 500)
+    monkeypatch.setattr(algorithms, "KMEANS_ROWS_PER_CENTRE", 40)
+    monkeypatch.setattr(algorithms, "KMEANS_TWO_LEVEL_PARTS", 30)
+    P = 40
+    # Written out: the same 1,600 rows drawn, ceil(sqrt(40)) = 7 centres of them, then in
+    # each of their groups its share of the 40 by k-means on the group, same generator.
+    rng = check_random_state(3)
+    S = X[np.sort(rng.choice(8000, 1600, replace=False))]
+    top, _ = algorithms.lloyd(LocalRows(S), 7, rng)
+    groups = assign_nearest(S, top)
+    share = algorithms.apportion(np.bincount(groups, minlength=7), P)
+    expected = np.concatenate([algorithms.lloyd(LocalRows(S[groups == g]), int(share[g]), rng)[0]
+                               for g in np.flatnonzero(share)])
+    centers, sizes = algorithms.lloyd(LocalRows(X), P, check_random_state(3))
+    np.testing.assert_array_equal(centers, expected)
+    np.testing.assert_array_equal(sizes, np.bincount(assign_nearest(X, centers), minlength=P))
+    # K-balance stays balanced, and the clustering of every row is about as good as that
+    # of flat k-means on the same sample.
+    sizes = np.bincount(partition(X, P, "kbalance", random_state=0)[0], minlength=P)
+    assert sizes.max() - sizes.min() <= 1
+    labels, centers = partition(X, P, "kmeans", random_state=0)
+    monkeypatch.setattr(algorithms, "KMEANS_TWO_LEVEL_PARTS", 10**9)
+    labels_flat, centers_flat = partition(X, P, "kmeans", random_state=0)
+    inertia = ((X - centers[labels]) ** 2).sum()
+    assert inertia <= 1.1 * ((X - centers_flat[labels_flat]) ** 2).sum()
