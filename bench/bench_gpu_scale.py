@@ -47,9 +47,10 @@ import gc
 import time
 
 import numpy as np
-from sklearn.datasets import make_classification, make_friedman1
+from sklearn.datasets import make_friedman1
 
 from bench._harness import record, seconds_left
+from bench.bench_scale import draw_synthetic
 
 #: Training sizes of the n-curve on a GPU, and of the CPU dry run.
 SIZES, DRY_SIZES = (1_000_000, 4_000_000, 10_000_000), (4_000, 8_000)
@@ -142,16 +143,6 @@ def fashion_exact(gpu: bool) -> list[dict]:
 
 # -- 2. and 3. the n-curve, and the fit streamed through half the data's memory ----------------
 
-def _draw(task: str, total: int):
-    if task == "classification":
-        X, y = make_classification(total, n_features=28, n_informative=20, n_redundant=4,
-                                   flip_y=0.05, class_sep=0.8, random_state=0)
-    else:
-        X, y = make_friedman1(total, n_features=28, noise=0.5, random_state=0)
-        y = y.astype(np.float32)
-    return X.astype(np.float32), y
-
-
 def _estimator(task: str, gpu: bool, **kw):
     from gpuml import BKRRRegressor, CASVMClassifier
 
@@ -159,7 +150,8 @@ def _estimator(task: str, gpu: bool, **kw):
     return cls(device=_device(gpu), random_state=0, **kw)
 
 
-def _score(task: str, pred, y) -> float:
+def score(task: str, pred, y) -> float:
+    """Test accuracy (classification) or R² (regression)."""
     if task == "classification":
         return float(np.mean(pred == y))
     return float(1.0 - np.mean((pred - y) ** 2) / np.var(y))
@@ -173,7 +165,7 @@ def _fit_point(task, gpu, Xtr, ytr, Xte, yte, **kw):
     if sizes is None:
         sizes = est.part_sizes_
     row = {"task": task, "method": type(est).__name__, "n_train": len(ytr), "fit_s": fit_s,
-           "predict_s": predict_s, "score": _score(task, pred, yte),
+           "predict_s": predict_s, "score": score(task, pred, yte),
            "P": int(est.n_partitions_), "largest_part": int(np.max(sizes))}
     return row, pred
 
@@ -187,7 +179,7 @@ def scale_curve(gpu: bool) -> tuple[list[dict], list[dict]]:
             _say(f"2. {task}: skipped, {seconds_left():.0f} s left")
             continue
         t0 = time.perf_counter()
-        X, y = _draw(task, max(sizes) + n_test)
+        X, y = draw_synthetic(task == "classification", max(sizes) + n_test)
         draw_s = time.perf_counter() - t0
         _say(f"2. {task}: {len(y):,} rows drawn in {draw_s:.1f} s")
         Xte, yte = X[-n_test:], y[-n_test:]

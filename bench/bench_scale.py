@@ -354,6 +354,18 @@ def warm_up(device):
     gpuml.BKRRRegressor(device=device, random_state=0).fit(X, X[:, 0] * X[:, 1]).predict(X)
 
 
+def draw_synthetic(classification: bool, total: int):
+    """The n-curve's data, ``total`` rows, features float32: the classification set
+    (``make_classification``) or the regression set (``make_friedman1``)."""
+    if classification:
+        X, y = make_classification(total, n_features=28, n_informative=20, n_redundant=4,
+                                   flip_y=0.05, class_sep=0.8, random_state=0)
+    else:
+        X, y = make_friedman1(total, n_features=28, noise=0.5, random_state=0)
+        y = y.astype(np.float32)
+    return X.astype(np.float32), y
+
+
 def synthetic(quick, device, cap, save=lambda rows: None):
     """The n-curve rows: each task's data drawn once, the first n rows to train on
     (``save`` gets the rows so far after each n, so a run cut short keeps them)."""
@@ -362,13 +374,7 @@ def synthetic(quick, device, cap, save=lambda rows: None):
     total, rows = max(sizes) + n_test, []
     for data in ("synthetic-reg", "synthetic-cls"):
         t0 = time.perf_counter()
-        if data == "synthetic-cls":
-            X, y = make_classification(total, n_features=28, n_informative=20, n_redundant=4,
-                                       flip_y=0.05, class_sep=0.8, random_state=0)
-        else:
-            X, y = make_friedman1(total, n_features=28, noise=0.5, random_state=0)
-            y = y.astype(np.float32)
-        X = X.astype(np.float32)
+        X, y = draw_synthetic(data == "synthetic-cls", total)
         print(f"{data}: {total:,} rows drawn in {time.perf_counter() - t0:.1f} s", flush=True)
         guard = Guard(cap)
         for n in sizes:
