@@ -22,21 +22,28 @@ def test_timings_times_each_call_after_the_warmups():
     assert calls == ["call", "sync"] * 5
 
 
+def _recording(module, tmp_path, monkeypatch) -> dict:
+    """The rows each ``record`` call of the benchmark ``module`` writes (to ``tmp_path``), by
+    name."""
+    monkeypatch.setattr(_harness, "RESULTS", tmp_path)
+    recorded = {}
+    real_record = module.record
+
+    def capture(name, rows, **kwargs):
+        recorded[name] = rows
+        return real_record(name, rows, **kwargs)
+
+    monkeypatch.setattr(module, "record", capture)
+    return recorded
+
+
 @pytest.mark.slow
 def test_dry_run_reports_every_target(tmp_path, monkeypatch):
     try:
         load_adult()
     except DatasetMissing as err:
         pytest.skip(str(err))
-    monkeypatch.setattr(_harness, "RESULTS", tmp_path)
-    recorded = {}
-    real_record = bench_gpu.record
-
-    def capture(name, rows, **kwargs):
-        recorded[name] = rows
-        return real_record(name, rows, **kwargs)
-
-    monkeypatch.setattr(bench_gpu, "record", capture)
+    recorded = _recording(bench_gpu, tmp_path, monkeypatch)
     summary = bench_gpu.main(gpu=False)
 
     assert [row["target"] for row in summary] == list(bench_gpu.GOALS)
@@ -61,16 +68,8 @@ def test_dry_run_reports_every_target(tmp_path, monkeypatch):
 def test_scale_dry_run_measures_every_point_and_plans_by_the_time_left(tmp_path, monkeypatch):
     from bench import bench_gpu_scale
 
-    monkeypatch.setattr(_harness, "RESULTS", tmp_path)
     monkeypatch.delenv(_harness.DEADLINE_ENV, raising=False)
-    recorded = {}
-    real_record = bench_gpu_scale.record
-
-    def capture(name, rows, **kwargs):
-        recorded[name] = rows
-        return real_record(name, rows, **kwargs)
-
-    monkeypatch.setattr(bench_gpu_scale, "record", capture)
+    recorded = _recording(bench_gpu_scale, tmp_path, monkeypatch)
     bench_gpu_scale.main(gpu=False)
 
     curve = recorded["gpu_scale_dryrun"]
