@@ -1,5 +1,7 @@
 """Partitioners against literal transcriptions of You 2020's Alg 3, 4 and 9 (the oracles)."""
 
+import functools
+
 import numpy as np
 import pytest
 import scipy.sparse as sp
@@ -119,7 +121,10 @@ def test_fill_numpy_twin_takes_the_compiled_loops_decisions():
     D[9, 2] = np.nan
     caps = np.array([90, 60, 80, 70, 100, 60, 40], dtype=np.int64)
     labels = {}
-    for name, fill in (("twin", _fill_nearest_open_numpy), ("compiled", compiled)):
+    D[11, :] = -np.inf
+    D[12, 3:] = np.nan
+    compiled_fill = functools.partial(_compiled_fill, compiled)
+    for name, fill in (("twin", _fill_nearest_open_numpy), ("compiled", compiled_fill)):
         counts = np.zeros(7, dtype=np.int64)
         out = np.empty(500, dtype=np.int64)
         with _jit.synchronous():
@@ -128,6 +133,33 @@ def test_fill_numpy_twin_takes_the_compiled_loops_decisions():
     np.testing.assert_array_equal(labels["twin"][0], labels["compiled"][0])
     np.testing.assert_array_equal(labels["twin"][1], labels["compiled"][1])
     assert labels["twin"][1].tolist() == caps.tolist()
+
+
+def _compiled_fill(compiled, D, counts, caps, out):
+    compiled(D, np.argmin(D, axis=1), counts, caps, out)
+
+
+def test_fill_takes_the_nearest_part_at_once_only_when_the_scan_would():
+    """The compiled fill takes each row's argmin without scanning when it has room; rows
+    whose nearest part is full scan, and both give the paper's loop, written out here."""
+    from gpuml.kernels.nearest.cpu import fill_nearest_open as compiled
+
+    rng = np.random.default_rng(5)
+    D = rng.integers(0, 6, size=(3000, 40)).astype(np.float32)  # ties everywhere
+    D[rng.random(D.shape) < 0.01] = np.inf
+    caps = np.full(40, 75, dtype=np.int64)  # every part full by the end
+    expected, counts = np.empty(3000, dtype=np.int64), np.zeros(40, dtype=np.int64)
+    for i, row in enumerate(D):  # Alg 3's loop as the paper writes it
+        best, best_d = -1, np.inf
+        for j in range(40):
+            if counts[j] < caps[j] and row[j] < best_d:
+                best, best_d = j, row[j]
+        counts[best] += 1
+        expected[i] = best
+    out, counts = np.empty(3000, dtype=np.int64), np.zeros(40, dtype=np.int64)
+    compiled(D, np.argmin(D, axis=1), counts, caps, out)
+    np.testing.assert_array_equal(out, expected)
+    assert counts.tolist() == caps.tolist()
 
 
 def test_only_a_small_fill_takes_the_numpy_twin(monkeypatch):

@@ -21,11 +21,12 @@ def fill_nearest_open_any(D, counts, caps, labels, entries=None):
     decisions row by row, so the labels and counts are identical.
     """
     entries = D.size if entries is None else int(entries)
-    if entries <= NUMPY_TWIN_MAX_ENTRIES and not _jit.ready(fill_nearest_open, D, counts, caps,
-                                                            labels):
+    nearest = np.argmin(D, axis=1)  # vectorised; the loop then scans only rows it cannot take
+    if entries <= NUMPY_TWIN_MAX_ENTRIES and not _jit.ready(fill_nearest_open, D, nearest,
+                                                            counts, caps, labels):
         _fill_nearest_open_numpy(D, counts, caps, labels)
     else:
-        fill_nearest_open(D, counts, caps, labels)
+        fill_nearest_open(D, nearest, counts, caps, labels)
 
 
 def _fill_nearest_open_numpy(D, counts, caps, labels):
@@ -43,22 +44,31 @@ def _fill_nearest_open_numpy(D, counts, caps, labels):
 
 
 @njit(nogil=True, cache=True)
-def fill_nearest_open(D, counts, caps, labels):
+def fill_nearest_open(D, nearest, counts, caps, labels):
     """Give each row of ``D``, in order, to its nearest part that is not yet full.
 
     ``D[i, j]`` is the (squared) distance of sample i to centre j; part j is
     full once ``counts[j] == caps[j]``. ``counts`` is updated in place, so
     consecutive blocks of rows can be filled one after another. Ties go to
     the lowest part index, as the strict ``dist < mindis`` of the paper.
+
+    ``nearest``: ``np.argmin(D, axis=1)``, each row's nearest part whether full or not
+    (the lowest of equal minima, or the first NaN). Where that part has room and the
+    distance is finite it is the one the paper's scan would find, and the row takes it
+    at once; the other rows (their nearest part full, or NaN or infinite distances) scan
+    every part. A fill of 10 million rows into 4,883 parts is 5e10 distances: the scan's
+    branch per part ran at 1 ns each, NumPy's vectorised argmin and this loop at 0.4.
     """
     n, p = D.shape
     for i in range(n):
-        best = -1
-        best_d = np.inf
-        for j in range(p):
-            if counts[j] < caps[j] and D[i, j] < best_d:
-                best_d = D[i, j]
-                best = j
+        best = nearest[i]
+        if not (counts[best] < caps[best] and D[i, best] < np.inf):
+            best = -1
+            best_d = np.inf
+            for j in range(p):
+                if counts[j] < caps[j] and D[i, j] < best_d:
+                    best_d = D[i, j]
+                    best = j
         counts[best] += 1
         labels[i] = best
 
