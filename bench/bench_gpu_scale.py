@@ -50,6 +50,7 @@ import numpy as np
 from sklearn.datasets import make_friedman1
 
 from bench._harness import record, seconds_left
+from bench.bench_gpu import Run, _adult, _cores, _host, _release_device_memory
 from bench.bench_scale import draw_synthetic
 
 #: Training sizes of the n-curve on a GPU, and of the CPU dry run.
@@ -84,17 +85,10 @@ def _sync(gpu: bool) -> None:
 
 
 def _release(gpu: bool) -> None:
-    """Hand cached device memory back between points (CuPy's pools, torch's cache)."""
+    """Hand cached device memory back between points (bench_gpu's release, after a
+    collection frees the last point's arrays)."""
     gc.collect()
-    if not gpu:
-        return
-    import cupy
-
-    cupy.get_default_memory_pool().free_all_blocks()
-    cupy.get_default_pinned_memory_pool().free_all_blocks()
-    import torch
-
-    torch.cuda.empty_cache()
+    _release_device_memory()
 
 
 def _timed(fn, gpu: bool):
@@ -102,12 +96,6 @@ def _timed(fn, gpu: bool):
     out = fn()
     _sync(gpu)
     return out, time.perf_counter() - t0
-
-
-def _host(a) -> np.ndarray:
-    from gpuml._backend import to_numpy
-
-    return np.asarray(to_numpy(a))
 
 
 def _name(base: str, gpu: bool) -> str:
@@ -345,13 +333,10 @@ def peers(gpu: bool) -> list[dict]:
 # -- 5. Asy-GCD on the host's cores --------------------------------------------------------------
 
 def asygcd_threads(gpu: bool) -> list[dict]:
-    import os
-
-    from bench.bench_gpu import Run, _adult
     from gpuml import AsyGCDSVC
 
     Xtr, Xte, ytr, yte = _adult(Run(gpu=gpu))
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    cores = _cores()
     counts = [w for w in THREAD_COUNTS if w <= max(cores, 2)]
     AsyGCDSVC(device="cpu", n_workers=2, random_state=0).fit(Xtr[:400], ytr[:400])  # compile
     rows, one = [], {}
