@@ -719,6 +719,34 @@ def test_auto_n_partitions_bounds_the_part_size(monkeypatch):
         cpu(n_partitions="bad").fit(X, y)
 
 
+@pytest.mark.parametrize("combine", ["auto", "nearest"])
+def test_parts_split_once_per_fit_and_dropped_by_a_refit(combine, monkeypatch):
+    """The support vectors split by part and the parts' coefficients are made by the first
+    prediction after a fit and kept for the next ones, on the CPU too; a refit on other
+    rows predicts as a fresh model does, and a pickled model carries none of them."""
+    import gpuml.estimators._part_prediction as prediction
+
+    X, y = load_digits(return_X_y=True)
+    made = []
+    real = prediction.PartVectors
+    monkeypatch.setattr(prediction, "PartVectors",
+                        lambda *a: (made.append(a[0].shape[0]), real(*a))[1])
+    clf = cpu(n_partitions=6, combine=combine, random_state=0).fit(X[:1200], y[:1200])
+    first = clf.decision_function(X)
+    assert made == [clf.support_vectors_.shape[0]]
+    np.testing.assert_array_equal(clf.decision_function(X), first)
+    np.testing.assert_array_equal(clf.predict(X[5:9]), clf.predict(X)[5:9])
+    assert len(made) == 1
+    np.testing.assert_array_equal(pickle.loads(pickle.dumps(clf)).decision_function(X), first)
+    assert len(made) == 2  # the unpickled model made its own
+
+    clf.fit(X[600:], y[600:])  # other rows: another split, other coefficients
+    refitted = clf.decision_function(X)
+    assert made[2:] == [clf.support_vectors_.shape[0]] != made[:1]
+    fresh = cpu(n_partitions=6, combine=combine, random_state=0).fit(X[600:], y[600:])
+    np.testing.assert_array_equal(refitted, fresh.decision_function(X))
+
+
 @pytest.mark.parametrize("combine", ["auto", "neighbors", "nearest"])
 def test_prediction_in_row_blocks_equals_one_block(combine, monkeypatch):
     import gpuml.estimators._part_prediction as prediction

@@ -16,7 +16,7 @@ import functools
 
 import numpy as np
 
-from .._backend import resolve, to_numpy
+from .._backend import CPU, resolve, to_numpy
 from .._validation import validate_X
 from ..kernels import map_threads, rbf_from_sq_distances, row_ranges, threads_for
 from ..pipeline import predict_on_devices, prediction_group, route_on_devices
@@ -37,16 +37,23 @@ PREDICT_THREAD_ROWS_PER_PART = 128
 
 class PartModels:
     """The parts' models for one prediction on one device: each part's support vectors and
-    its coefficients, gathered from the fitted arrays when the part is first asked for and
-    then shared by every block and thread of the prediction (a GPU keeps its copies across
-    predictions: :func:`~gpuml.estimators._partitioned.on_device`). ``columns``: the
-    parts' support vectors, :meth:`PartPredictionMixin._part_columns` (made here when None).
+    its coefficients, shared by every block and thread of the prediction.
+
+    With ``split`` (a callable of the dtype giving :meth:`PartPredictionMixin._part_split`,
+    a prediction on the device of the whole model) a part's support vectors are its slice
+    of the model's split, made once per fit and device; without (a device holding some of
+    the parts) they are gathered from the fitted arrays when the part is first asked for,
+    and a GPU keeps them across predictions. The coefficients are gathered once per fit
+    and device (:func:`~gpuml.estimators._partitioned.on_device`). ``columns``: the
+    parts' support vectors, :meth:`PartPredictionMixin._part_columns` (when None, the
+    model's).
     """
 
-    def __init__(self, estimator, backend, columns=None):
+    def __init__(self, estimator, backend, columns=None, split=None):
         self._estimator = estimator
         self._backend = backend
         self.columns = estimator._part_columns() if columns is None else columns
+        self._split = split
         self._made = {}
 
     def _once(self, key, make):
@@ -64,6 +71,10 @@ class PartModels:
     def vectors(self, p, dtype=None):
         """Part ``p``'s support vectors (rows of the training kernel for a precomputed one),
         in ``dtype`` when given."""
+        if self._split is not None and dtype is not None:
+            vectors = self._split(dtype).vectors.get(p)
+            if vectors is not None:
+                return vectors
         return self._once(("vectors", p, str(dtype)), lambda: self._estimator._part_vectors_of(
             self._backend, p, self.columns[p], dtype))
 
@@ -116,13 +127,19 @@ class PartPredictionMixin:
             yield start, stop, weights, pieces
 
     def _part_vectors(self, backend, Xd):
+        """:meth:`_part_split` in the dtype the kernel values of ``Xd`` are computed in."""
+        return self._part_split(backend, gpu_compute_dtype(backend, Xd,
+                                                           self.support_vectors_.dtype))
+
+    def _part_split(self, backend, dtype):
         """The support vectors split by part (:class:`~gpuml.routing.PartVectors`) on
-        ``backend``, in the dtype the kernel values of ``Xd`` are computed in; made once
-        per prediction on the CPU, cached on a GPU."""
-        dtype = gpu_compute_dtype(backend, Xd, self.support_vectors_.dtype)
-        return on_device(self, backend, ("part_vectors", str(dtype)), lambda: PartVectors(
-            backend.asarray(self.support_vectors_.astype(dtype, copy=False)),
-            self.support_part_, self.part_intercept_.shape[0]))
+        ``backend`` in ``dtype``: made by the first prediction after a fit and kept for the
+        next ones, on the CPU too (as many bytes as ``support_vectors_``; a model of many
+        parts would otherwise gather its vectors again for every call of ``predict``)."""
+        return on_device(self, backend, ("part_vectors", str(np.dtype(dtype))),
+                         lambda: PartVectors(
+                             backend.asarray(self.support_vectors_.astype(dtype, copy=False)),
+                             self.support_part_, self.part_intercept_.shape[0]), host=True)
 
     def _part_weights(self, backend, Xd):
         """``(n, P)`` host weights of the parts for the rows ``Xd`` (the blend)."""
@@ -148,7 +165,8 @@ class PartPredictionMixin:
         X = validate_X(self, X, reset=False)
         precomputed = self._kernel.name == "precomputed"
         n = X.shape[0]
-        models = PartModels(self, backend)
+        models = PartModels(self, backend, split=None if precomputed else
+                            functools.partial(self._part_split, backend))
         rule = self._rule()
         # A thread's block must give each part enough rows to outweigh the part's Python
         # steps, which hold the GIL (an int n_jobs too: no more threads than that allows).
@@ -157,10 +175,10 @@ class PartPredictionMixin:
         threads = 1 if backend.is_gpu or per_thread > PREDICT_BLOCK_ROWS else threads_for(
             getattr(self, "n_jobs", None), n, PREDICT_THREAD_MIN_ROWS, n // per_thread)
         with backend.use():
-            # the support vectors by part, made once when a block first blends (before
-            # the threads start when there are several)
+            # the support vectors by part, kept from the first prediction after the fit
+            # (made before the threads start when there are several)
             parts = functools.cache(lambda: self._part_vectors(backend, X))
-            if threads > 1 and rule != "nearest":
+            if threads > 1 and not precomputed:
                 parts()
             out = backend.xp.zeros((n, self.ovo_dual_coef_.shape[0]), dtype=np.float64)
             voting = np.zeros(out.shape, dtype=bool)
@@ -262,14 +280,18 @@ class PartPredictionMixin:
         def upload():
             return self._ovo_coef(backend, cols), backend.asarray(self.part_intercept_[p])
 
-        return on_device(self, backend, ("coef", p), upload)
+        return on_device(self, backend, ("coef", p), upload, host=True)
 
     def _part_columns(self):
-        """The support vectors (columns) of every part, in part order: host index arrays."""
-        owner = np.asarray(self.support_part_)
-        order = np.argsort(owner, kind="stable")
-        ends = np.searchsorted(owner[order], np.arange(self.part_intercept_.shape[0] + 1))
-        return [order[a:b] for a, b in zip(ends[:-1], ends[1:])]
+        """The support vectors (columns) of every part, in part order: host index arrays
+        (made once per fit)."""
+        def split():
+            owner = np.asarray(self.support_part_)
+            order = np.argsort(owner, kind="stable")
+            ends = np.searchsorted(owner[order], np.arange(self.part_intercept_.shape[0] + 1))
+            return [order[a:b] for a, b in zip(ends[:-1], ends[1:])]
+
+        return on_device(self, CPU, ("part_columns",), split, host=True)
 
     def _part_values(self, backend, p, Xp, models):
         """Pairwise decision values of the rows ``Xp`` (on ``backend``) under part ``p``'s model

@@ -140,14 +140,16 @@ def _some(items, limit=8):
     return head + (", ..." if len(items) > limit else "")
 
 
-def on_device(estimator, backend, key, make, *args):
+def on_device(estimator, backend, key, make, *args, host: bool = False):
     """``make(*args)`` run with ``backend`` current and cached on the estimator per device.
 
-    For fitted arrays copied to a GPU for prediction: a cache, not part of the
-    model (the estimators drop ``_device_cache`` when pickled). On the CPU
-    the result of ``make(*args)`` is returned as is.
+    For fitted arrays copied to a GPU for prediction, and (``host=True``) for arrays
+    derived from the fitted ones that every prediction on the CPU would otherwise make
+    again (the support vectors split by part): a cache, not part of the model (the
+    estimators drop ``_device_cache`` when pickled or refitted). Otherwise on the CPU the
+    result of ``make(*args)`` is returned as is.
     """
-    if not backend.is_gpu:
+    if not backend.is_gpu and not host:
         return make(*args)
     cache = estimator.__dict__.setdefault("_device_cache", {})
     key = (backend.device,) + tuple(key)

@@ -83,9 +83,11 @@ class PartitionedFit:
         return executor.fit_parts(self, data, partitioning)
 
     def _forget_fit(self):
-        """A refit drops the previous model's placement and its device copies."""
-        for name in (*PLACEMENT_ATTRIBUTES, "_device_cache", *self._refit_drops):
+        """A refit drops the previous model's placement and its device copies; the new
+        model's go to a fresh, empty cache (:func:`gpuml.estimators._partitioned.on_device`)."""
+        for name in (*PLACEMENT_ATTRIBUTES, *self._refit_drops):
             self.__dict__.pop(name, None)
+        self._device_cache = {}
 
     #: further attributes a refit drops (those not every fit sets)
     _refit_drops: tuple = ()
