@@ -55,6 +55,19 @@ def machine_name(gpu: bool = False) -> str:
     return f"cpu-{os.cpu_count()}core"
 
 
+def cpu_model() -> str:
+    """The host CPU's model name (``/proc/cpuinfo``; the platform's processor elsewhere):
+    machines of one name (``cpu-2core``) may differ in their CPU, which moves timings."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
 def timeit(fn: Callable[[], object], *, repeat: int = 3, warmup: int = 0,
            sync: Callable[[], None] | None = None) -> float:
     """Best wall time of ``repeat`` calls of ``fn`` in seconds (after ``warmup`` calls).
@@ -134,6 +147,7 @@ def record(name: str, rows: Sequence[dict], *, gpu: bool = False, title: str = "
         "machine": machine,
         "python": sys.version.split()[0],
         "platform": platform.platform(),
+        "cpu": cpu_model(),
         "time": time.strftime("%Y-%m-%d %H:%M:%S"),
         "command": command,
         "notes": notes,
@@ -141,7 +155,8 @@ def record(name: str, rows: Sequence[dict], *, gpu: bool = False, title: str = "
     (out / f"{name}.json").write_text(json.dumps({"meta": meta, "rows": list(rows)}, indent=1,
                                                  default=float))
     table = markdown_table(rows)
-    md = f"# {title or name}\n\nMachine: `{machine}`. Command: `{command}`.\n\n{table}"
+    md = (f"# {title or name}\n\nMachine: `{machine}` ({meta['cpu']}). "
+          f"Command: `{command}`.\n\n{table}")
     if notes:
         md += f"\n{notes}\n"
     (out / f"{name}.md").write_text(md)

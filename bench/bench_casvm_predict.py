@@ -145,4 +145,5 @@ def main(quick: bool = False, gpu: bool = False):
                  "seeds); blended: the share of test rows the default blends (their "
                  "nearest part's values leave the vote open within blend_margin=0.6); "
                  "predict_mib: the most memory a default prediction of the n_test rows "
-                 "allocated (tracemalloc, MiB).")
+                 "allocated (tracemalloc, MiB; a warm prediction: the parts' split of "
+                 "the support vectors is kept from the first prediction after the fit).")
