@@ -23,6 +23,21 @@ def route(X, centers):
     return to_numpy(assign_nearest(X, centers))
 
 
+def rows_by_part(owner) -> list[tuple[int, np.ndarray]]:
+    """``(p, rows)`` for every part ``p`` in ``owner`` (host ints, a part per row), in
+    increasing ``p``, ``rows`` ascending: one stable sort, where a scan of ``owner`` per part
+    would cost rows x parts (a model of thousands of parts).
+
+    >>> [(p, r.tolist()) for p, r in rows_by_part(np.array([2, 0, 2, 5]))]
+    [(0, [1]), (2, [0, 2]), (5, [3])]
+    """
+    owner = np.asarray(owner)
+    order = np.argsort(owner, kind="stable")
+    parts, starts = np.unique(owner[order], return_index=True)
+    ends = np.append(starts[1:], owner.size)
+    return [(int(p), order[a:b]) for p, a, b in zip(parts.tolist(), starts, ends)]
+
+
 #: Bytes of the distances that one block of rows keeps in :func:`neighbor_blocks` (a
 #: prediction's memory beside its output is about twice this).
 NEIGHBOR_BLOCK_BYTES = 32 << 20

@@ -129,3 +129,18 @@ def test_equally_near_vectors_count_by_part_then_column(merge):
         for order in ([0, 1, 2, 3], [3, 1, 0, 2]):
             _, counts, _, _ = _merged(X, V, part, k, order, merge)
             np.testing.assert_array_equal(counts, expected)
+
+
+@pytest.mark.parametrize("n_parts", [1, 7, 300])
+def test_rows_by_part_equals_a_scan_per_part(n_parts):
+    """Every part present, in increasing order, with its rows ascending: what a scan of the
+    rows per part gives (and nothing for an empty input)."""
+    from gpuml.routing import rows_by_part
+
+    owner = np.random.default_rng(n_parts).integers(0, n_parts, 2000)
+    got = rows_by_part(owner)
+    want = [(p, np.flatnonzero(owner == p)) for p in range(n_parts) if (owner == p).any()]
+    assert [p for p, _ in got] == [p for p, _ in want]
+    for (_, rows), (_, expected) in zip(got, want):
+        np.testing.assert_array_equal(rows, expected)
+    assert rows_by_part(np.array([], dtype=np.int64)) == []

@@ -50,7 +50,7 @@ from ..kernels.krr import GPU_HEADROOM_BYTES
 from ..pairwise import HOST_KERNELS, Kernel, PairwiseKernel, resolve_gamma
 from ..partition import fewest_parts_fitting, split
 from ..pipeline import dask_module, predict_on_devices, prediction_group, route_on_devices
-from ..routing import route
+from ..routing import route, rows_by_part
 from ._params import CachedParamNames
 from ._partitioned import PARTITION_CONSTRAINTS, auto_n_partitions, on_device
 
@@ -444,11 +444,7 @@ class _BKRRBase(CachedParamNames, RegressorMixin, BaseEstimator):
             out /= self.n_partitions_
             out += self.intercept_.mean(axis=0)
             return out
-        labels = route(X, self.centers_)
-        for j in range(self.n_partitions_):
-            rows = np.flatnonzero(labels == j)
-            if rows.size == 0:
-                continue
+        for j, rows in rows_by_part(route(X, self.centers_)):
             lo, hi = bounds[j], bounds[j + 1]
             Xj = _take(xp, X, rows)
             out[xp.asarray(rows)] = kernel.dot(
@@ -493,8 +489,8 @@ class _BKRRBase(CachedParamNames, RegressorMixin, BaseEstimator):
             out = backend.xp.empty((Xd.shape[0],) + tuple(self.dual_coef_.shape[1:]),
                                    dtype=self.dual_coef_.dtype)
             intercepts = self._host_intercepts()
-            for j in np.unique(parts).tolist():
-                sel = backend.asarray(np.flatnonzero(parts == j))
+            for j, rows in rows_by_part(parts):
+                sel = backend.asarray(rows)
                 out[sel] = kernel.dot(_take(backend.xp, Xd, sel),
                                       *self._part_on_device(backend, j)) + intercepts[j]
             return out

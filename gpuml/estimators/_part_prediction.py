@@ -20,7 +20,7 @@ from .._backend import CPU, resolve, to_numpy
 from .._validation import validate_X
 from ..kernels import map_threads, rbf_from_sq_distances, row_ranges, threads_for
 from ..pipeline import predict_on_devices, prediction_group, route_on_devices
-from ..routing import PartVectors, neighbor_blocks, route
+from ..routing import PartVectors, neighbor_blocks, route, rows_by_part
 from ._partitioned import on_device
 from ._svm import gpu_compute_dtype, pair_values, unsettled_votes
 
@@ -207,8 +207,8 @@ class PartPredictionMixin:
         to ``out`` (``models``: :class:`PartModels`); returns each row's part (host)."""
         owner = route(Xd, backend.asarray(self.centers_)) if not precomputed \
             else np.zeros(Xd.shape[0], dtype=np.int64)
-        for p in np.unique(owner).tolist():
-            sel = backend.asarray(np.flatnonzero(owner == p))
+        for p, rows in rows_by_part(owner):
+            sel = backend.asarray(rows)
             out[sel] = self._part_values(backend, p, Xd[sel], models)
         return owner
 
@@ -365,8 +365,8 @@ class PartPredictionMixin:
             models = PartModels(self, backend, columns)
             out = backend.xp.empty((Xd.shape[0], self.ovo_dual_coef_.shape[0]),
                                    dtype=np.float64)
-            for p in np.unique(parts).tolist():
-                sel = backend.asarray(np.flatnonzero(parts == p))
+            for p, rows in rows_by_part(parts):
+                sel = backend.asarray(rows)
                 out[sel] = self._part_values(backend, p, Xd[sel], models)
             return out
 
