@@ -72,11 +72,23 @@ class PartVectors:
         self.n_vectors = owner.size
         self.dtype = np.dtype(vectors.dtype)
         self.held = np.flatnonzero(np.bincount(owner, minlength=n_parts))
-        order = np.argsort(owner, kind="stable")
-        ends = np.searchsorted(owner[order], np.arange(n_parts + 1))
-        self.vectors = {int(p): vectors[xp.asarray(order[ends[p]:ends[p + 1]])]
-                        for p in self.held}
-        self.norms = {p: squared_norms(v) for p, v in self.vectors.items()}
+        #: the vectors' order sorted by part (host), and where each part's run starts
+        self.order = np.argsort(owner, kind="stable")
+        self.offsets = np.searchsorted(owner[self.order], np.arange(n_parts + 1))
+        ends = self.offsets
+        if hasattr(vectors, "tocsr"):  # CSR, on the host or a GPU
+            self.sorted = self.sorted_norms = None
+            self.vectors = {int(p): vectors[xp.asarray(self.order[ends[p]:ends[p + 1]])]
+                            for p in self.held}
+            self.norms = {p: squared_norms(v) for p, v in self.vectors.items()}
+        else:
+            #: dense vectors: all of them sorted by part (``vectors[p]`` are its slices),
+            #: and their squared norms (``norms[p]``, computed part by part)
+            self.sorted = vectors[xp.asarray(self.order)]
+            self.vectors = {int(p): self.sorted[ends[p]:ends[p + 1]] for p in self.held}
+            self.norms = {p: squared_norms(v) for p, v in self.vectors.items()}
+            self.sorted_norms = (xp.concatenate([self.norms[int(p)] for p in self.held])
+                                 if self.held.size else xp.zeros(0, dtype=vectors.dtype))
         self.widest = max((v.shape[0] for v in self.vectors.values()), default=1)
 
 

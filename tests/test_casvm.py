@@ -747,6 +747,35 @@ def test_parts_split_once_per_fit_and_dropped_by_a_refit(combine, monkeypatch):
     np.testing.assert_array_equal(refitted, fresh.decision_function(X))
 
 
+@pytest.mark.parametrize("n_classes", [2, 3])
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_nearest_values_of_many_parts_in_one_compiled_loop(n_classes, dtype, monkeypatch):
+    """Rows spread over many parts (fewer than PREDICT_THREAD_ROWS_PER_PART each) take
+    their nearest part's values from one compiled loop over the parts: the values of the
+    loop over the parts in Python, to rounding, and the same labels."""
+    from sklearn.datasets import make_classification
+
+    import gpuml.estimators._part_prediction as prediction
+    from gpuml.kernels import compiling_in_caller
+
+    X, y = make_classification(4000, 12, n_informative=8, n_classes=n_classes,
+                               random_state=0)
+    X = X.astype(dtype)
+    clf = cpu(n_partitions=40, combine="nearest", random_state=0).fit(X[:3000], y[:3000])
+    ran = []
+    real = prediction.rbf_part_values
+    monkeypatch.setattr(prediction, "rbf_part_values",
+                        lambda *a: (ran.append(a[0].shape[0]), real(*a))[1])
+    with compiling_in_caller():
+        values, labels = clf.decision_function(X[3000:]), clf.predict(X[3000:])
+        assert ran and ran[0] == 1000  # 1,000 rows over 40 parts: 25 a part
+        monkeypatch.setattr(prediction.PartPredictionMixin, "_nearest_compiled",
+                            lambda *a: False)
+        np.testing.assert_allclose(values, clf.decision_function(X[3000:]), rtol=1e-12,
+                                   atol=1e-12)
+        np.testing.assert_array_equal(labels, clf.predict(X[3000:]))
+
+
 @pytest.mark.parametrize("combine", ["auto", "neighbors", "nearest"])
 def test_prediction_in_row_blocks_equals_one_block(combine, monkeypatch):
     import gpuml.estimators._part_prediction as prediction

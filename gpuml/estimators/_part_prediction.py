@@ -19,10 +19,12 @@ import numpy as np
 from .._backend import CPU, resolve, to_numpy
 from .._validation import validate_X
 from ..kernels import map_threads, rbf_from_sq_distances, row_ranges, threads_for
+from ..kernels._threads import blas_controller
+from ..kernels.nearest.values import rbf_part_values
 from ..pipeline import predict_on_devices, prediction_group, route_on_devices
 from ..routing import PartVectors, neighbor_blocks, route, rows_by_part
 from ._partitioned import on_device
-from ._svm import gpu_compute_dtype, pair_values, unsettled_votes
+from ._svm import PAIR_BLOCKS_MIN_CLASSES, gpu_compute_dtype, pair_values, unsettled_votes
 
 #: Rows predicted at a time (``predict``, ``decision_function``).
 PREDICT_BLOCK_ROWS = 16384
@@ -204,13 +206,44 @@ class PartPredictionMixin:
 
     def _nearest(self, backend, Xd, out, precomputed, models):
         """The values of the rows ``Xd`` under their nearest centre's model (Alg 5), written
-        to ``out`` (``models``: :class:`PartModels`); returns each row's part (host)."""
+        to ``out`` (``models``: :class:`PartModels`); returns each row's part (host).
+
+        Where the rows are spread over so many parts that each has fewer than
+        :data:`PREDICT_THREAD_ROWS_PER_PART` on average (a model of hundreds of parts), on
+        the host, for the rbf kernel, dense rows of the model's dtype and fewer than
+        :data:`~gpuml.estimators._svm.PAIR_BLOCKS_MIN_CLASSES` classes: every part in one
+        compiled loop (:func:`~gpuml.kernels.nearest.values.rbf_part_values`, BLAS on one
+        thread: its products are small; the same values to rounding). Otherwise, and
+        while that loop compiles, part by part.
+        """
         owner = route(Xd, backend.asarray(self.centers_)) if not precomputed \
             else np.zeros(Xd.shape[0], dtype=np.int64)
+        if self._nearest_compiled(backend, Xd, out, owner):
+            return owner
         for p, rows in rows_by_part(owner):
             sel = backend.asarray(rows)
             out[sel] = self._part_values(backend, p, Xd[sel], models)
         return owner
+
+    def _nearest_compiled(self, backend, Xd, out, owner) -> bool:
+        """:meth:`_nearest`'s values by :func:`~gpuml.kernels.nearest.values.rbf_part_values`
+        where it applies (see there); False where it does not, or is not compiled yet."""
+        if (backend.is_gpu or self._kernel.name != "rbf" or not isinstance(Xd, np.ndarray)
+                or len(self.classes_) >= PAIR_BLOCKS_MIN_CLASSES or out.shape[0] == 0):
+            return False
+        parts = np.count_nonzero(np.bincount(owner, minlength=self.part_intercept_.shape[0]))
+        if Xd.shape[0] >= PREDICT_THREAD_ROWS_PER_PART * parts:
+            return False
+        split = self._part_vectors(backend, Xd)
+        if split.sorted is None or split.dtype != Xd.dtype:
+            return False
+        coef = on_device(self, backend, ("sorted_coef",), lambda: np.ascontiguousarray(
+            self.ovo_dual_coef_[:, split.order].T, dtype=np.float64), host=True)
+        # numba's products call the BLAS SciPy loaded, which keeps threads of its own
+        with blas_controller().limit(limits=1, user_api="blas"):
+            return rbf_part_values(np.ascontiguousarray(Xd), owner, split.sorted,
+                                   split.offsets, split.sorted_norms, coef,
+                                   self.part_intercept_, self._kernel.gamma, out)
 
     def _blended(self, backend, Xd, out, models, parts):
         """The values of the rows ``Xd`` blended over the parts holding their nearest support

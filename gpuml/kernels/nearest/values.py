@@ -1,0 +1,78 @@
+"""Each row's values under its own part's model, every part in one compiled loop: the
+nearest-centre rule of CA-SVM's prediction (You 2020, Alg 5, step 3) on the host.
+
+A model of thousands of parts routes a block of rows to nearly as many parts, a few rows
+each; a Python loop over them (gather the rows, a GEMM, the rbf map, the product with
+the coefficients, a scatter) costs tens of microseconds a part in the interpreter, more
+than the arithmetic. :func:`rbf_part_values` runs the same steps for every part in one
+numba function (``nogil``): the same GEMMs (numba's ``np.dot`` calls the BLAS NumPy
+uses), the same compiled rbf pass (:func:`gpuml.kernels.vexp._rbf_rows_f32`), the same
+float64 product with the coefficients, so its values equal the Python loop's to
+rounding (the rows' squared norms and the gathered copies may round in other bits).
+Where numba has not compiled it yet (:mod:`.._jit`), the caller takes its Python loop.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+from .. import _jit
+from ..vexp import _rbf_rows_f32, _rbf_rows_f64
+
+
+@njit(nogil=True, cache=True)
+def _rbf_part_values(X, x_norms, rows, starts, parts, vectors, offsets, v_norms, coef,
+                     intercept, gamma, single, out):
+    n_pairs = coef.shape[1]
+    for t in range(parts.shape[0]):
+        p = parts[t]
+        mine = rows[starts[t]:starts[t + 1]]
+        a, b = offsets[p], offsets[p + 1]
+        if b == a:  # no support vector: the part's intercepts
+            for i in range(mine.shape[0]):
+                for q in range(n_pairs):
+                    out[mine[i], q] = intercept[p, q]
+            continue
+        K = np.dot(X[mine], vectors[a:b].T)
+        if single:  # float32 rows
+            _rbf_rows_f32(K, -2.0, x_norms[mine], v_norms[a:b], gamma)
+        else:
+            _rbf_rows_f64(K, -2.0, x_norms[mine], v_norms[a:b], gamma)
+        values = np.dot(K.astype(np.float64), coef[a:b])
+        for i in range(mine.shape[0]):
+            for q in range(n_pairs):
+                out[mine[i], q] = values[i, q] + intercept[p, q]
+
+
+def rbf_part_values(X, owner, vectors, offsets, v_norms, coef, intercept, gamma, out) -> bool:
+    """``out[i] = K(X[i], V_p) @ coef_p + intercept[p]`` for every row ``i`` and its part
+    ``p = owner[i]``, with the rbf kernel of ``gamma``; ``V_p = vectors[offsets[p]:
+    offsets[p + 1]]`` (the support vectors sorted by part, ``v_norms`` their squared
+    norms) and ``coef_p`` the same rows of ``coef`` (float64, a column per pair).
+
+    Host arrays: ``X`` and ``vectors`` C-contiguous of one float dtype, ``out``
+    float64 ``(n, n_pairs)``. Returns False, writing nothing, while the compiled loop is
+    not loaded yet (the caller computes the values its own way).
+
+    >>> X = np.array([[0.0, 0.0], [1.0, 0.0]])
+    >>> vectors = np.array([[0.0, 0.0], [1.0, 0.0]])
+    >>> out = np.zeros((2, 1))
+    >>> done = rbf_part_values(X, np.array([1, 0]), vectors, np.array([0, 1, 2]),
+    ...                        np.array([0.0, 1.0]), np.array([[1.0], [2.0]]),
+    ...                        np.array([[0.0], [0.5]]), 1.0, out)
+    >>> not done or np.allclose(out[:, 0], [2 * np.exp(-1) + 0.5, np.exp(-1)])
+    True
+    """
+    owner = np.asarray(owner, dtype=np.int64)
+    rows = np.argsort(owner, kind="stable")
+    parts, first = np.unique(owner[rows], return_index=True)
+    starts = np.append(first, owner.size).astype(np.int64)
+    args = (X, np.ascontiguousarray(np.einsum("ij,ij->i", X, X)), rows, starts,
+            parts.astype(np.int64), vectors, np.asarray(offsets, dtype=np.int64),
+            np.ascontiguousarray(v_norms, dtype=X.dtype), coef, intercept, float(gamma),
+            X.dtype == np.float32, out)
+    if not _jit.ready(_rbf_part_values, *args):
+        return False
+    _rbf_part_values(*args)
+    return True
