@@ -19,7 +19,6 @@ import numpy as np
 from .._backend import CPU, resolve, to_numpy
 from .._validation import validate_X
 from ..kernels import map_threads, rbf_from_sq_distances, row_ranges, threads_for
-from ..kernels._threads import blas_controller
 from ..kernels.nearest.values import rbf_part_values
 from ..pipeline import predict_on_devices, prediction_group, route_on_devices
 from ..routing import PartVectors, neighbor_blocks, route, rows_by_part
@@ -212,8 +211,8 @@ class PartPredictionMixin:
         :data:`PREDICT_THREAD_ROWS_PER_PART` on average (a model of hundreds of parts), on
         the host, for the rbf kernel, dense rows of the model's dtype and fewer than
         :data:`~gpuml.estimators._svm.PAIR_BLOCKS_MIN_CLASSES` classes: every part in one
-        compiled loop (:func:`~gpuml.kernels.nearest.values.rbf_part_values`, BLAS on one
-        thread: its products are small; the same values to rounding). Otherwise, and
+        compiled loop (:func:`~gpuml.kernels.nearest.values.rbf_part_values`: the same
+        values to rounding). Otherwise, and
         while that loop compiles, part by part.
         """
         owner = route(Xd, backend.asarray(self.centers_)) if not precomputed \
@@ -239,11 +238,9 @@ class PartPredictionMixin:
             return False
         coef = on_device(self, backend, ("sorted_coef",), lambda: np.ascontiguousarray(
             self.ovo_dual_coef_[:, split.order].T, dtype=np.float64), host=True)
-        # numba's products call the BLAS SciPy loaded, which keeps threads of its own
-        with blas_controller().limit(limits=1, user_api="blas"):
-            return rbf_part_values(np.ascontiguousarray(Xd), owner, split.sorted,
-                                   split.offsets, split.sorted_norms, coef,
-                                   self.part_intercept_, self._kernel.gamma, out)
+        return rbf_part_values(np.ascontiguousarray(Xd), owner, split.sorted, split.offsets,
+                               split.sorted_norms, coef, self.part_intercept_,
+                               self._kernel.gamma, out)
 
     def _blended(self, backend, Xd, out, models, parts):
         """The values of the rows ``Xd`` blended over the parts holding their nearest support

@@ -18,6 +18,7 @@ import numpy as np
 from numba import njit
 
 from .. import _jit
+from .._threads import blas_controller
 from ..vexp import _rbf_rows_f32, _rbf_rows_f64
 
 
@@ -53,7 +54,8 @@ def rbf_part_values(X, owner, vectors, offsets, v_norms, coef, intercept, gamma,
 
     Host arrays: ``X`` and ``vectors`` C-contiguous of one float dtype, ``out``
     float64 ``(n, n_pairs)``. Returns False, writing nothing, while the compiled loop is
-    not loaded yet (the caller computes the values its own way).
+    not loaded yet (the caller computes the values its own way). BLAS runs on one thread
+    meanwhile.
 
     >>> X = np.array([[0.0, 0.0], [1.0, 0.0]])
     >>> vectors = np.array([[0.0, 0.0], [1.0, 0.0]])
@@ -74,5 +76,9 @@ def rbf_part_values(X, owner, vectors, offsets, v_norms, coef, intercept, gamma,
             X.dtype == np.float32, out)
     if not _jit.ready(_rbf_part_values, *args):
         return False
-    _rbf_part_values(*args)
+    # numba's np.dot calls the OpenBLAS that SciPy loads, a second library beside NumPy's
+    # with threads of its own: for these small products they only cost (and, left
+    # spinning, slow the products that follow), so it runs on one thread
+    with blas_controller().limit(limits=1, user_api="blas"):
+        _rbf_part_values(*args)
     return True
