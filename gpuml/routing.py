@@ -23,19 +23,34 @@ def route(X, centers):
     return to_numpy(assign_nearest(X, centers))
 
 
+def part_runs(owner, n_parts: int) -> tuple[np.ndarray, np.ndarray]:
+    """The rows of each part by one stable sort of ``owner`` (host ints in ``[0, n_parts)``,
+    a part per row): ``(order, offsets)``, part ``p``'s rows (ascending) being
+    ``order[offsets[p]:offsets[p + 1]]``. A scan of ``owner`` per part would cost rows x
+    parts (a model of thousands of parts).
+
+    >>> order, offsets = part_runs(np.array([2, 0, 2]), 3)
+    >>> order.tolist(), offsets.tolist()
+    ([1, 0, 2], [0, 1, 1, 3])
+    """
+    owner = np.asarray(owner, dtype=np.int64)
+    order = np.argsort(owner, kind="stable")
+    return order, np.searchsorted(owner[order], np.arange(n_parts + 1))
+
+
 def rows_by_part(owner) -> list[tuple[int, np.ndarray]]:
-    """``(p, rows)`` for every part ``p`` in ``owner`` (host ints, a part per row), in
-    increasing ``p``, ``rows`` ascending: one stable sort, where a scan of ``owner`` per part
-    would cost rows x parts (a model of thousands of parts).
+    """``(p, rows)`` for every part ``p`` in ``owner`` (:func:`part_runs`), in increasing
+    ``p``, ``rows`` ascending.
 
     >>> [(p, r.tolist()) for p, r in rows_by_part(np.array([2, 0, 2, 5]))]
     [(0, [1]), (2, [0, 2]), (5, [3])]
     """
     owner = np.asarray(owner)
-    order = np.argsort(owner, kind="stable")
-    parts, starts = np.unique(owner[order], return_index=True)
-    ends = np.append(starts[1:], owner.size)
-    return [(int(p), order[a:b]) for p, a, b in zip(parts.tolist(), starts, ends)]
+    if owner.size == 0:
+        return []
+    order, offsets = part_runs(owner, int(owner.max()) + 1)
+    present = np.flatnonzero(np.diff(offsets)).tolist()
+    return [(p, order[offsets[p]:offsets[p + 1]]) for p in present]
 
 
 #: Bytes of the distances that one block of rows keeps in :func:`neighbor_blocks` (a
@@ -72,9 +87,8 @@ class PartVectors:
         self.n_vectors = owner.size
         self.dtype = np.dtype(vectors.dtype)
         self.held = np.flatnonzero(np.bincount(owner, minlength=n_parts))
-        #: the vectors' order sorted by part (host), and where each part's run starts
-        self.order = np.argsort(owner, kind="stable")
-        self.offsets = np.searchsorted(owner[self.order], np.arange(n_parts + 1))
+        #: the vectors sorted by part, and where each part's run starts (:func:`part_runs`)
+        self.order, self.offsets = part_runs(owner, n_parts)
         ends = self.offsets
         if hasattr(vectors, "tocsr"):  # CSR, on the host or a GPU
             self.sorted = self.sorted_norms = None

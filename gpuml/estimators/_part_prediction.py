@@ -21,7 +21,7 @@ from .._validation import validate_X
 from ..kernels import map_threads, rbf_from_sq_distances, row_ranges, threads_for
 from ..kernels.nearest.values import rbf_part_values
 from ..pipeline import predict_on_devices, prediction_group, route_on_devices
-from ..routing import PartVectors, neighbor_blocks, route, rows_by_part
+from ..routing import PartVectors, neighbor_blocks, part_runs, route, rows_by_part
 from ._partitioned import on_device
 from ._svm import PAIR_BLOCKS_MIN_CLASSES, gpu_compute_dtype, pair_values, unsettled_votes
 
@@ -212,34 +212,34 @@ class PartPredictionMixin:
         the host, for the rbf kernel, dense rows of the model's dtype and fewer than
         :data:`~gpuml.estimators._svm.PAIR_BLOCKS_MIN_CLASSES` classes: every part in one
         compiled loop (:func:`~gpuml.kernels.nearest.values.rbf_part_values`: the same
-        values to rounding). Otherwise, and
-        while that loop compiles, part by part.
+        values to rounding). Otherwise, and while that loop compiles, part by part.
         """
         owner = route(Xd, backend.asarray(self.centers_)) if not precomputed \
             else np.zeros(Xd.shape[0], dtype=np.int64)
-        if self._nearest_compiled(backend, Xd, out, owner):
+        order, offsets = part_runs(owner, self.part_intercept_.shape[0])
+        present = np.flatnonzero(np.diff(offsets)).tolist()
+        if (Xd.shape[0] < PREDICT_THREAD_ROWS_PER_PART * len(present)
+                and self._nearest_compiled(backend, Xd, out, order, offsets)):
             return owner
-        for p, rows in rows_by_part(owner):
-            sel = backend.asarray(rows)
+        for p in present:
+            sel = backend.asarray(order[offsets[p]:offsets[p + 1]])
             out[sel] = self._part_values(backend, p, Xd[sel], models)
         return owner
 
-    def _nearest_compiled(self, backend, Xd, out, owner) -> bool:
+    def _nearest_compiled(self, backend, Xd, out, order, offsets) -> bool:
         """:meth:`_nearest`'s values by :func:`~gpuml.kernels.nearest.values.rbf_part_values`
-        where it applies (see there); False where it does not, or is not compiled yet."""
+        (the rows of part ``p``: ``order[offsets[p]:offsets[p + 1]]``) where it applies
+        (see there); False where it does not, or is not compiled yet."""
         if (backend.is_gpu or self._kernel.name != "rbf" or not isinstance(Xd, np.ndarray)
-                or len(self.classes_) >= PAIR_BLOCKS_MIN_CLASSES or out.shape[0] == 0):
-            return False
-        parts = np.count_nonzero(np.bincount(owner, minlength=self.part_intercept_.shape[0]))
-        if Xd.shape[0] >= PREDICT_THREAD_ROWS_PER_PART * parts:
+                or len(self.classes_) >= PAIR_BLOCKS_MIN_CLASSES):
             return False
         split = self._part_vectors(backend, Xd)
         if split.sorted is None or split.dtype != Xd.dtype:
             return False
         coef = on_device(self, backend, ("sorted_coef",), lambda: np.ascontiguousarray(
             self.ovo_dual_coef_[:, split.order].T, dtype=np.float64), host=True)
-        return rbf_part_values(np.ascontiguousarray(Xd), owner, split.sorted, split.offsets,
-                               split.sorted_norms, coef, self.part_intercept_,
+        return rbf_part_values(np.ascontiguousarray(Xd), order, offsets, split.sorted,
+                               split.offsets, split.sorted_norms, coef, self.part_intercept_,
                                self._kernel.gamma, out)
 
     def _blended(self, backend, Xd, out, models, parts):
@@ -316,9 +316,7 @@ class PartPredictionMixin:
         """The support vectors (columns) of every part, in part order: host index arrays
         (made once per fit)."""
         def split():
-            owner = np.asarray(self.support_part_)
-            order = np.argsort(owner, kind="stable")
-            ends = np.searchsorted(owner[order], np.arange(self.part_intercept_.shape[0] + 1))
+            order, ends = part_runs(self.support_part_, self.part_intercept_.shape[0])
             return [order[a:b] for a, b in zip(ends[:-1], ends[1:])]
 
         return on_device(self, CPU, ("part_columns",), split, host=True)

@@ -23,12 +23,13 @@ from ..vexp import _rbf_rows_f32, _rbf_rows_f64
 
 
 @njit(nogil=True, cache=True)
-def _rbf_part_values(X, x_norms, rows, starts, parts, vectors, offsets, v_norms, coef,
+def _rbf_part_values(X, x_norms, rows, row_offsets, vectors, offsets, v_norms, coef,
                      intercept, gamma, single, out):
     n_pairs = coef.shape[1]
-    for t in range(parts.shape[0]):
-        p = parts[t]
-        mine = rows[starts[t]:starts[t + 1]]
+    for p in range(row_offsets.shape[0] - 1):
+        mine = rows[row_offsets[p]:row_offsets[p + 1]]
+        if mine.shape[0] == 0:
+            continue
         a, b = offsets[p], offsets[p + 1]
         if b == a:  # no support vector: the part's intercepts
             for i in range(mine.shape[0]):
@@ -46,11 +47,13 @@ def _rbf_part_values(X, x_norms, rows, starts, parts, vectors, offsets, v_norms,
                 out[mine[i], q] = values[i, q] + intercept[p, q]
 
 
-def rbf_part_values(X, owner, vectors, offsets, v_norms, coef, intercept, gamma, out) -> bool:
-    """``out[i] = K(X[i], V_p) @ coef_p + intercept[p]`` for every row ``i`` and its part
-    ``p = owner[i]``, with the rbf kernel of ``gamma``; ``V_p = vectors[offsets[p]:
-    offsets[p + 1]]`` (the support vectors sorted by part, ``v_norms`` their squared
-    norms) and ``coef_p`` the same rows of ``coef`` (float64, a column per pair).
+def rbf_part_values(X, rows, row_offsets, vectors, offsets, v_norms, coef, intercept, gamma,
+                    out) -> bool:
+    """``out[i] = K(X[i], V_p) @ coef_p + intercept[p]`` for the rows ``i`` of each part
+    ``p``, ``rows[row_offsets[p]:row_offsets[p + 1]]`` (:func:`gpuml.routing.part_runs`),
+    with the rbf kernel of ``gamma``; ``V_p = vectors[offsets[p]:offsets[p + 1]]`` (the
+    support vectors sorted by part, ``v_norms`` their squared norms) and ``coef_p`` the
+    same rows of ``coef`` (float64, a column per pair).
 
     Host arrays: ``X`` and ``vectors`` C-contiguous of one float dtype, ``out``
     float64 ``(n, n_pairs)``. Returns False, writing nothing, while the compiled loop is
@@ -60,18 +63,15 @@ def rbf_part_values(X, owner, vectors, offsets, v_norms, coef, intercept, gamma,
     >>> X = np.array([[0.0, 0.0], [1.0, 0.0]])
     >>> vectors = np.array([[0.0, 0.0], [1.0, 0.0]])
     >>> out = np.zeros((2, 1))
-    >>> done = rbf_part_values(X, np.array([1, 0]), vectors, np.array([0, 1, 2]),
-    ...                        np.array([0.0, 1.0]), np.array([[1.0], [2.0]]),
-    ...                        np.array([[0.0], [0.5]]), 1.0, out)
+    >>> done = rbf_part_values(X, np.array([1, 0]), np.array([0, 1, 2]), vectors,
+    ...                        np.array([0, 1, 2]), np.array([0.0, 1.0]),
+    ...                        np.array([[1.0], [2.0]]), np.array([[0.0], [0.5]]), 1.0, out)
     >>> not done or np.allclose(out[:, 0], [2 * np.exp(-1) + 0.5, np.exp(-1)])
     True
     """
-    owner = np.asarray(owner, dtype=np.int64)
-    rows = np.argsort(owner, kind="stable")
-    parts, first = np.unique(owner[rows], return_index=True)
-    starts = np.append(first, owner.size).astype(np.int64)
-    args = (X, np.ascontiguousarray(np.einsum("ij,ij->i", X, X)), rows, starts,
-            parts.astype(np.int64), vectors, np.asarray(offsets, dtype=np.int64),
+    args = (X, np.ascontiguousarray(np.einsum("ij,ij->i", X, X)),
+            np.asarray(rows, dtype=np.int64), np.asarray(row_offsets, dtype=np.int64),
+            vectors, np.asarray(offsets, dtype=np.int64),
             np.ascontiguousarray(v_norms, dtype=X.dtype), coef, intercept, float(gamma),
             X.dtype == np.float32, out)
     if not _jit.ready(_rbf_part_values, *args):
