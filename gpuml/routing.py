@@ -135,13 +135,16 @@ def neighbor_blocks(X, parts: PartVectors, n_neighbors: int, centers=None,
     :class:`PartVectors`).
     A caller may overwrite ``D``; on the host it holds until the next block is asked for
     (the blocks share one workspace). Every part a row weighs has a piece holding that row.
+    ``distances`` is None where the block's search ran in one compiled loop, keeping no
+    distances (:meth:`~gpuml.kernels.nearest.neighbors.NearestMerge.search`: on the host,
+    dense rows of the dtype of ``parts``, once numba has compiled it).
 
     The search: among every vector (``k = min(n_neighbors, number of vectors)``)
     when at most ``n_searched`` parts hold vectors or ``centers`` is None;
     otherwise among the vectors of the row's ``n_searched`` nearest parts that
     hold any (by the distance to ``centers``, the parts' routing centres; ``k``
     at most the vectors found there; ``n_searched`` None: :data:`NEIGHBOR_PARTS`).
-    One GEMM per block and part, the row's ``k`` nearest merged part by part
+    One GEMM per block and part, the rows' ``k`` nearest merged part by part
     (:class:`gpuml.kernels.nearest.neighbors.NearestMerge`); a block keeps at most
     :data:`NEIGHBOR_BLOCK_BYTES` of distances. Among vectors exactly as near as a
     row's k-th, those of lower parts, then of lower positions within their part, count
@@ -161,19 +164,31 @@ def neighbor_blocks(X, parts: PartVectors, n_neighbors: int, centers=None,
     # The distances of a block go to one workspace on the host, reused block after block
     # (fresh arrays of tens of MiB cost page faults, on some machines as much as the GEMMs).
     dense = xp is np and not sp.issparse(X) and not any(map(sp.issparse, parts.vectors.values()))
-    work = (np.empty(min(rows, X.shape[0]) * searched * parts.widest,
-                     dtype=np.result_type(X.dtype, parts.dtype)) if dense else None)
+    # the whole search of a block in one compiled loop (NearestMerge.search), where the
+    # rows and the sorted vectors share a dtype; no distances are kept then
+    compiled = dense and parts.sorted is not None and X.dtype == parts.dtype
+    work = None
     for start in range(0, X.shape[0], rows):
         stop = min(start + rows, X.shape[0])
         Xb = X[start:stop]
         used = 0
         x_norms = squared_norms(Xb)
         if held_centers is None:
-            everyone = np.arange(stop - start)
-            groups = [(j, everyone) for j in range(held.size)]
+            near = np.broadcast_to(np.arange(held.size), (stop - start, held.size))
         else:
-            groups = _rows_by_part(_nearest_first(sq_distances(Xb, held_centers), searched))
+            near = _nearest_first(sq_distances(Xb, held_centers), searched)
         merge = NearestMerge(xp, stop - start, k)
+        runs, bounds, sequence = _search_runs(near, held.size)
+        if compiled and merge.search(
+                np.ascontiguousarray(Xb), x_norms, runs,
+                np.stack([held[sequence], bounds[sequence], bounds[sequence + 1]], axis=1),
+                parts.sorted, parts.offsets, parts.sorted_norms):
+            yield start, stop, _shares(merge, parts.n_parts), None
+            continue
+        if dense and work is None:
+            work = np.empty(min(rows, X.shape[0]) * searched * parts.widest,
+                            dtype=np.result_type(X.dtype, parts.dtype))
+        groups = [(j, runs[bounds[j]:bounds[j + 1]]) for j in sequence.tolist()]
         pieces = []
         for j, sel in groups:
             p = int(held[j])
@@ -191,9 +206,14 @@ def neighbor_blocks(X, parts: PartVectors, n_neighbors: int, centers=None,
                 np.matmul(Xs, V.T, out=G)
             merge.add(G, xs_norms, parts.norms[p], sel, p)
             pieces.append((p, sel, G))
-        counts, found = merge.counts(parts.n_parts)
-        counts /= np.maximum(found, 1)[:, None]
-        yield start, stop, counts, pieces
+        yield start, stop, _shares(merge, parts.n_parts), pieces
+
+
+def _shares(merge, n_parts: int) -> np.ndarray:
+    """Each row's share of its kept candidates held by each part (host, rows sum to 1)."""
+    counts, found = merge.counts(n_parts)
+    counts /= np.maximum(found, 1)[:, None]
+    return counts
 
 
 def _nearest_first(D, searched):
@@ -208,16 +228,15 @@ def _nearest_first(D, searched):
     return to_numpy(order if near is None else xp.take_along_axis(near, order, axis=1))
 
 
-def _rows_by_part(near):
-    """``(j, rows)`` for every value ``j`` in ``near`` (each row's searched parts, nearest
-    first): the rows (ascending) that search ``j``; first the parts some row searches
-    first, so that each row's k best are near early and the later parts' candidates are
-    mostly rejected at one comparison each."""
-    n, searched = near.shape
-    flat = near.ravel()
-    order = np.argsort(flat, kind="stable")
-    bounds = np.searchsorted(flat[order], np.arange(int(flat.max()) + 2))
+def _search_runs(near, n_values: int):
+    """The rows that search each value ``j`` of ``near`` (each row's searched parts as
+    values in ``[0, n_values)``, nearest first): ``(rows, bounds, sequence)``, ``j``'s
+    rows (ascending) being ``rows[bounds[j]:bounds[j + 1]]`` (:func:`part_runs`), and the
+    order to search the values in: first those some row searches first, so that each
+    row's k best are near early and the later parts' candidates are mostly rejected at
+    one comparison each."""
+    order, bounds = part_runs(near.ravel(), n_values)
     present = np.flatnonzero(np.diff(bounds))
-    first = np.unique(near[:, 0])
+    first = np.unique(near[:, 0]) if near.shape[1] else present
     sequence = np.concatenate([first, np.setdiff1d(present, first)])
-    return [(int(j), order[bounds[j]:bounds[j + 1]] // searched) for j in sequence]
+    return order // max(near.shape[1], 1), bounds, sequence

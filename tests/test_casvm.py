@@ -776,6 +776,46 @@ def test_nearest_values_of_many_parts_in_one_compiled_loop(n_classes, dtype, mon
         np.testing.assert_array_equal(labels, clf.predict(X[3000:]))
 
 
+@pytest.mark.parametrize("n_parts", [6, 40])
+@pytest.mark.parametrize("n_classes", [2, 3])
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+@pytest.mark.parametrize("combine", ["neighbors", "auto"])
+def test_neighbour_search_and_blend_in_compiled_loops(combine, dtype, n_classes, n_parts,
+                                                      monkeypatch):
+    """On the host the blend's neighbour search (NearestMerge.search) and its weighted values
+    (rbf_part_values with weights) each run in one compiled loop over the parts: the same
+    neighbours (weights equal) and the values of the loops over the parts in Python (which
+    reuse the search's distances), to rounding, with every part searched (6 parts) and
+    among each row's nearest parts (40)."""
+    from sklearn.datasets import make_classification
+
+    import gpuml.estimators._part_prediction as prediction
+    from gpuml._backend import CPU
+    from gpuml.kernels import compiling_in_caller
+    from gpuml.kernels.nearest.neighbors import NearestMerge
+
+    X, y = make_classification(4000, 12, n_informative=8, n_classes=n_classes,
+                               random_state=0)
+    X = X.astype(dtype)
+    clf = cpu(n_partitions=n_parts, combine=combine, random_state=0).fit(X[:3000], y[:3000])
+    searched, blended = [], []
+    search, values = NearestMerge.search, prediction.rbf_part_values
+    monkeypatch.setattr(NearestMerge, "search",
+                        lambda self, *a: (searched.append(a[0].shape[0]), search(self, *a))[1])
+    monkeypatch.setattr(prediction, "rbf_part_values", lambda *a, **k: (
+        blended.append("weights" in k), values(*a, **k))[1])
+    Xte = X[3000:]
+    with compiling_in_caller():
+        weights = clf._part_weights(CPU, Xte)
+        got, labels = clf.decision_function(Xte), clf.predict(Xte)
+        assert searched and any(blended)
+        monkeypatch.setattr(NearestMerge, "search", lambda *a: False)
+        monkeypatch.setattr(prediction.PartPredictionMixin, "_blend_compiled", lambda *a: False)
+        np.testing.assert_array_equal(clf._part_weights(CPU, Xte), weights)
+        np.testing.assert_allclose(got, clf.decision_function(Xte), rtol=1e-10, atol=1e-10)
+        np.testing.assert_array_equal(labels, clf.predict(Xte))
+
+
 @pytest.mark.parametrize("combine", ["auto", "neighbors", "nearest"])
 def test_prediction_in_row_blocks_equals_one_block(combine, monkeypatch):
     import gpuml.estimators._part_prediction as prediction

@@ -31,8 +31,9 @@ PREDICT_BLOCK_ROWS = 16384
 #: threads BLAS may use (:func:`gpuml.kernels.threads_for`); fewer rows, one thread.
 PREDICT_THREAD_MIN_ROWS = 4096
 #: ... and only while each thread's block holds this many rows per part: with more parts,
-#: the Python steps per part (holding the GIL) outweigh the threads' gain
-#: (bench/results/cpu-2core/casvm_predict.md: none at 98 parts, a loss from 245).
+#: the Python steps per part (holding the GIL) outweigh the threads' gain (none at 98
+#: parts, a loss from 245), unless every part's steps run in the compiled loops
+#: (:meth:`PartPredictionMixin._compiled_split`), which hold no GIL.
 PREDICT_THREAD_ROWS_PER_PART = 128
 
 
@@ -170,9 +171,15 @@ class PartPredictionMixin:
                             functools.partial(self._part_split, backend))
         rule = self._rule()
         # A thread's block must give each part enough rows to outweigh the part's Python
-        # steps, which hold the GIL (an int n_jobs too: no more threads than that allows).
+        # steps, which hold the GIL (an int n_jobs too: no more threads than that allows),
+        # unless the parts' values and the neighbour search run in the compiled loops
+        # (_compiled_split), which hold no GIL.
         per_thread = max(PREDICT_THREAD_MIN_ROWS // 4,
                          PREDICT_THREAD_ROWS_PER_PART * self.part_intercept_.shape[0])
+        compiled = (per_thread > PREDICT_THREAD_MIN_ROWS // 4 and n >= 2 * PREDICT_THREAD_MIN_ROWS
+                    and not precomputed and self._compiled_split(backend, X) is not None)
+        if compiled:
+            per_thread = PREDICT_THREAD_MIN_ROWS // 4
         threads = 1 if backend.is_gpu or per_thread > PREDICT_BLOCK_ROWS else threads_for(
             getattr(self, "n_jobs", None), n, PREDICT_THREAD_MIN_ROWS, n // per_thread)
         with backend.use():
@@ -181,6 +188,8 @@ class PartPredictionMixin:
             parts = functools.cache(lambda: self._part_vectors(backend, X))
             if threads > 1 and not precomputed:
                 parts()
+                if compiled:
+                    self._sorted_coef(backend, parts())
             out = backend.xp.zeros((n, self.ovo_dual_coef_.shape[0]), dtype=np.float64)
             voting = np.zeros(out.shape, dtype=bool)
 
@@ -229,18 +238,29 @@ class PartPredictionMixin:
     def _nearest_compiled(self, backend, Xd, out, order, offsets) -> bool:
         """:meth:`_nearest`'s values by :func:`~gpuml.kernels.nearest.values.rbf_part_values`
         (the rows of part ``p``: ``order[offsets[p]:offsets[p + 1]]``) where it applies
-        (see there); False where it does not, or is not compiled yet."""
+        (:meth:`_compiled_split`); False where it does not, or is not compiled yet."""
+        split = self._compiled_split(backend, Xd)
+        return split is not None and rbf_part_values(
+            np.ascontiguousarray(Xd), order, offsets, split.sorted, split.offsets,
+            split.sorted_norms, self._sorted_coef(backend, split), self.part_intercept_,
+            self._kernel.gamma, out)
+
+    def _compiled_split(self, backend, Xd):
+        """The split of the support vectors (:meth:`_part_vectors`) that the compiled loops
+        of the parts' values read, or None where they do not apply: they run on the host,
+        for the rbf kernel, dense rows of the model's dtype and fewer than
+        :data:`~gpuml.estimators._svm.PAIR_BLOCKS_MIN_CLASSES` classes."""
         if (backend.is_gpu or self._kernel.name != "rbf" or not isinstance(Xd, np.ndarray)
                 or len(self.classes_) >= PAIR_BLOCKS_MIN_CLASSES):
-            return False
+            return None
         split = self._part_vectors(backend, Xd)
-        if split.sorted is None or split.dtype != Xd.dtype:
-            return False
-        coef = on_device(self, backend, ("sorted_coef",), lambda: np.ascontiguousarray(
+        return split if split.sorted is not None and split.dtype == Xd.dtype else None
+
+    def _sorted_coef(self, backend, split):
+        """``alpha y`` per pair (float64, a column per pair) in the order of ``split``'s
+        sorted support vectors, made once per fit."""
+        return on_device(self, backend, ("sorted_coef",), lambda: np.ascontiguousarray(
             self.ovo_dual_coef_[:, split.order].T, dtype=np.float64), host=True)
-        return rbf_part_values(np.ascontiguousarray(Xd), order, offsets, split.sorted,
-                               split.offsets, split.sorted_norms, coef, self.part_intercept_,
-                               self._kernel.gamma, out)
 
     def _blended(self, backend, Xd, out, models, parts):
         """The values of the rows ``Xd`` blended over the parts holding their nearest support
@@ -268,12 +288,15 @@ class PartPredictionMixin:
     def _blend(self, backend, Xb, weights, pieces, out, models):
         """Add ``sum_p w_p f_p(x)`` for the rows ``Xb`` into ``out``, in part order.
 
-        For the RBF kernel a part's kernel values come from the squared distances
-        the neighbour search computed (``pieces``, see
-        :func:`~gpuml.routing.neighbor_blocks`), for the rows that weigh the part;
-        other kernels, and parts without a piece, evaluate :meth:`_part_values`.
+        Every part in one compiled loop where it applies (:meth:`_blend_compiled`); else,
+        for the RBF kernel, a part's kernel values come from the squared distances the
+        neighbour search computed (``pieces``, see :func:`~gpuml.routing.neighbor_blocks`;
+        None where it kept none), for the rows that weigh the part; other kernels, and
+        parts without a piece, evaluate :meth:`_part_values`.
         """
-        found = {p: (rows, D) for p, rows, D in pieces}
+        if self._blend_compiled(backend, Xb, weights, out):
+            return
+        found = {p: (rows, D) for p, rows, D in pieces or ()}
         reuse = self._kernel.name == "rbf"
         for p in np.flatnonzero(weights.any(axis=0)).tolist():
             if reuse and p in found:
@@ -290,6 +313,21 @@ class PartPredictionMixin:
             sel = backend.asarray(rows)
             out[sel] += (backend.asarray(weights[rows, p])[:, None]
                          * self._part_values(backend, p, Xb[sel], models))
+
+    def _blend_compiled(self, backend, Xb, weights, out) -> bool:
+        """:meth:`_blend` in one compiled loop over the parts
+        (:func:`~gpuml.kernels.nearest.values.rbf_part_values` with weights) where it
+        applies (:meth:`_compiled_split`); False where it does not, or is not compiled
+        yet."""
+        split = self._compiled_split(backend, Xb)
+        if split is None:
+            return False
+        rows, parts = np.nonzero(weights)
+        order, offsets = part_runs(parts, weights.shape[1])
+        return rbf_part_values(np.ascontiguousarray(Xb), rows[order], offsets, split.sorted,
+                               split.offsets, split.sorted_norms,
+                               self._sorted_coef(backend, split), self.part_intercept_,
+                               self._kernel.gamma, out, weights=weights[rows, parts][order])
 
     def _part_vectors_of(self, backend, p, cols, dtype=None):
         """Part ``p``'s support vectors (their rows for a precomputed kernel; in ``dtype``

@@ -16,6 +16,10 @@ implementation. Two implementations:
   candidates' size is written beside ``G``.
 * **array twin** (CuPy, and the host while numba compiles the loop, see
   :mod:`.._jit`): a stable sort of each row's kept and new candidates.
+
+:meth:`NearestMerge.search` runs a whole search on the host in one compiled function:
+for every part, the GEMM of its rows (numba's ``np.dot``, the BLAS SciPy loads) and the
+merge loop, without a step of the interpreter per part (a model of hundreds of parts).
 """
 
 from __future__ import annotations
@@ -90,6 +94,21 @@ def _merge_loop(G, minus_two, x_norms, v_norms, rows, part, best_d, best_r):
                         top_r = hr[0]
 
 
+@njit(nogil=True, cache=True)
+def _search_loop(X, x_norms, rows, segments, vectors, offsets, v_norms, minus_two, best_d,
+                 best_r):
+    """:meth:`NearestMerge.search`'s loop: segment ``(p, a, b)`` merges part ``p``'s
+    candidates for the rows ``rows[a:b]``."""
+    for s in range(segments.shape[0]):
+        p = segments[s, 0]
+        mine = rows[segments[s, 1]:segments[s, 2]]
+        a, b = offsets[p], offsets[p + 1]
+        if mine.shape[0] == 0 or b == a:
+            continue
+        G = np.dot(X[mine], vectors[a:b].T)
+        _merge_loop(G, minus_two, x_norms[mine], v_norms[a:b], mine, p, best_d, best_r)
+
+
 def _merge_array(G, x_norms, v_norms, rows, part, best_d, best_r):
     """:meth:`NearestMerge.add` by array operations on G's device: each row's kept and
     new candidates sorted by (distance, rank) (two stable sorts), the k first kept,
@@ -145,6 +164,41 @@ class NearestMerge:
             _merge_loop(*args)
         else:
             _merge_array(G, args[2], args[3], rows, part, self.best_d, self.best_r)
+
+    def search(self, X, x_norms, rows, segments, vectors, offsets, v_norms) -> bool:
+        """Merge the candidates of several parts in one compiled loop (host arrays): each
+        segment ``(p, a, b)`` of ``segments`` (int rows, in the order given) merges part
+        ``p``'s vectors ``vectors[offsets[p]:offsets[p + 1]]`` (sorted by part, squared
+        norms ``v_norms``) for the rows ``rows[a:b]`` (indices into ``X`` and the kept
+        candidates, ``x_norms`` their squared norms). The same kept candidates as
+        :meth:`add` segment by segment with ``G = X[rows[a:b]] @ V_p.T`` (``X`` and
+        ``vectors`` of one dtype, C-contiguous). Returns False, merging nothing, while the
+        loop is not compiled yet.
+
+        >>> X = np.array([[0.0], [3.0]])
+        >>> merge = NearestMerge(np, 2, 1)
+        >>> done = merge.search(X, X[:, 0] ** 2, np.array([0, 1]), np.array([[0, 0, 2],
+        ...                     [1, 0, 2]]), np.array([[1.0], [2.0]]), np.array([0, 1, 2]),
+        ...                     np.array([1.0, 4.0]))
+        >>> not done or merge.counts(2)[0].tolist() == [[1.0, 0.0], [0.0, 1.0]]
+        True
+        """
+        from .. import _jit
+        from .._threads import blas_controller
+
+        if vectors.shape[0] >= 1 << COLUMN_BITS:
+            raise ValueError(f"{vectors.shape[0]} vectors: at most 2**{COLUMN_BITS}")
+        args = (X, np.ascontiguousarray(x_norms, dtype=X.dtype), np.asarray(rows, dtype=np.int64),
+                np.ascontiguousarray(segments, dtype=np.int64).reshape(-1, 3), vectors,
+                np.asarray(offsets, dtype=np.int64),
+                np.ascontiguousarray(v_norms, dtype=X.dtype), np.full(1, -2.0, dtype=X.dtype),
+                self.best_d, self.best_r)
+        if not _jit.ready(_search_loop, *args):
+            return False
+        # numba's np.dot: SciPy's BLAS, on one thread (see .values.rbf_part_values)
+        with blas_controller().limit(limits=1, user_api="blas"):
+            _search_loop(*args)
+        return True
 
     def counts(self, n_parts: int):
         """``(n, n_parts)`` host array: how many of each row's kept candidates each part holds,

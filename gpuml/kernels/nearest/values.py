@@ -1,5 +1,6 @@
 """Each row's values under its own part's model, every part in one compiled loop: the
-nearest-centre rule of CA-SVM's prediction (You 2020, Alg 5, step 3) on the host.
+nearest-centre rule of CA-SVM's prediction (You 2020, Alg 5, step 3) on the host, and
+the blend of ``combine="neighbors"`` (each row's weighted sum over the parts it weighs).
 
 A model of thousands of parts routes a block of rows to nearly as many parts, a few rows
 each; a Python loop over them (gather the rows, a GEMM, the rbf map, the product with
@@ -23,18 +24,22 @@ from ..vexp import _rbf_rows_f32, _rbf_rows_f64
 
 
 @njit(nogil=True, cache=True)
-def _rbf_part_values(X, x_norms, rows, row_offsets, vectors, offsets, v_norms, coef,
-                     intercept, gamma, single, out):
+def _rbf_part_values(X, x_norms, rows, row_offsets, weights, add, vectors, offsets, v_norms,
+                     coef, intercept, gamma, single, out):
     n_pairs = coef.shape[1]
     for p in range(row_offsets.shape[0] - 1):
-        mine = rows[row_offsets[p]:row_offsets[p + 1]]
+        first = row_offsets[p]
+        mine = rows[first:row_offsets[p + 1]]
         if mine.shape[0] == 0:
             continue
         a, b = offsets[p], offsets[p + 1]
         if b == a:  # no support vector: the part's intercepts
             for i in range(mine.shape[0]):
                 for q in range(n_pairs):
-                    out[mine[i], q] = intercept[p, q]
+                    if add:
+                        out[mine[i], q] += weights[first + i] * intercept[p, q]
+                    else:
+                        out[mine[i], q] = intercept[p, q]
             continue
         K = np.dot(X[mine], vectors[a:b].T)
         if single:  # float32 rows
@@ -44,16 +49,23 @@ def _rbf_part_values(X, x_norms, rows, row_offsets, vectors, offsets, v_norms, c
         values = np.dot(K.astype(np.float64), coef[a:b])
         for i in range(mine.shape[0]):
             for q in range(n_pairs):
-                out[mine[i], q] = values[i, q] + intercept[p, q]
+                if add:
+                    out[mine[i], q] += weights[first + i] * (values[i, q] + intercept[p, q])
+                else:
+                    out[mine[i], q] = values[i, q] + intercept[p, q]
 
 
 def rbf_part_values(X, rows, row_offsets, vectors, offsets, v_norms, coef, intercept, gamma,
-                    out) -> bool:
+                    out, weights=None) -> bool:
     """``out[i] = K(X[i], V_p) @ coef_p + intercept[p]`` for the rows ``i`` of each part
     ``p``, ``rows[row_offsets[p]:row_offsets[p + 1]]`` (:func:`gpuml.routing.part_runs`),
     with the rbf kernel of ``gamma``; ``V_p = vectors[offsets[p]:offsets[p + 1]]`` (the
     support vectors sorted by part, ``v_norms`` their squared norms) and ``coef_p`` the
     same rows of ``coef`` (float64, a column per pair).
+
+    With ``weights`` (float64, one per entry of ``rows``) a row may appear in several
+    parts' runs, and each adds its weighted values instead, in part order:
+    ``out[i] += w * (K(X[i], V_p) @ coef_p + intercept[p])`` (the blend).
 
     Host arrays: ``X`` and ``vectors`` C-contiguous of one float dtype, ``out``
     float64 ``(n, n_pairs)``. Returns False, writing nothing, while the compiled loop is
@@ -69,8 +81,10 @@ def rbf_part_values(X, rows, row_offsets, vectors, offsets, v_norms, coef, inter
     >>> not done or np.allclose(out[:, 0], [2 * np.exp(-1) + 0.5, np.exp(-1)])
     True
     """
+    add = weights is not None
     args = (X, np.ascontiguousarray(np.einsum("ij,ij->i", X, X)),
             np.asarray(rows, dtype=np.int64), np.asarray(row_offsets, dtype=np.int64),
+            np.ascontiguousarray(weights if add else np.zeros(0), dtype=np.float64), add,
             vectors, np.asarray(offsets, dtype=np.int64),
             np.ascontiguousarray(v_norms, dtype=X.dtype), coef, intercept, float(gamma),
             X.dtype == np.float32, out)
