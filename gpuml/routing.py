@@ -118,13 +118,14 @@ def neighbor_weights(X, vectors, vector_part, n_parts: int, n_neighbors: int,
     """
     out = np.zeros((X.shape[0], n_parts), dtype=np.float64)
     parts = PartVectors(vectors, vector_part, n_parts)
-    for start, stop, weights, _ in neighbor_blocks(X, parts, n_neighbors, centers, n_searched):
+    for start, stop, weights, _ in neighbor_blocks(X, parts, n_neighbors, centers, n_searched,
+                                                   distances=False):
         out[start:stop] = weights
     return out
 
 
 def neighbor_blocks(X, parts: PartVectors, n_neighbors: int, centers=None,
-                    n_searched: int | None = None):
+                    n_searched: int | None = None, distances: bool = True):
     """:func:`neighbor_weights` by blocks of rows, with the distances it computed.
 
     Yields ``(start, stop, weights, distances)`` for consecutive blocks of ``X``:
@@ -135,9 +136,10 @@ def neighbor_blocks(X, parts: PartVectors, n_neighbors: int, centers=None,
     :class:`PartVectors`).
     A caller may overwrite ``D``; on the host it holds until the next block is asked for
     (the blocks share one workspace). Every part a row weighs has a piece holding that row.
-    ``distances`` is None where the block's search ran in one compiled loop, keeping no
-    distances (:meth:`~gpuml.kernels.nearest.neighbors.NearestMerge.search`: on the host,
-    dense rows of the dtype of ``parts``, once numba has compiled it).
+    With ``distances=False`` (the caller does not read them) a block's search may run in one
+    compiled loop that keeps none, and yield None for them
+    (:meth:`~gpuml.kernels.nearest.neighbors.NearestMerge.search`: on the host, dense rows
+    of the dtype of ``parts``, once numba has compiled it).
 
     The search: among every vector (``k = min(n_neighbors, number of vectors)``)
     when at most ``n_searched`` parts hold vectors or ``centers`` is None;
@@ -165,8 +167,9 @@ def neighbor_blocks(X, parts: PartVectors, n_neighbors: int, centers=None,
     # (fresh arrays of tens of MiB cost page faults, on some machines as much as the GEMMs).
     dense = xp is np and not sp.issparse(X) and not any(map(sp.issparse, parts.vectors.values()))
     # the whole search of a block in one compiled loop (NearestMerge.search), where the
-    # rows and the sorted vectors share a dtype; no distances are kept then
-    compiled = dense and parts.sorted is not None and X.dtype == parts.dtype
+    # rows and the sorted vectors share a dtype and no distances are asked for
+    compiled = (not distances and dense and parts.sorted is not None
+                and X.dtype == parts.dtype)
     work = None
     for start in range(0, X.shape[0], rows):
         stop = min(start + rows, X.shape[0])

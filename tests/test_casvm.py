@@ -782,17 +782,19 @@ def test_nearest_values_of_many_parts_in_one_compiled_loop(n_classes, dtype, mon
 @pytest.mark.parametrize("combine", ["neighbors", "auto"])
 def test_neighbour_search_and_blend_in_compiled_loops(combine, dtype, n_classes, n_parts,
                                                       monkeypatch):
-    """On the host the blend's neighbour search (NearestMerge.search) and its weighted values
-    (rbf_part_values with weights) each run in one compiled loop over the parts: the same
-    neighbours (weights equal) and the values of the loops over the parts in Python (which
-    reuse the search's distances), to rounding, with every part searched (6 parts) and
-    among each row's nearest parts (40)."""
+    """On the host the neighbour search runs in one compiled loop over the parts
+    (NearestMerge.search) where its distances are not read (the weights alone; the blend
+    among more than NEIGHBOR_PARTS parts, whose weighted values then come from another,
+    rbf_part_values with weights): the same neighbours (weights equal) and the values of
+    the loops over the parts in Python (which reuse the search's distances), to rounding,
+    with every part searched (6 parts) and among each row's nearest parts (40)."""
     from sklearn.datasets import make_classification
 
     import gpuml.estimators._part_prediction as prediction
     from gpuml._backend import CPU
     from gpuml.kernels import compiling_in_caller
     from gpuml.kernels.nearest.neighbors import NearestMerge
+    from gpuml.routing import NEIGHBOR_PARTS
 
     X, y = make_classification(4000, 12, n_informative=8, n_classes=n_classes,
                                random_state=0)
@@ -808,7 +810,7 @@ def test_neighbour_search_and_blend_in_compiled_loops(combine, dtype, n_classes,
     with compiling_in_caller():
         weights = clf._part_weights(CPU, Xte)
         got, labels = clf.decision_function(Xte), clf.predict(Xte)
-        assert searched and any(blended)
+        assert searched and any(blended) == (n_parts > NEIGHBOR_PARTS)
         monkeypatch.setattr(NearestMerge, "search", lambda *a: False)
         monkeypatch.setattr(prediction.PartPredictionMixin, "_blend_compiled", lambda *a: False)
         np.testing.assert_array_equal(clf._part_weights(CPU, Xte), weights)

@@ -21,7 +21,7 @@ from .._validation import validate_X
 from ..kernels import map_threads, rbf_from_sq_distances, row_ranges, threads_for
 from ..kernels.nearest.values import rbf_part_values
 from ..pipeline import predict_on_devices, prediction_group, route_on_devices
-from ..routing import PartVectors, neighbor_blocks, part_runs, route, rows_by_part
+from ..routing import NEIGHBOR_PARTS, PartVectors, neighbor_blocks, part_runs, route, rows_by_part
 from ._partitioned import on_device
 from ._svm import PAIR_BLOCKS_MIN_CLASSES, gpu_compute_dtype, pair_values, unsettled_votes
 
@@ -106,11 +106,12 @@ class PartPredictionMixin:
         trained = self.pair_status_[owner] == 2
         return unsettled_votes(values, trained, len(self.classes_), self.blend_margin)
 
-    def _weighted_blocks(self, backend, Xd, parts=None):
+    def _weighted_blocks(self, backend, Xd, parts=None, distances=True):
         """The parts' weights for the rows ``Xd`` (the blend), by blocks of rows.
 
         Yields :func:`~gpuml.routing.neighbor_blocks`' ``(start, stop, weights,
-        distances)`` (``parts``: :meth:`_part_vectors`, made here when None). A part
+        distances)`` (``parts``: :meth:`_part_vectors`, made here when None; ``distances``:
+        whether the caller reads them, see there). A part
         without support vectors (it held one class, or none of its pairs needed one) is
         never among a row's neighbours, so the rows whose nearest centre is such a
         part's go to it alone, as with ``combine="nearest"``.
@@ -120,7 +121,8 @@ class PartPredictionMixin:
         centers = backend.asarray(self.centers_)
         empty = np.bincount(self.support_part_, minlength=n_parts) == 0
         for start, stop, weights, pieces in neighbor_blocks(Xd, parts, self.n_neighbors,
-                                                            centers=centers):
+                                                            centers=centers,
+                                                            distances=distances):
             if empty.any():
                 owner = route(Xd[start:stop], centers)
                 alone = empty[owner]
@@ -146,7 +148,7 @@ class PartPredictionMixin:
     def _part_weights(self, backend, Xd):
         """``(n, P)`` host weights of the parts for the rows ``Xd`` (the blend)."""
         weights = np.zeros((Xd.shape[0], self.part_intercept_.shape[0]))
-        for start, stop, block, _ in self._weighted_blocks(backend, Xd):
+        for start, stop, block, _ in self._weighted_blocks(backend, Xd, distances=False):
             weights[start:stop] = block
         return weights
 
@@ -267,7 +269,14 @@ class PartPredictionMixin:
         vectors (``parts``: :meth:`_part_vectors`; ``models``: :class:`PartModels`), written
         to ``out``; returns which pairs vote."""
         voting = np.zeros(out.shape, dtype=bool)
-        for start, stop, weights, pieces in self._weighted_blocks(backend, Xd, parts):
+        # Among many parts the search and the values each run in one compiled loop (the
+        # values' loop computing its own distances); among a few, the distances the search
+        # computed serve the values (their Python steps are few, and the GEMMs are not
+        # done twice).
+        compiled = (parts.held.size > NEIGHBOR_PARTS
+                    and self._compiled_split(backend, Xd) is not None)
+        for start, stop, weights, pieces in self._weighted_blocks(backend, Xd, parts,
+                                                                  distances=not compiled):
             self._blend(backend, Xd[start:stop], weights, pieces, out[start:stop], models)
             voting[start:stop] = weights @ (self.pair_status_ > 0) > 0
         return voting
@@ -288,13 +297,13 @@ class PartPredictionMixin:
     def _blend(self, backend, Xb, weights, pieces, out, models):
         """Add ``sum_p w_p f_p(x)`` for the rows ``Xb`` into ``out``, in part order.
 
-        Every part in one compiled loop where it applies (:meth:`_blend_compiled`); else,
-        for the RBF kernel, a part's kernel values come from the squared distances the
-        neighbour search computed (``pieces``, see :func:`~gpuml.routing.neighbor_blocks`;
-        None where it kept none), for the rows that weigh the part; other kernels, and
-        parts without a piece, evaluate :meth:`_part_values`.
+        Where the search kept no distances (``pieces`` None), every part in one compiled
+        loop (:meth:`_blend_compiled`). Else, for the RBF kernel, a part's kernel values
+        come from the squared distances the neighbour search computed (``pieces``, see
+        :func:`~gpuml.routing.neighbor_blocks`), for the rows that weigh the part; other
+        kernels, and parts without a piece, evaluate :meth:`_part_values`.
         """
-        if self._blend_compiled(backend, Xb, weights, out):
+        if pieces is None and self._blend_compiled(backend, Xb, weights, out):
             return
         found = {p: (rows, D) for p, rows, D in pieces or ()}
         reuse = self._kernel.name == "rbf"
