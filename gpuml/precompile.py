@@ -44,6 +44,11 @@ def precompile(verbose: bool = True) -> dict:
         "CASVMClassifier": lambda X: CASVMClassifier(n_partitions=2, combine="neighbors",
                                                      device="cpu",
                                                      random_state=0).fit(X, y).predict(X),
+        # predict: the blend among more parts than a row searches, its neighbour search
+        # and its values each in one compiled loop
+        "CASVMClassifier(20 parts)": lambda X: CASVMClassifier(
+            n_partitions=20, combine="neighbors", device="cpu",
+            random_state=0).fit(X, y).predict(X),
         # predict: the nearest part's values of rows spread over many parts, every part
         # in one compiled loop (a few rows here for the two parts)
         "CASVMClassifier(partition='fcfs')": lambda X: CASVMClassifier(

@@ -12,18 +12,20 @@ def _numba_functions():
     from gpuml.kernels import vexp
     from gpuml.kernels.gcd import cpu as gcd
     from gpuml.kernels.nearest import cpu as partition
+    from gpuml.kernels.nearest import neighbors, values
     from gpuml.kernels.smo import cpu as smo
     from gpuml.kernels.smo import loop as smo_loop
 
-    return {f"{mod.__name__}.{name}": obj for mod in (vexp, gcd, partition, smo, smo_loop)
+    return {f"{mod.__name__}.{name}": obj for mod in (vexp, gcd, partition, neighbors, values,
+                                                      smo, smo_loop)
             for name, obj in vars(mod).items() if hasattr(obj, "overloads")}
 
 
 def test_precompile_fits_every_cpu_path_and_covers_the_default_fits():
     seconds = precompile(verbose=False)
-    # seven fits and the float32 part matrices in two dtypes, and the optimizers' fused
+    # eight fits and the float32 part matrices in two dtypes, and the optimizers' fused
     # CPU kernels (torch is installed)
-    assert len(seconds) == 17 and all(s > 0 for s in seconds.values())
+    assert len(seconds) == 19 and all(s > 0 for s in seconds.values())
     assert "LAMB/LARS fused CPU kernels" in seconds
     # The specialisations the default fits need are exactly among those precompile made:
     # the first fit after `python -m gpuml.precompile` compiles nothing (a signature that
@@ -36,6 +38,10 @@ def test_precompile_fits_every_cpu_path_and_covers_the_default_fits():
         warnings.simplefilter("ignore")
         for fit_X in (X, X.astype("float32")):
             CASVMClassifier(n_partitions=16, device="cpu", random_state=0).fit(fit_X, y)
+            # predictions: the default rule among many parts, and the neighbours rule
+            many = CASVMClassifier(n_partitions=40, device="cpu", random_state=0).fit(fit_X, y)
+            many.predict(fit_X)
+            many.set_params(combine="neighbors").predict(fit_X)
             CASVMClassifier(n_partitions=4, partition="fcfs", device="cpu",
                             random_state=0).fit(fit_X, y)
             AsyGCDSVC(device="cpu", random_state=0).fit(fit_X, y)
