@@ -169,7 +169,9 @@ class PartPredictionMixin:
         X = validate_X(self, X, reset=False)
         precomputed = self._kernel.name == "precomputed"
         n = X.shape[0]
-        models = PartModels(self, backend, split=None if precomputed else
+        # one part: its vectors are the model's, no split to make
+        whole = precomputed or self.part_intercept_.shape[0] == 1
+        models = PartModels(self, backend, split=None if whole else
                             functools.partial(self._part_split, backend))
         rule = self._rule()
         # A thread's block must give each part enough rows to outweigh the part's Python
@@ -218,7 +220,7 @@ class PartPredictionMixin:
         """The values of the rows ``Xd`` under their nearest centre's model (Alg 5), written
         to ``out`` (``models``: :class:`PartModels`); returns each row's part (host).
 
-        Where the rows are spread over so many parts that each has fewer than
+        Where the rows are spread over several parts, so many that each has fewer than
         :data:`PREDICT_THREAD_ROWS_PER_PART` on average (a model of hundreds of parts), on
         the host, for the rbf kernel, dense rows of the model's dtype and fewer than
         :data:`~gpuml.estimators._svm.PAIR_BLOCKS_MIN_CLASSES` classes: every part in one
@@ -229,7 +231,7 @@ class PartPredictionMixin:
             else np.zeros(Xd.shape[0], dtype=np.int64)
         order, offsets = part_runs(owner, self.part_intercept_.shape[0])
         present = np.flatnonzero(np.diff(offsets)).tolist()
-        if (Xd.shape[0] < PREDICT_THREAD_ROWS_PER_PART * len(present)
+        if (1 < len(present) and Xd.shape[0] < PREDICT_THREAD_ROWS_PER_PART * len(present)
                 and self._nearest_compiled(backend, Xd, out, order, offsets)):
             return owner
         for p in present:
@@ -343,8 +345,11 @@ class PartPredictionMixin:
         when given) on ``backend``; copied to a GPU once and cached there. ``cols``: the
         part's support vectors (:meth:`_part_columns`)."""
         def upload():
-            vectors = (self.support_[cols] if self._kernel.name == "precomputed"
-                       else self.support_vectors_[cols])
+            if self._kernel.name == "precomputed":
+                vectors = self.support_[cols]
+            else:  # a model of one part: its vectors are all of them, in order
+                vectors = (self.support_vectors_ if len(cols) == self.support_vectors_.shape[0]
+                           else self.support_vectors_[cols])
             if dtype is not None and self._kernel.name != "precomputed":
                 vectors = vectors.astype(dtype, copy=False)
             return backend.asarray(vectors)
