@@ -96,13 +96,12 @@ class PartVectors:
                             for p in self.held}
             self.norms = {p: squared_norms(v) for p, v in self.vectors.items()}
         else:
-            #: dense vectors: all of them sorted by part (``vectors[p]`` are its slices),
-            #: and their squared norms (``norms[p]``, computed part by part)
+            #: dense vectors: all of them sorted by part, and their squared norms
+            #: (``vectors[p]`` and ``norms[p]`` are slices of these)
             self.sorted = vectors[xp.asarray(self.order)]
+            self.sorted_norms = squared_norms(self.sorted)
             self.vectors = {int(p): self.sorted[ends[p]:ends[p + 1]] for p in self.held}
-            self.norms = {p: squared_norms(v) for p, v in self.vectors.items()}
-            self.sorted_norms = (xp.concatenate([self.norms[int(p)] for p in self.held])
-                                 if self.held.size else xp.zeros(0, dtype=vectors.dtype))
+            self.norms = {int(p): self.sorted_norms[ends[p]:ends[p + 1]] for p in self.held}
         self.widest = max((v.shape[0] for v in self.vectors.values()), default=1)
 
 
@@ -163,8 +162,6 @@ def neighbor_blocks(X, parts: PartVectors, n_neighbors: int, centers=None,
     searched = held.size if every else n_searched
     itemsize = max(np.dtype(X.dtype).itemsize, parts.dtype.itemsize)
     rows = max(1, NEIGHBOR_BLOCK_BYTES // (itemsize * searched * parts.widest + 16 * k))
-    # The distances of a block go to one workspace on the host, reused block after block
-    # (fresh arrays of tens of MiB cost page faults, on some machines as much as the GEMMs).
     dense = xp is np and not sp.issparse(X) and not any(map(sp.issparse, parts.vectors.values()))
     # the whole search of a block in one compiled loop (NearestMerge.search), where the
     # rows and the sorted vectors share a dtype and no distances are asked for
@@ -189,6 +186,9 @@ def neighbor_blocks(X, parts: PartVectors, n_neighbors: int, centers=None,
             yield start, stop, _shares(merge, parts.n_parts), None
             continue
         if dense and work is None:
+            # The distances of a block go to one workspace on the host, reused block after
+            # block (fresh arrays of tens of MiB cost page faults, on some machines as much
+            # as the GEMMs).
             work = np.empty(min(rows, X.shape[0]) * searched * parts.widest,
                             dtype=np.result_type(X.dtype, parts.dtype))
         groups = [(j, runs[bounds[j]:bounds[j + 1]]) for j in sequence.tolist()]

@@ -765,11 +765,11 @@ def test_nearest_values_of_many_parts_in_one_compiled_loop(n_classes, dtype, mon
     ran = []
     real = prediction.rbf_part_values
     monkeypatch.setattr(prediction, "rbf_part_values",
-                        lambda *a: (ran.append(a[0].shape[0]), real(*a))[1])
+                        lambda *a, **k: (ran.append(a[0].shape[0]), real(*a, **k))[1])
     with compiling_in_caller():
         values, labels = clf.decision_function(X[3000:]), clf.predict(X[3000:])
         assert ran and ran[0] == 1000  # 1,000 rows over 40 parts: 25 a part
-        monkeypatch.setattr(prediction.PartPredictionMixin, "_nearest_compiled",
+        monkeypatch.setattr(prediction.PartPredictionMixin, "_values_compiled",
                             lambda *a: False)
         np.testing.assert_allclose(values, clf.decision_function(X[3000:]), rtol=1e-12,
                                    atol=1e-12)

@@ -232,22 +232,24 @@ class PartPredictionMixin:
         order, offsets = part_runs(owner, self.part_intercept_.shape[0])
         present = np.flatnonzero(np.diff(offsets)).tolist()
         if (1 < len(present) and Xd.shape[0] < PREDICT_THREAD_ROWS_PER_PART * len(present)
-                and self._nearest_compiled(backend, Xd, out, order, offsets)):
+                and self._values_compiled(backend, Xd, out, order, offsets)):
             return owner
         for p in present:
             sel = backend.asarray(order[offsets[p]:offsets[p + 1]])
             out[sel] = self._part_values(backend, p, Xd[sel], models)
         return owner
 
-    def _nearest_compiled(self, backend, Xd, out, order, offsets) -> bool:
-        """:meth:`_nearest`'s values by :func:`~gpuml.kernels.nearest.values.rbf_part_values`
-        (the rows of part ``p``: ``order[offsets[p]:offsets[p + 1]]``) where it applies
-        (:meth:`_compiled_split`); False where it does not, or is not compiled yet."""
+    def _values_compiled(self, backend, Xd, out, order, offsets, weights=None) -> bool:
+        """The parts' values of the rows ``Xd`` by
+        :func:`~gpuml.kernels.nearest.values.rbf_part_values` (the rows of part ``p``:
+        ``order[offsets[p]:offsets[p + 1]]``; with ``weights``, added weighted: the blend)
+        where it applies (:meth:`_compiled_split`); False where it does not, or is not
+        compiled yet."""
         split = self._compiled_split(backend, Xd)
         return split is not None and rbf_part_values(
             np.ascontiguousarray(Xd), order, offsets, split.sorted, split.offsets,
             split.sorted_norms, self._sorted_coef(backend, split), self.part_intercept_,
-            self._kernel.gamma, out)
+            self._kernel.gamma, out, weights=weights)
 
     def _compiled_split(self, backend, Xd):
         """The split of the support vectors (:meth:`_part_vectors`) that the compiled loops
@@ -326,19 +328,13 @@ class PartPredictionMixin:
                          * self._part_values(backend, p, Xb[sel], models))
 
     def _blend_compiled(self, backend, Xb, weights, out) -> bool:
-        """:meth:`_blend` in one compiled loop over the parts
-        (:func:`~gpuml.kernels.nearest.values.rbf_part_values` with weights) where it
-        applies (:meth:`_compiled_split`); False where it does not, or is not compiled
+        """:meth:`_blend` in one compiled loop over the parts (:meth:`_values_compiled`
+        with each row's weights); False where that does not apply, or is not compiled
         yet."""
-        split = self._compiled_split(backend, Xb)
-        if split is None:
-            return False
         rows, parts = np.nonzero(weights)
         order, offsets = part_runs(parts, weights.shape[1])
-        return rbf_part_values(np.ascontiguousarray(Xb), rows[order], offsets, split.sorted,
-                               split.offsets, split.sorted_norms,
-                               self._sorted_coef(backend, split), self.part_intercept_,
-                               self._kernel.gamma, out, weights=weights[rows, parts][order])
+        return self._values_compiled(backend, Xb, out, rows[order], offsets,
+                                     weights=weights[rows, parts][order])
 
     def _part_vectors_of(self, backend, p, cols, dtype=None):
         """Part ``p``'s support vectors (their rows for a precomputed kernel; in ``dtype``
