@@ -23,7 +23,13 @@ from ..kernels.nearest.values import rbf_part_values
 from ..pipeline import predict_on_devices, prediction_group, route_on_devices
 from ..routing import NEIGHBOR_PARTS, PartVectors, neighbor_blocks, part_runs, route, rows_by_part
 from ._partitioned import on_device
-from ._svm import PAIR_BLOCKS_MIN_CLASSES, gpu_compute_dtype, pair_values, unsettled_votes
+from ._svm import (
+    PAIR_BLOCKS_MIN_CLASSES,
+    gpu_compute_dtype,
+    pair_table,
+    pair_values,
+    unsettled_votes,
+)
 
 #: Rows predicted at a time (``predict``, ``decision_function``).
 PREDICT_BLOCK_ROWS = 16384
@@ -222,8 +228,7 @@ class PartPredictionMixin:
 
         Where the rows are spread over several parts, so many that each has fewer than
         :data:`PREDICT_THREAD_ROWS_PER_PART` on average (a model of hundreds of parts), on
-        the host, for the rbf kernel, dense rows of the model's dtype and fewer than
-        :data:`~gpuml.estimators._svm.PAIR_BLOCKS_MIN_CLASSES` classes: every part in one
+        the host, for the rbf kernel and dense rows of the model's dtype: every part in one
         compiled loop (:func:`~gpuml.kernels.nearest.values.rbf_part_values`: the same
         values to rounding). Otherwise, and while that loop compiles, part by part.
         """
@@ -246,27 +251,49 @@ class PartPredictionMixin:
         where it applies (:meth:`_compiled_split`); False where it does not, or is not
         compiled yet."""
         split = self._compiled_split(backend, Xd)
-        return split is not None and rbf_part_values(
-            np.ascontiguousarray(Xd), order, offsets, split.sorted, split.offsets,
-            split.sorted_norms, self._sorted_coef(backend, split), self.part_intercept_,
-            self._kernel.gamma, out, weights=weights)
+        if split is None:
+            return False
+        coef, class_offsets, pair_of = self._sorted_coef(backend, split)
+        return rbf_part_values(np.ascontiguousarray(Xd), order, offsets, split.sorted,
+                               split.offsets, split.sorted_norms, coef, self.part_intercept_,
+                               self._kernel.gamma, out, weights=weights,
+                               class_offsets=class_offsets, pair_of=pair_of)
 
     def _compiled_split(self, backend, Xd):
         """The split of the support vectors (:meth:`_part_vectors`) that the compiled loops
         of the parts' values read, or None where they do not apply: they run on the host,
-        for the rbf kernel, dense rows of the model's dtype and fewer than
-        :data:`~gpuml.estimators._svm.PAIR_BLOCKS_MIN_CLASSES` classes."""
-        if (backend.is_gpu or self._kernel.name != "rbf" or not isinstance(Xd, np.ndarray)
-                or len(self.classes_) >= PAIR_BLOCKS_MIN_CLASSES):
+        for the rbf kernel and dense rows of the model's dtype."""
+        if backend.is_gpu or self._kernel.name != "rbf" or not isinstance(Xd, np.ndarray):
             return None
         split = self._part_vectors(backend, Xd)
         return split if split.sorted is not None and split.dtype == Xd.dtype else None
 
     def _sorted_coef(self, backend, split):
-        """``alpha y`` per pair (float64, a column per pair) in the order of ``split``'s
-        sorted support vectors, made once per fit."""
-        return on_device(self, backend, ("sorted_coef",), lambda: np.ascontiguousarray(
-            self.ovo_dual_coef_[:, split.order].T, dtype=np.float64), host=True)
+        """The coefficients of the compiled loops in the order of ``split``'s sorted support
+        vectors, made once per fit: ``(coef, class_offsets, pair_of)`` as
+        :func:`~gpuml.kernels.nearest.values.rbf_part_values` takes them. Below
+        :data:`~gpuml.estimators._svm.PAIR_BLOCKS_MIN_CLASSES` classes ``alpha y`` per pair
+        (float64, a column per pair); from there on a column per other class (LIBSVM's
+        packed rows, :func:`~gpuml.estimators._svm.pair_table`) and where each part's
+        vectors of each class lie (the split keeps the model's order within a part, and the
+        model's vectors are grouped by class)."""
+        def make():
+            coef = self.ovo_dual_coef_[:, split.order].T
+            n_classes = len(self.classes_)
+            if n_classes < PAIR_BLOCKS_MIN_CLASSES:
+                return np.ascontiguousarray(coef, dtype=np.float64), None, None
+            pair_of = pair_table(n_classes)
+            sv_class = np.repeat(np.arange(n_classes), self.n_support_)[split.order]
+            packed = np.take_along_axis(coef, pair_of[sv_class], axis=1)
+            n_parts = split.offsets.size - 1
+            sv_part = np.repeat(np.arange(n_parts), np.diff(split.offsets))
+            counts = np.bincount(sv_part * n_classes + sv_class,
+                                 minlength=n_parts * n_classes).reshape(n_parts, n_classes)
+            class_offsets = split.offsets[:-1, None] + np.concatenate(
+                [np.zeros((n_parts, 1), dtype=np.int64), np.cumsum(counts, axis=1)], axis=1)
+            return (np.ascontiguousarray(packed, dtype=np.float64), class_offsets, pair_of)
+
+        return on_device(self, backend, ("sorted_coef",), make, host=True)
 
     def _blended(self, backend, Xd, out, models, parts):
         """The values of the rows ``Xd`` blended over the parts holding their nearest support

@@ -73,6 +73,19 @@ def class_pairs(n_classes: int) -> list[tuple[int, int]]:
     return [(a, b) for a in range(n_classes) for b in range(a + 1, n_classes)]
 
 
+def pair_table(n_classes: int) -> np.ndarray:
+    """``(n_classes, n_classes - 1)`` ints: row ``c`` the pairs (:func:`class_pairs`) of class
+    ``c`` with each other class ``d`` in increasing ``d``, the order of LIBSVM's packed
+    ``dual_coef_`` rows for a support vector of class ``c``.
+
+    >>> pair_table(3).tolist()
+    [[0, 1], [0, 2], [1, 2]]
+    """
+    pair_of = {pair: q for q, pair in enumerate(class_pairs(n_classes))}
+    return np.array([[pair_of[(min(c, d), max(c, d))] for d in range(n_classes) if d != c]
+                     for c in range(n_classes)], dtype=np.int64).reshape(n_classes, -1)
+
+
 #: Fewest classes for which :class:`PairCoef` multiplies by class blocks: from four on
 #: the blocks do at most half the dense product's work.
 PAIR_BLOCKS_MIN_CLASSES = 4
@@ -105,14 +118,13 @@ class PairCoef:
         if n_classes < PAIR_BLOCKS_MIN_CLASSES:
             self.dense = asarray(coef)
             return
-        pair_of = {pair: q for q, pair in enumerate(class_pairs(n_classes))}
+        table = pair_table(n_classes)
         ends = np.searchsorted(sv_class, np.arange(n_classes + 1))
         for c in range(n_classes):
             start, stop = int(ends[c]), int(ends[c + 1])
             if start == stop:
                 continue
-            pairs = np.array([pair_of[(min(c, d), max(c, d))] for d in range(n_classes)
-                              if d != c])
+            pairs = table[c]
             self.blocks.append((start, stop, asarray(pairs),
                                 asarray(np.ascontiguousarray(coef[start:stop][:, pairs]))))
 

@@ -24,9 +24,29 @@ from ..vexp import _rbf_rows_f32, _rbf_rows_f64
 
 
 @njit(nogil=True, cache=True)
+def _pair_products(K, a, coef, class_offsets, pair_of, p, n_pairs):
+    """``K @ coef`` of part ``p`` (its vectors from ``a`` on in the sorted order), float64:
+    one product (``pair_of`` empty: ``coef`` a column per pair), or one per class of the
+    part's vectors with its columns in that class's pairs, added in class order (as
+    :meth:`gpuml.estimators._svm.PairCoef.times`)."""
+    if pair_of.shape[0] == 0:
+        return np.dot(K.astype(np.float64), coef[a:a + K.shape[1]])
+    values = np.zeros((K.shape[0], n_pairs))
+    for c in range(pair_of.shape[0]):
+        s, e = class_offsets[p, c], class_offsets[p, c + 1]
+        if e == s:
+            continue
+        block = np.dot(K[:, s - a:e - a].astype(np.float64), coef[s:e])
+        for i in range(K.shape[0]):
+            for j in range(pair_of.shape[1]):
+                values[i, pair_of[c, j]] += block[i, j]
+    return values
+
+
+@njit(nogil=True, cache=True)
 def _rbf_part_values(X, x_norms, rows, row_offsets, weights, add, vectors, offsets, v_norms,
-                     coef, intercept, gamma, single, out):
-    n_pairs = coef.shape[1]
+                     coef, class_offsets, pair_of, intercept, gamma, single, out):
+    n_pairs = intercept.shape[1]
     for p in range(row_offsets.shape[0] - 1):
         first = row_offsets[p]
         mine = rows[first:row_offsets[p + 1]]
@@ -46,7 +66,7 @@ def _rbf_part_values(X, x_norms, rows, row_offsets, weights, add, vectors, offse
             _rbf_rows_f32(K, -2.0, x_norms[mine], v_norms[a:b], gamma)
         else:
             _rbf_rows_f64(K, -2.0, x_norms[mine], v_norms[a:b], gamma)
-        values = np.dot(K.astype(np.float64), coef[a:b])
+        values = _pair_products(K, a, coef, class_offsets, pair_of, p, n_pairs)
         for i in range(mine.shape[0]):
             for q in range(n_pairs):
                 if add:
@@ -56,12 +76,19 @@ def _rbf_part_values(X, x_norms, rows, row_offsets, weights, add, vectors, offse
 
 
 def rbf_part_values(X, rows, row_offsets, vectors, offsets, v_norms, coef, intercept, gamma,
-                    out, weights=None) -> bool:
+                    out, weights=None, class_offsets=None, pair_of=None) -> bool:
     """``out[i] = K(X[i], V_p) @ coef_p + intercept[p]`` for the rows ``i`` of each part
     ``p``, ``rows[row_offsets[p]:row_offsets[p + 1]]`` (:func:`gpuml.routing.part_runs`),
     with the rbf kernel of ``gamma``; ``V_p = vectors[offsets[p]:offsets[p + 1]]`` (the
     support vectors sorted by part, ``v_norms`` their squared norms) and ``coef_p`` the
     same rows of ``coef`` (float64, a column per pair).
+
+    With ``pair_of`` (``(n_classes, n_classes - 1)`` ints, :func:`gpuml.estimators._svm.
+    pair_table`) ``coef`` holds a column per other class instead (LIBSVM's packed
+    layout, a row per vector): a vector of class ``c`` takes part in the pairs
+    ``pair_of[c]`` only, and each part's vectors of class ``c`` are the sorted vectors
+    ``class_offsets[p, c]:class_offsets[p, c + 1]`` (``(n_parts, n_classes + 1)``): one
+    product per class and part, ``n_classes / 2`` times less work than a column per pair.
 
     With ``weights`` (float64, one per entry of ``rows``) a row may appear in several
     parts' runs, and each adds its weighted values instead, in part order:
@@ -82,11 +109,15 @@ def rbf_part_values(X, rows, row_offsets, vectors, offsets, v_norms, coef, inter
     True
     """
     add = weights is not None
+    none = np.zeros((0, 0), dtype=np.int64)
     args = (X, np.ascontiguousarray(np.einsum("ij,ij->i", X, X)),
             np.asarray(rows, dtype=np.int64), np.asarray(row_offsets, dtype=np.int64),
             np.ascontiguousarray(weights if add else np.zeros(0), dtype=np.float64), add,
             vectors, np.asarray(offsets, dtype=np.int64),
-            np.ascontiguousarray(v_norms, dtype=X.dtype), coef, intercept, float(gamma),
+            np.ascontiguousarray(v_norms, dtype=X.dtype), coef,
+            none if pair_of is None else np.asarray(class_offsets, dtype=np.int64),
+            none if pair_of is None else np.asarray(pair_of, dtype=np.int64), intercept,
+            float(gamma),
             X.dtype == np.float32, out)
     if not _jit.ready(_rbf_part_values, *args):
         return False
