@@ -788,7 +788,8 @@ def test_neighbour_search_and_blend_in_compiled_loops(combine, dtype, n_classes,
     among more than NEIGHBOR_PARTS parts, whose weighted values then come from another,
     rbf_part_values with weights): the same neighbours (weights equal) and the values of
     the loops over the parts in Python (which reuse the search's distances), to rounding,
-    with every part searched (6 parts) and among each row's nearest parts (40)."""
+    with every part searched (6 parts) and among each row's nearest parts (40); with
+    more features than BLEND_COMPILED_MAX_FEATURES the blend keeps the Python loops."""
     from sklearn.datasets import make_classification
 
     import gpuml.estimators._part_prediction as prediction
@@ -806,19 +807,24 @@ def test_neighbour_search_and_blend_in_compiled_loops(combine, dtype, n_classes,
     monkeypatch.setattr(NearestMerge, "search",
                         lambda self, *a: (searched.append(a[0].shape[0]), search(self, *a))[1])
     monkeypatch.setattr(prediction, "rbf_part_values", lambda *a, **k: (
-        blended.append("weights" in k), values(*a, **k))[1])
+        blended.append(k.get("weights") is not None), values(*a, **k))[1])
     Xte = X[3000:]
     with compiling_in_caller():
         weights = clf._part_weights(CPU, Xte)
         got, labels = clf.decision_function(Xte), clf.predict(Xte)
         assert searched and any(blended) == (n_parts > NEIGHBOR_PARTS)
-        monkeypatch.setattr(NearestMerge, "search", lambda *a: False)
-        monkeypatch.setattr(prediction.PartPredictionMixin, "_blend_compiled", lambda *a: False)
-        np.testing.assert_array_equal(clf._part_weights(CPU, Xte), weights)
         # float32: the compiled loops' GEMMs run in SciPy's OpenBLAS, the Python loops' in
         # NumPy's, two builds whose kernels may round float32 products otherwise (they do
         # on AVX-512 with OPENBLAS_CORETYPE=Haswell), and the rbf map amplifies it
         tol = 1e-10 if dtype == np.float64 else 1e-4
+        # with more features than BLEND_COMPILED_MAX_FEATURES the search keeps its distances
+        blended.clear()
+        monkeypatch.setattr(prediction, "BLEND_COMPILED_MAX_FEATURES", X.shape[1] - 1)
+        np.testing.assert_allclose(clf.decision_function(Xte), got, rtol=tol, atol=tol)
+        assert not any(blended)
+        monkeypatch.setattr(NearestMerge, "search", lambda *a: False)
+        monkeypatch.setattr(prediction.PartPredictionMixin, "_blend_compiled", lambda *a: False)
+        np.testing.assert_array_equal(clf._part_weights(CPU, Xte), weights)
         np.testing.assert_allclose(got, clf.decision_function(Xte), rtol=tol, atol=tol)
         np.testing.assert_array_equal(labels, clf.predict(Xte))
 

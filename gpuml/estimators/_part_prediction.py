@@ -41,6 +41,13 @@ PREDICT_THREAD_MIN_ROWS = 4096
 #: parts, a loss from 245), unless every part's steps run in the compiled loops
 #: (:meth:`PartPredictionMixin._compiled_split`), which hold no GIL.
 PREDICT_THREAD_ROWS_PER_PART = 128
+#: The blend among more than :data:`~gpuml.routing.NEIGHBOR_PARTS` parts runs its search and
+#: its values in compiled loops (:meth:`PartPredictionMixin._blended`) up to this many
+#: features; the values' loop computes the distances of the parts a row weighs again, which
+#: with more features costs more than the Python steps per part it saves (at 50,000 rows,
+#: P = 25: 0.6-0.9x the time up to 128 features, 1.0-1.3x at 256; Fashion-MNIST's 784
+#: pixels, 1.0-1.5x).
+BLEND_COMPILED_MAX_FEATURES = 128
 
 
 class PartModels:
@@ -305,6 +312,7 @@ class PartPredictionMixin:
         # computed serve the values (their Python steps are few, and the GEMMs are not
         # done twice).
         compiled = (parts.held.size > NEIGHBOR_PARTS
+                    and Xd.shape[1] <= BLEND_COMPILED_MAX_FEATURES
                     and self._compiled_split(backend, Xd) is not None)
         for start, stop, weights, pieces in self._weighted_blocks(backend, Xd, parts,
                                                                   distances=not compiled):
