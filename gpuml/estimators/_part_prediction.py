@@ -45,8 +45,8 @@ PREDICT_THREAD_ROWS_PER_PART = 128
 #: its values in compiled loops (:meth:`PartPredictionMixin._blended`) up to this many
 #: features; the values' loop computes the distances of the parts a row weighs again, which
 #: with more features costs more than the Python steps per part it saves (at 50,000 rows,
-#: P = 25: 0.6-0.9x the time up to 128 features, 1.0-1.3x at 256; Fashion-MNIST's 784
-#: pixels, 1.0-1.5x).
+#: P = 25: 0.6-1.1x the time up to 128 features, 0.9-1.4x at 256; Fashion-MNIST's 784
+#: pixels, 0.95-1.5x).
 BLEND_COMPILED_MAX_FEATURES = 128
 
 
