@@ -34,6 +34,7 @@ def test_precompile_fits_every_cpu_path_and_covers_the_default_fits():
     from gpuml import AsyGCDSVC, CASVMClassifier
 
     X, y = make_classification(2000, 20, random_state=0)
+    y5 = make_classification(2000, 20, n_informative=10, n_classes=5, random_state=0)[1]
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         for fit_X in (X, X.astype("float32")):
@@ -42,6 +43,9 @@ def test_precompile_fits_every_cpu_path_and_covers_the_default_fits():
             many = CASVMClassifier(n_partitions=40, device="cpu", random_state=0).fit(fit_X, y)
             many.predict(fit_X)
             many.set_params(combine="neighbors").predict(fit_X)
+            # five classes: the compiled loops' products by class blocks
+            CASVMClassifier(n_partitions=40, device="cpu", random_state=0).fit(
+                fit_X, y5).predict(fit_X)
             CASVMClassifier(n_partitions=4, partition="fcfs", device="cpu",
                             random_state=0).fit(fit_X, y)
             AsyGCDSVC(device="cpu", random_state=0).fit(fit_X, y)
