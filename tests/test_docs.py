@@ -87,3 +87,31 @@ def test_python_blocks_run(path, tmp_path, monkeypatch):
                     raise
                 pytest.skip(f"{path.name}:{line} needs {missing} (an optional dependency), "
                             "which is not installed here")
+
+
+def _modules() -> list[str]:
+    import pkgutil
+
+    import gpuml
+
+    return sorted(m.name for m in pkgutil.walk_packages(gpuml.__path__, "gpuml."))
+
+
+@pytest.mark.parametrize("name", _modules())
+def test_docstring_examples_run(name):
+    """Every ``>>>`` example in the package's docstrings gives the output it shows."""
+    import doctest
+    import warnings
+
+    try:
+        module = importlib.import_module(name)
+    except ModuleNotFoundError as err:
+        missing = (err.name or "").partition(".")[0]
+        if missing not in OPTIONAL or importlib.util.find_spec(missing) is not None:
+            raise
+        pytest.skip(f"{name} needs {missing} (an optional dependency), not installed here")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        result = doctest.testmod(module, optionflags=doctest.ELLIPSIS
+                                 | doctest.NORMALIZE_WHITESPACE, report=False)
+    assert result.failed == 0, f"{result.failed} of {result.attempted} examples in {name} failed"

@@ -101,7 +101,7 @@ def balance_local(costs, held) -> list[np.ndarray]:
     >>> from gpuml.distributed.placement import balance_local
     >>> held = np.array([[5, 0], [5, 0], [5, 0], [0, 5]])
     >>> [p.tolist() for p in balance_local([1.0, 1.0, 1.0, 1.0], held)]
-    [[0, 1], [2, 3]]
+    [[1, 2], [0, 3]]
     """
     costs = np.asarray(costs, dtype=np.float64)
     held = np.asarray(held)
