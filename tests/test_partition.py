@@ -148,18 +148,55 @@ def test_fill_takes_the_nearest_part_at_once_only_when_the_scan_would():
     D = rng.integers(0, 6, size=(3000, 40)).astype(np.float32)  # ties everywhere
     D[rng.random(D.shape) < 0.01] = np.inf
     caps = np.full(40, 75, dtype=np.int64)  # every part full by the end
-    expected, counts = np.empty(3000, dtype=np.int64), np.zeros(40, dtype=np.int64)
-    for i, row in enumerate(D):  # Alg 3's loop as the paper writes it
-        best, best_d = -1, np.inf
-        for j in range(40):
-            if counts[j] < caps[j] and row[j] < best_d:
-                best, best_d = j, row[j]
-        counts[best] += 1
-        expected[i] = best
+    expected = _paper_fill(D, np.zeros(40, dtype=np.int64), caps)
     out, counts = np.empty(3000, dtype=np.int64), np.zeros(40, dtype=np.int64)
     compiled(D, np.argmin(D, axis=1), counts, caps, out)
     np.testing.assert_array_equal(out, expected)
     assert counts.tolist() == caps.tolist()
+
+
+def _paper_fill(D, counts, caps):
+    """Alg 3's loop as the paper writes it: each row to its nearest part with room left."""
+    labels = np.empty(D.shape[0], dtype=np.int64)
+    for i, row in enumerate(D):
+        best, best_d = -1, np.inf
+        for j in range(D.shape[1]):
+            if counts[j] < caps[j] and row[j] < best_d:
+                best, best_d = j, row[j]
+        counts[best] += 1
+        labels[i] = best
+    return labels
+
+
+@pytest.mark.parametrize("r", [1, 2, 4, 40])
+def test_fill_from_candidates_takes_the_scans_decisions(r, monkeypatch):
+    """A device's fill reads back each row's first r candidates among the parts open when
+    its block began, and a row's distances (with the next FILL_SCAN_ROWS rows') only where
+    all its candidates filled within the block or are not at a finite distance: block by
+    block, with ties, infinite and NaN distances, the paper's loop's labels and counts
+    (here with NumPy arrays, the GPU's oracle)."""
+    import gpuml.kernels.nearest.cpu as nearest_cpu
+    from gpuml.kernels import fill_by_candidates
+
+    rng = np.random.default_rng(7)
+    D = rng.integers(0, 6, size=(3000, 40)).astype(np.float32)  # ties everywhere
+    D[rng.random(D.shape) < 0.01] = np.inf
+    D[17, :] = np.inf
+    D[23, 5] = np.nan
+    D[31, :] = -np.inf
+    caps = np.full(40, 75, dtype=np.int64)  # every part full by the end
+    expected = _paper_fill(D, np.zeros(40, dtype=np.int64), caps)
+    scanned = []
+    real_scan = nearest_cpu.fill_nearest_open
+    monkeypatch.setattr(nearest_cpu, "fill_nearest_open",
+                        lambda rows, *a: (scanned.append(rows.shape[0]), real_scan(rows, *a))[1])
+    counts, got = np.zeros(40, dtype=np.int64), []
+    for start in range(0, 3000, 700):  # blocks: counts carried from one to the next
+        got.append(fill_by_candidates(D[start:start + 700], counts, caps, r))
+    np.testing.assert_array_equal(np.concatenate(got), expected)
+    assert counts.tolist() == caps.tolist()
+    # the rows with non-finite distances scan; with every part a candidate, only they do
+    assert scanned and (r < 40 or len(scanned) <= 4)
 
 
 def test_only_a_small_fill_takes_the_numpy_twin(monkeypatch):
@@ -583,6 +620,30 @@ def test_gpu_reading_behind_is_bitwise_reading_at_once(dtype, max_iter, monkeypa
     at_once_labels, at_once_centers = kmeans(X, 8, random_state=2, max_iter=max_iter)
     np.testing.assert_array_equal(labels.get(), at_once_labels.get())
     np.testing.assert_array_equal(centers.get(), at_once_centers.get())
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("r", [1, 4])
+def test_gpu_fill_reads_candidates_and_takes_the_scans_decisions(r):
+    """A fill of CuPy distances (fill_nearest_open: the candidates' path) gives the paper's
+    loop's labels and counts, ties first to the lower part as NumPy's argmin."""
+    import cupy as cp
+
+    from gpuml.kernels import fill_by_candidates
+
+    rng = np.random.default_rng(7)
+    D = rng.integers(0, 6, size=(3000, 40)).astype(np.float32)
+    D[rng.random(D.shape) < 0.01] = np.inf
+    D[17, :] = np.inf
+    caps = np.full(40, 75, dtype=np.int64)
+    expected = _paper_fill(D, np.zeros(40, dtype=np.int64), caps)
+    counts, got = np.zeros(40, dtype=np.int64), []
+    for start in range(0, 3000, 700):
+        block = cp.asarray(D[start:start + 700])
+        got.append((fill_by_candidates(block, counts, caps, r) if r != 4
+                    else fill_nearest_open(block, counts, caps)).get())
+    np.testing.assert_array_equal(np.concatenate(got), expected)
+    assert counts.tolist() == caps.tolist()
 
 
 @pytest.mark.gpu

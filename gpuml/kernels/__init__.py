@@ -106,22 +106,59 @@ def fill_nearest_open(D, counts, caps, entries=None):
     """Assign each row of the distance block ``D`` to its nearest part with room left.
 
     A sequential greedy pass (You 2020, Alg 3 and 9): the order of rows
-    matters, so it runs as one numba loop on the host; a device block is
-    copied over once. ``counts`` (host int64) is updated in place. ``entries``:
-    the distance entries (rows x parts) of the whole fill ``D`` is a block of, when
-    it has several blocks (only a small fill may take the loop's NumPy twin while
-    numba compiles). Returns the labels in ``D``'s namespace.
+    matters, so it runs as one numba loop on the host. ``counts`` (host int64) is
+    updated in place. ``entries``: the distance entries (rows x parts) of the whole
+    fill ``D`` is a block of, when it has several blocks (only a small fill may take the
+    loop's NumPy twin while numba compiles). Returns the labels in ``D``'s namespace.
+
+    A block on a GPU is not copied over: the device finds each row's
+    :data:`~gpuml.kernels.nearest.FILL_CANDIDATES` nearest parts among those with room
+    when the block begins (:func:`~gpuml.kernels.nearest.fill_candidates`), and the host
+    reads back those and, for the rare row all of whose candidates filled within the
+    block, that row's distances (:func:`fill_by_candidates`): the same labels, with
+    ``r + r`` numbers a row crossing the bus instead of P (at 10 million rows and 4,883
+    parts, 195 GB).
     """
+    if is_cupy_array(D):
+        return fill_by_candidates(D, counts, caps)
     from .nearest.cpu import fill_nearest_open_any as _fill
 
     host = np.ascontiguousarray(to_numpy(D))
     labels = np.empty(host.shape[0], dtype=np.int64)
     _fill(host, counts, caps, labels, entries)
-    if is_cupy_array(D):
-        import cupy
-
-        return cupy.asarray(labels)
     return labels
+
+
+def fill_by_candidates(D, counts, caps, r=None):
+    """:func:`fill_nearest_open` from each row's first ``r`` candidates (on ``D``'s device,
+    NumPy or CuPy; default :data:`~gpuml.kernels.nearest.FILL_CANDIDATES`): the host takes
+    a row's first candidate with room left
+    (:func:`~gpuml.kernels.nearest.cpu.fill_from_candidates`) and scans the row's
+    distances, read back with the next :data:`~gpuml.kernels.nearest.FILL_SCAN_ROWS` rows,
+    where none has or they are not finite. The same labels
+    and counts as the scan of every row. Returns the labels in ``D``'s namespace.
+    """
+    from .nearest import FILL_CANDIDATES, FILL_SCAN_ROWS, fill_candidates
+    from .nearest.cpu import fill_from_candidates
+    from .nearest.cpu import fill_nearest_open as scan
+
+    xp = namespace_of(D)
+    r = FILL_CANDIDATES if r is None else int(r)
+    cand, cand_d = fill_candidates(D, counts >= caps, min(r, D.shape[1]))
+    cand, cand_d = to_numpy(cand), to_numpy(cand_d)
+    n = D.shape[0]
+    labels = np.empty(n, dtype=np.int64)
+    i = 0
+    while True:
+        i = fill_from_candidates(cand, cand_d, i, counts, caps, labels)
+        if i == n:
+            return xp.asarray(labels)
+        # this row and the next few (rows near a part that fills tend to follow one
+        # another): their distances read back at once and scanned
+        stop = min(i + FILL_SCAN_ROWS, n)
+        rows = np.ascontiguousarray(to_numpy(D[i:stop]))
+        scan(rows, np.argmin(rows, axis=1), counts, caps, labels[i:stop])
+        i = stop
 
 
 def smo_solve_batch(kernel, Xs, problems, *, tol=1e-3, max_iter=-1, cache_size=1024.0,

@@ -48,9 +48,11 @@ BLOCK_BYTES = 8 << 20
 FUSED_MAX_ENTRIES = 4096
 
 
-def row_blocks(n_rows: int, n_cols: int, itemsize: int = 8):
-    """``(start, stop)`` row ranges whose ``n_cols``-wide blocks stay under BLOCK_BYTES."""
-    rows = max(1, BLOCK_BYTES // max(1, n_cols * itemsize))
+def row_blocks(n_rows: int, n_cols: int, itemsize: int = 8, block_bytes: int | None = None):
+    """``(start, stop)`` row ranges whose ``n_cols``-wide blocks stay under ``block_bytes``
+    (default BLOCK_BYTES)."""
+    block_bytes = BLOCK_BYTES if block_bytes is None else int(block_bytes)
+    rows = max(1, block_bytes // max(1, n_cols * itemsize))
     for start in range(0, n_rows, rows):
         yield start, min(start + rows, n_rows)
 
@@ -242,4 +244,46 @@ def _blocked_nearest_sums(X, centers, c_norms, labels):
     return labels, sums, counts
 
 
-__all__ = ["BLOCK_BYTES", "FUSED_MAX_ENTRIES", "nearest_centres", "part_sums", "row_blocks"]
+#: Candidates per row a fill of device distances reads back (:func:`fill_candidates`):
+#: a row scans its distances only when this many nearest open parts all filled within
+#: its block (or its distances are not finite).
+FILL_CANDIDATES = 4
+#: Rows whose distances such a fill reads back and scans at once, from a row that needs
+#: its own.
+FILL_SCAN_ROWS = 64
+#: Bound on a device fill's distance blocks (twice this with the masked copy
+#: :func:`fill_candidates` makes): larger than the host's BLOCK_BYTES, as each block costs a
+#: few kernel launches and two reads back whatever its size (at 4,883 parts, 8 MiB blocks
+#: are 214 rows), but not so large that many parts fill within one block, which sends
+#: more rows to the scan (at 1,000,000 rows and 489 parts, candidates of four: 226 scans
+#: of 64 rows with 32 MiB blocks, 2,476 with 256 MiB).
+DEVICE_FILL_BLOCK_BYTES = 64 << 20
+
+
+def fill_candidates(D, full, r: int = FILL_CANDIDATES):
+    """Each row's first ``r`` parts in the order (distance, part) among the parts not
+    ``full`` (bools on ``D``'s device), and their distances: ``(cand, cand_d)`` on D's
+    device, by ``r`` passes of ``argmin`` (the lowest of equal minima) over a copy of ``D``
+    whose full parts, and the candidates found so far, are infinite. What a fill of
+    ``D`` on a device reads back instead of ``D`` (:func:`gpuml.kernels.fill_nearest_open`).
+
+    >>> D = np.array([[3.0, 1.0, 1.0, 0.0]])
+    >>> cand, cand_d = fill_candidates(D, np.array([False, False, False, True]), 2)
+    >>> cand.tolist(), cand_d.tolist()
+    ([[1, 2]], [[1.0, 1.0]])
+    """
+    xp = namespace_of(D)
+    masked = xp.where(xp.asarray(full)[None, :], xp.asarray(np.inf, dtype=D.dtype), D)
+    rows = xp.arange(D.shape[0])
+    cand = xp.empty((D.shape[0], r), dtype=np.int64)
+    cand_d = xp.empty((D.shape[0], r), dtype=D.dtype)
+    for t in range(r):
+        nearest = masked.argmin(axis=1)
+        cand[:, t] = nearest
+        cand_d[:, t] = masked[rows, nearest]
+        masked[rows, nearest] = np.inf
+    return cand, cand_d
+
+
+__all__ = ["BLOCK_BYTES", "DEVICE_FILL_BLOCK_BYTES", "FILL_CANDIDATES", "FILL_SCAN_ROWS",
+           "FUSED_MAX_ENTRIES", "fill_candidates", "nearest_centres", "part_sums", "row_blocks"]

@@ -73,6 +73,35 @@ def fill_nearest_open(D, nearest, counts, caps, labels):
         labels[i] = best
 
 
+@njit(nogil=True, cache=True)
+def fill_from_candidates(cand, cand_d, start, counts, caps, labels):
+    """:func:`fill_nearest_open` from each row's first candidates instead of its distances.
+
+    ``cand[i]`` (ints, ``r`` a row) are the first ``r`` parts of row ``i`` in the order
+    (distance, part) among those not full when the block began, ``cand_d[i]`` their
+    distances. Parts only fill, so a row's first candidate with room left is the part the
+    scan would find, unless the row's distances run out first: from row ``start`` on,
+    each row takes it, until a row none of whose candidates has room, or whose next
+    candidate is not at a finite distance (an infinite or NaN distance, or a part full at
+    the start, which the caller marks infinite): that row is returned for the caller to
+    scan in full (``cand.shape[0]`` when every row took a part).
+    """
+    n, r = cand.shape
+    for i in range(start, n):
+        best = -1
+        for t in range(r):
+            if not cand_d[i, t] < np.inf:
+                break
+            if counts[cand[i, t]] < caps[cand[i, t]]:
+                best = cand[i, t]
+                break
+        if best < 0:
+            return i
+        counts[best] += 1
+        labels[i] = best
+    return n
+
+
 #: Entries (rows x P) of a distance block of :func:`nearest_centre_sums_numpy`: small
 #: enough to stay in cache while each feature's column is subtracted, large enough
 #: that NumPy's per-call cost is spread over many entries.
