@@ -87,6 +87,7 @@ __all__ = [
     "Kernel",
     "compile_after_fit",
     "compiling_in_caller",
+    "fill_by_candidates",
     "fill_nearest_open",
     "nearest_centres",
     "part_sums",
@@ -116,8 +117,8 @@ def fill_nearest_open(D, counts, caps, entries=None):
     when the block begins (:func:`~gpuml.kernels.nearest.fill_candidates`), and the host
     reads back those and, for the rare row all of whose candidates filled within the
     block, that row's distances (:func:`fill_by_candidates`): the same labels, with
-    ``r + r`` numbers a row crossing the bus instead of P (at 10 million rows and 4,883
-    parts, 195 GB).
+    eight numbers a row crossing the bus instead of P distances (at 10 million rows and
+    4,883 parts, 195 GB of them).
     """
     if is_cupy_array(D):
         return fill_by_candidates(D, counts, caps)
@@ -134,9 +135,14 @@ def fill_by_candidates(D, counts, caps, r=None):
     NumPy or CuPy; default :data:`~gpuml.kernels.nearest.FILL_CANDIDATES`): the host takes
     a row's first candidate with room left
     (:func:`~gpuml.kernels.nearest.cpu.fill_from_candidates`) and scans the row's
-    distances, read back with the next :data:`~gpuml.kernels.nearest.FILL_SCAN_ROWS` rows,
-    where none has or they are not finite. The same labels
-    and counts as the scan of every row. Returns the labels in ``D``'s namespace.
+    distances, read back with the next :data:`~gpuml.kernels.nearest.FILL_SCAN_ROWS` rows',
+    where none has or they are not finite. The same labels and counts as the scan of every
+    row. Returns the labels in ``D``'s namespace.
+
+    >>> D = np.array([[0.0, 1.0], [0.0, 2.0], [3.0, 1.0]])
+    >>> counts = np.zeros(2, dtype=np.int64)
+    >>> fill_by_candidates(D, counts, np.array([1, 2]), r=1).tolist(), counts.tolist()
+    ([0, 1, 1], [1, 2])
     """
     from .nearest import FILL_CANDIDATES, FILL_SCAN_ROWS, fill_candidates
     from .nearest.cpu import fill_from_candidates
