@@ -30,8 +30,9 @@ from __future__ import annotations
 import numpy as np
 from sklearn.utils import check_random_state
 
-from .._backend import namespace_of, to_numpy
+from .._backend import is_cupy_array, namespace_of, to_numpy
 from ..kernels import fill_nearest_open, nearest_centres, part_sums, row_blocks
+from ..kernels.nearest import DEVICE_FILL_BLOCK_BYTES
 from ..pairwise import shifted_sq_distances, sq_distances, squared_norms
 from ..partition import SPLITS, LocalRows, dense_rows, divide
 from .placement import shard_bounds
@@ -171,8 +172,10 @@ class ShardRows:
     def fill(self, centers, counts, caps, rows=None):
         """The fill of the global ``rows`` (default: all, in order): rank 0 runs the
         sequential pass over gathered distance blocks, the blocks one process would use,
-        and broadcasts each block's labels. Returns this rank's labels (``rows=None``), or
-        the host labels of ``rows`` on every rank; ``counts`` is updated on every rank."""
+        gathered on its device (a GPU's block is not read back whole, see
+        :func:`gpuml.kernels.fill_nearest_open`), and broadcasts each block's labels.
+        Returns this rank's labels (``rows=None``), or the host labels of ``rows`` on every
+        rank; ``counts`` is updated on every rank."""
         comm, X = self.comm, self.X
         xp = namespace_of(centers)
         every = rows is None
@@ -180,7 +183,8 @@ class ShardRows:
         rank_of = np.searchsorted(self.bounds, rows, side="right") - 1
         c_norms = squared_norms(centers)
         labels = np.empty(rows.shape[0], dtype=np.int64)
-        for start, stop in row_blocks(rows.shape[0], centers.shape[0]):
+        block_bytes = DEVICE_FILL_BLOCK_BYTES if is_cupy_array(centers) else None
+        for start, stop in row_blocks(rows.shape[0], centers.shape[0], block_bytes=block_bytes):
             block_rank = rank_of[start:stop]
             local = rows[start:stop][np.flatnonzero(block_rank == comm.rank)] - self.offset
             if local.size:
@@ -189,10 +193,10 @@ class ShardRows:
                 D = xp.empty((0, centers.shape[0]), dtype=centers.dtype)
             blocks = comm.allgather(D)
             filled = np.empty(stop - start, dtype=np.int64)
-            if comm.rank == 0:
-                D = np.empty((stop - start, centers.shape[0]), dtype=np.dtype(D.dtype))
+            if comm.rank == 0:  # the block on rank 0's device: a GPU reads back candidates
+                D = xp.empty((stop - start, centers.shape[0]), dtype=np.dtype(D.dtype))
                 for r, block in enumerate(blocks):
-                    D[np.flatnonzero(block_rank == r)] = to_numpy(block)
+                    D[xp.asarray(np.flatnonzero(block_rank == r))] = xp.asarray(block)
                 filled = fill_nearest_open(D, counts, caps,
                                            entries=rows.shape[0] * centers.shape[0])
             filled = to_numpy(comm.broadcast(filled, root=0))
