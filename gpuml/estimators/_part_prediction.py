@@ -308,9 +308,9 @@ class PartPredictionMixin:
         to ``out``; returns which pairs vote."""
         voting = np.zeros(out.shape, dtype=bool)
         # Among many parts the search and the values each run in one compiled loop (the
-        # values' loop computing its own distances); among a few, the distances the search
-        # computed serve the values (their Python steps are few, and the GEMMs are not
-        # done twice).
+        # values' loop computing its own distances); among a few, or with many features,
+        # the distances the search computed serve the values (their Python steps are few,
+        # or cost less than the GEMMs done twice).
         compiled = (parts.held.size > NEIGHBOR_PARTS
                     and Xd.shape[1] <= BLEND_COMPILED_MAX_FEATURES
                     and self._compiled_split(backend, Xd) is not None)
