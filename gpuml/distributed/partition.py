@@ -30,9 +30,8 @@ from __future__ import annotations
 import numpy as np
 from sklearn.utils import check_random_state
 
-from .._backend import is_cupy_array, namespace_of, to_numpy
-from ..kernels import fill_nearest_open, nearest_centres, part_sums, row_blocks
-from ..kernels.nearest import DEVICE_FILL_BLOCK_BYTES
+from .._backend import namespace_of, to_numpy
+from ..kernels import fill_blocks, fill_nearest_open, nearest_centres, part_sums
 from ..pairwise import shifted_sq_distances, sq_distances, squared_norms
 from ..partition import SPLITS, LocalRows, dense_rows, divide
 from .placement import shard_bounds
@@ -183,8 +182,7 @@ class ShardRows:
         rank_of = np.searchsorted(self.bounds, rows, side="right") - 1
         c_norms = squared_norms(centers)
         labels = np.empty(rows.shape[0], dtype=np.int64)
-        block_bytes = DEVICE_FILL_BLOCK_BYTES if is_cupy_array(centers) else None
-        for start, stop in row_blocks(rows.shape[0], centers.shape[0], block_bytes=block_bytes):
+        for start, stop in fill_blocks(rows.shape[0], centers):
             block_rank = rank_of[start:stop]
             local = rows[start:stop][np.flatnonzero(block_rank == comm.rank)] - self.offset
             if local.size:

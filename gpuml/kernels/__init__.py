@@ -47,7 +47,7 @@ from .krr import (
     krr_solve_parts,
     tridiagonal_batch,
 )
-from .nearest import nearest_centres, part_sums, row_blocks
+from .nearest import fill_blocks, nearest_centres, part_sums, row_blocks
 from .smo import SMOProblem, SMOResult
 from .vexp import rbf_from_sq_distances
 
@@ -87,6 +87,7 @@ __all__ = [
     "Kernel",
     "compile_after_fit",
     "compiling_in_caller",
+    "fill_blocks",
     "fill_by_candidates",
     "fill_nearest_open",
     "nearest_centres",

@@ -11,9 +11,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from .._backend import is_cupy_array, namespace_of, read_lag, to_numpy
-from ..kernels import fill_nearest_open, nearest_centres, part_sums, row_blocks
-from ..kernels.nearest import DEVICE_FILL_BLOCK_BYTES
+from .._backend import namespace_of, read_lag, to_numpy
+from ..kernels import fill_blocks, fill_nearest_open, nearest_centres, part_sums
 from ..pairwise import shifted_sq_distances, sq_distances, squared_norms
 from .algorithms import divide
 
@@ -32,13 +31,12 @@ def _distances_to(X, x_norms, c):
 
 def fill(X, centers, counts, caps, rows=None):
     """Greedy FCFS fill of ``X[rows]`` (in that order) into parts with room left (on a
-    device in blocks of :data:`~gpuml.kernels.nearest.DEVICE_FILL_BLOCK_BYTES`)."""
+    device in the blocks of :func:`~gpuml.kernels.fill_blocks`)."""
     xp = namespace_of(centers)
     rows = xp.arange(X.shape[0]) if rows is None else rows
     labels = xp.empty(rows.shape[0], dtype=np.int64)
     c_norms = squared_norms(centers)
-    block_bytes = DEVICE_FILL_BLOCK_BYTES if is_cupy_array(centers) else None
-    for start, stop in row_blocks(rows.shape[0], centers.shape[0], block_bytes=block_bytes):
+    for start, stop in fill_blocks(rows.shape[0], centers):
         D = shifted_sq_distances(X[rows[start:stop]], centers, c_norms)
         labels[start:stop] = fill_nearest_open(D, counts, caps,
                                                entries=rows.shape[0] * centers.shape[0])

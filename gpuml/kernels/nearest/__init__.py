@@ -260,6 +260,18 @@ FILL_SCAN_ROWS = 64
 DEVICE_FILL_BLOCK_BYTES = 64 << 20
 
 
+def fill_blocks(n_rows: int, centers):
+    """The row ranges in which a fill of ``n_rows`` rows into ``centers``' parts computes
+    its distance blocks: :data:`DEVICE_FILL_BLOCK_BYTES` on a device, :data:`BLOCK_BYTES`
+    on the host (:func:`row_blocks`).
+
+    >>> list(fill_blocks(5, np.zeros((BLOCK_BYTES // 16, 2))))
+    [(0, 2), (2, 4), (4, 5)]
+    """
+    block_bytes = DEVICE_FILL_BLOCK_BYTES if is_cupy_array(centers) else BLOCK_BYTES
+    return row_blocks(n_rows, centers.shape[0], block_bytes=block_bytes)
+
+
 def fill_candidates(D, full, r: int = FILL_CANDIDATES):
     """Each row's first ``r`` parts in the order (distance, part) among the parts not
     ``full`` (bools on ``D``'s device), and their distances: ``(cand, cand_d)`` on D's
@@ -286,4 +298,5 @@ def fill_candidates(D, full, r: int = FILL_CANDIDATES):
 
 
 __all__ = ["BLOCK_BYTES", "DEVICE_FILL_BLOCK_BYTES", "FILL_CANDIDATES", "FILL_SCAN_ROWS",
-           "FUSED_MAX_ENTRIES", "fill_candidates", "nearest_centres", "part_sums", "row_blocks"]
+           "FUSED_MAX_ENTRIES", "fill_blocks", "fill_candidates", "nearest_centres", "part_sums",
+           "row_blocks"]
