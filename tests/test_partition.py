@@ -168,6 +168,48 @@ def _paper_fill(D, counts, caps):
     return labels
 
 
+@pytest.mark.parametrize("kind", ["float32", "float64", "csr", "csr centres"])
+def test_open_distances_are_the_shifted_distances_of_open_parts_bit_for_bit(kind):
+    """A fill's blocks carry the -2 in the centres (exact) and inf for full parts: the
+    open columns equal shifted_sq_distances' exactly, so the fill's decisions cannot move."""
+    from gpuml.kernels import OpenDistances
+    from gpuml.pairwise import shifted_sq_distances
+
+    rng = np.random.default_rng(3)
+    X = rng.normal(size=(300, 17)) * rng.uniform(0.01, 100, size=17)
+    X = X.astype(np.float64 if kind == "float64" else np.float32)
+    C = X[rng.choice(300, 23, replace=False)].copy()
+    if kind.startswith("csr"):
+        X[rng.random(X.shape) < 0.7] = 0.0
+        C = X[:23].copy()
+        X = sp.csr_matrix(X)
+        C = sp.csr_matrix(C) if kind == "csr centres" else C
+    counts = rng.integers(0, 5, size=23)
+    caps = np.full(23, 3)
+    D = OpenDistances(C)(X, counts, caps)
+    ref = shifted_sq_distances(X, C)
+    open_ = counts < caps
+    assert D.dtype == ref.dtype
+    assert np.array_equal(D[:, open_], ref[:, open_])
+    assert np.isposinf(D[:, ~open_]).all() and (~open_).any() and open_.any()
+
+
+def test_fill_in_blocks_is_the_papers_loop_over_the_distances(monkeypatch):
+    """The in-process fill (full parts masked block by block, small blocks here) gives the
+    paper's loop over every row's distances to every centre."""
+    from gpuml.pairwise import shifted_sq_distances
+
+    monkeypatch.setattr(nearest_module, "BLOCK_BYTES", 8 * 40 * 37)  # blocks of 37 rows
+    rng = np.random.default_rng(11)
+    X = rng.integers(-2, 3, size=(2000, 3)).astype(np.float64)  # ties everywhere
+    C = X[rng.choice(2000, 40, replace=False)]
+    caps = np.full(40, 50, dtype=np.int64)  # every part full by the end
+    expected = _paper_fill(shifted_sq_distances(X, C), np.zeros(40, dtype=np.int64), caps)
+    counts = np.zeros(40, dtype=np.int64)
+    np.testing.assert_array_equal(local_module.fill(X, C, counts, caps), expected)
+    assert counts.tolist() == caps.tolist()
+
+
 @pytest.mark.parametrize("r", [1, 2, 4, 40])
 def test_fill_from_candidates_takes_the_scans_decisions(r, monkeypatch):
     """A device's fill reads back each row's first r candidates among the parts open when

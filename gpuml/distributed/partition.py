@@ -31,7 +31,7 @@ import numpy as np
 from sklearn.utils import check_random_state
 
 from .._backend import namespace_of, to_numpy
-from ..kernels import fill_blocks, fill_nearest_open, nearest_centres, part_sums
+from ..kernels import OpenDistances, fill_blocks, fill_nearest_open, nearest_centres, part_sums
 from ..pairwise import shifted_sq_distances, sq_distances, squared_norms
 from ..partition import SPLITS, LocalRows, dense_rows, divide
 from .placement import shard_bounds
@@ -180,13 +180,13 @@ class ShardRows:
         every = rows is None
         rows = np.arange(self.n, dtype=np.int64) if every else np.asarray(rows, np.int64)
         rank_of = np.searchsorted(self.bounds, rows, side="right") - 1
-        c_norms = squared_norms(centers)
+        distances = OpenDistances(centers)
         labels = np.empty(rows.shape[0], dtype=np.int64)
         for start, stop in fill_blocks(rows.shape[0], centers):
             block_rank = rank_of[start:stop]
             local = rows[start:stop][np.flatnonzero(block_rank == comm.rank)] - self.offset
             if local.size:
-                D = shifted_sq_distances(X[xp.asarray(local)], centers, c_norms)
+                D = distances(X[xp.asarray(local)], counts, caps)
             else:  # no rows of this block here (indexing a device CSR by nothing is not portable)
                 D = xp.empty((0, centers.shape[0]), dtype=centers.dtype)
             blocks = comm.allgather(D)

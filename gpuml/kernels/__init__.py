@@ -47,7 +47,7 @@ from .krr import (
     krr_solve_parts,
     tridiagonal_batch,
 )
-from .nearest import fill_blocks, nearest_centres, part_sums, row_blocks
+from .nearest import OpenDistances, fill_blocks, nearest_centres, part_sums, row_blocks
 from .smo import SMOProblem, SMOResult
 from .vexp import rbf_from_sq_distances
 
@@ -85,6 +85,7 @@ __all__ = [
     "krr_solve_parts",
     "tridiagonal_batch",
     "Kernel",
+    "OpenDistances",
     "compile_after_fit",
     "compiling_in_caller",
     "fill_blocks",

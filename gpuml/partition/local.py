@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 
 from .._backend import namespace_of, read_lag, to_numpy
-from ..kernels import fill_blocks, fill_nearest_open, nearest_centres, part_sums
+from ..kernels import OpenDistances, fill_blocks, fill_nearest_open, nearest_centres, part_sums
 from ..pairwise import shifted_sq_distances, sq_distances, squared_norms
 from .algorithms import divide
 
@@ -35,9 +35,9 @@ def fill(X, centers, counts, caps, rows=None):
     xp = namespace_of(centers)
     rows = xp.arange(X.shape[0]) if rows is None else rows
     labels = xp.empty(rows.shape[0], dtype=np.int64)
-    c_norms = squared_norms(centers)
+    distances = OpenDistances(centers)
     for start, stop in fill_blocks(rows.shape[0], centers):
-        D = shifted_sq_distances(X[rows[start:stop]], centers, c_norms)
+        D = distances(X[rows[start:stop]], counts, caps)
         labels[start:stop] = fill_nearest_open(D, counts, caps,
                                                entries=rows.shape[0] * centers.shape[0])
     return labels

@@ -15,7 +15,7 @@ import warnings
 import numpy as np
 from sklearn.utils import check_random_state
 
-from ...kernels import fill_nearest_open, nearest_centres, row_blocks
+from ...kernels import OpenDistances, fill_nearest_open, nearest_centres, row_blocks
 from ...pairwise import shifted_sq_distances, squared_norms
 from ...partition import PARTITIONERS, SPLITS, LocalRows, fcfs_seeds
 from .data import DaskRows, _rows
@@ -110,7 +110,7 @@ def _distances(chunk, centers, c_norms):
     return D
 
 
-def _fill_chunk(chunk, centers, c_norms, counts, caps):
+def _fill_chunk(chunk, centers, counts, caps):
     """The greedy fill of the chunk's rows, in order, after the chunks before it.
 
     ``counts`` are the parts' fill counts after the previous chunks; returns
@@ -119,8 +119,9 @@ def _fill_chunk(chunk, centers, c_norms, counts, caps):
     counts = np.array(counts, dtype=np.int64, copy=True)
     X = chunk.X
     labels = np.empty(X.shape[0], dtype=np.int64)
+    distances = OpenDistances(centers)
     for start, stop in row_blocks(X.shape[0], centers.shape[0]):
-        D = shifted_sq_distances(X[start:stop], centers, c_norms)
+        D = distances(X[start:stop], counts, caps)
         labels[start:stop] = fill_nearest_open(D, counts, caps,
                                                entries=X.shape[0] * centers.shape[0])
     return labels, counts
@@ -175,12 +176,12 @@ class _TaskSteps:
     def labels(self, centers):
         return self.rows.gathered(self.rows.each("labels", _assign_labels, centers))
 
-    def fill_chain(self, centers, c_norms, counts, caps):
+    def fill_chain(self, centers, counts, caps):
         """The fill, chunk after chunk: one task per chunk, handed the P fill counts after
         the chunks before it (the labels stay until the end)."""
         rows, states = self.rows, []
         for k in range(rows.n_chunks):
-            state = rows.one("fill", _fill_chunk, k, centers, c_norms, counts, caps)
+            state = rows.one("fill", _fill_chunk, k, centers, counts, caps)
             # Only the P counts go on to the next chunk's worker; the labels stay.
             counts = rows.driver.submit("fill-counts", _counts_of, state)
             states.append(state)
@@ -227,11 +228,11 @@ class _RowsActor:
     def labels(self, centers):
         return [_assign_labels(chunk, centers) for chunk in self.chunks]
 
-    def fill(self, items, centers, c_norms, counts, caps):
+    def fill(self, items, centers, counts, caps):
         """The fill of chunks ``items`` (consecutive), after the fill counts ``counts``."""
         labels = []
         for i in items:
-            mine, counts = _fill_chunk(self.chunks[i], centers, c_norms, counts, caps)
+            mine, counts = _fill_chunk(self.chunks[i], centers, counts, caps)
             labels.append(mine)
         return labels, counts
 
@@ -324,13 +325,13 @@ class _ActorSteps:
     def labels(self, centers):
         return self._call("labels", centers)
 
-    def fill_chain(self, centers, c_norms, counts, caps):
+    def fill_chain(self, centers, counts, caps):
         """The fill, chunk after chunk: one call per run of consecutive chunks on one
         worker, each handed the fill counts after the chunks before it."""
         rows, out = self.rows, []
         for g, run in itertools.groupby(range(rows.n_chunks), key=lambda k: rows.where[k][0]):
             labels, counts = self._call("fill", [rows.where[k][1] for k in run], centers,
-                                        c_norms, counts, caps, groups=[g])[0]
+                                        counts, caps, groups=[g])[0]
             out.extend(labels)
         return out
 
@@ -418,10 +419,10 @@ class ChunkRows:
             raise ValueError("partition='bkm' does not run on Dask input (its movers are "
                              "the farthest members of over-full parts, a global sort that "
                              "is not written for chunks)")
-        c_norms = squared_norms(centers)
         data = self.data
         if not fills_on_client(len(caps), data.n_features):
-            return self.steps.fill_chain(centers, c_norms, counts, caps)
+            return self.steps.fill_chain(centers, counts, caps)
+        c_norms = squared_norms(centers)
         itemsize = np.dtype(data.dtype).itemsize
         P = len(caps)
         if data.n * P * itemsize <= FILL_BATCH_BYTES:

@@ -37,7 +37,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 
 from ..._backend import is_cupy_array, namespace_of, sparse_module
-from ...pairwise import shifted_sq_distances, squared_norms
+from ...pairwise import gram, shifted_sq_distances, squared_norms
 
 #: Bound on each temporary (rows x P) distance block of the GEMM path.
 BLOCK_BYTES = 8 << 20
@@ -272,6 +272,37 @@ def fill_blocks(n_rows: int, centers):
     return row_blocks(n_rows, centers.shape[0], block_bytes=block_bytes)
 
 
+class OpenDistances:
+    """The distance blocks of a greedy fill into the parts of ``centers``.
+
+    ``OpenDistances(centers)(Xb, counts, caps)``: for the rows ``Xb``,
+    :func:`~gpuml.pairwise.shifted_sq_distances` to the centres of the parts with room
+    (``counts < caps``, host arrays) and ``inf`` to the full ones, which a fill skips
+    (:func:`gpuml.kernels.fill_nearest_open`). So a row's ``argmin`` is its nearest part
+    with room when the block began, and the fill's scan of every part is left to the rows
+    whose part filled within the block. The open columns equal
+    :func:`~gpuml.pairwise.shifted_sq_distances`' bit for bit: the ``-2`` is in the
+    centres (a power of two: every product and sum of the GEMM scales exactly), which
+    spares a pass over each block.
+
+    >>> C = np.array([[0.0, 0.0], [3.0, 0.0]])
+    >>> OpenDistances(C)(np.array([[1.0, 0.0]]), np.array([2, 0]), np.array([2, 2])).tolist()
+    [[inf, 3.0]]
+    """
+
+    def __init__(self, centers):
+        self.xp = namespace_of(centers)
+        self.scaled = centers * -2.0
+        self.norms = squared_norms(centers)
+        self.inf = self.xp.asarray(np.inf, dtype=self.norms.dtype)
+
+    def __call__(self, Xb, counts, caps):
+        full = self.xp.asarray(np.asarray(counts) >= np.asarray(caps))
+        D = gram(Xb, self.scaled)
+        D += self.xp.where(full, self.inf, self.norms)[None, :]
+        return D
+
+
 def fill_candidates(D, full, r: int = FILL_CANDIDATES):
     """Each row's first ``r`` parts in the order (distance, part) among the parts not
     ``full`` (bools on ``D``'s device), and their distances: ``(cand, cand_d)`` on D's
@@ -298,5 +329,5 @@ def fill_candidates(D, full, r: int = FILL_CANDIDATES):
 
 
 __all__ = ["BLOCK_BYTES", "DEVICE_FILL_BLOCK_BYTES", "FILL_CANDIDATES", "FILL_SCAN_ROWS",
-           "FUSED_MAX_ENTRIES", "fill_blocks", "fill_candidates", "nearest_centres", "part_sums",
-           "row_blocks"]
+           "FUSED_MAX_ENTRIES", "OpenDistances", "fill_blocks", "fill_candidates",
+           "nearest_centres", "part_sums", "row_blocks"]
