@@ -28,7 +28,7 @@ def background(monkeypatch):
 def not_compiled(monkeypatch, background):
     """Every gated numba function looks uncompiled: the fit takes the twins."""
     asked = []
-    monkeypatch.setattr(_jit, "ready", lambda dispatcher, *args: asked.append(
+    monkeypatch.setattr(_jit, "ready", lambda dispatcher, *args, **kw: asked.append(
         dispatcher.py_func.__name__) or False)
     return asked
 
@@ -43,6 +43,35 @@ def test_ready_queues_a_background_compile(background):
     assert _jit.ready(twice, 1.5) and twice(1.5) == 3.0
     with _jit.synchronous():
         assert _jit.ready(twice, np.int64(1))  # compiled by the caller's own call
+
+
+_CACHE_PROBE = """
+import numpy as np
+from gpuml.kernels import _jit
+from gpuml.kernels.nearest.cpu import fill_nearest_open
+ints = lambda: np.zeros(2, dtype=np.int64)
+args = (np.zeros((2, 2)), ints(), ints(), np.full(2, 2, dtype=np.int64), ints())
+print(int(_jit.ready(fill_nearest_open, *args, from_cache=True)), int(_jit._worker is not None))
+_jit.wait()
+"""
+
+
+def test_ready_from_cache_loads_what_numbas_disk_cache_holds_in_the_caller(tmp_path):
+    """``from_cache``: a specialisation in numba's disk cache is loaded by the caller (no
+    twin, nothing queued); one that is not there is queued as without it."""
+    import os
+    import subprocess
+    import sys
+
+    env = dict(os.environ, GPUML_JIT_BACKGROUND="1", NUMBA_CACHE_DIR=str(tmp_path))
+
+    def probe():
+        return subprocess.run([sys.executable, "-c", _CACHE_PROBE], env=env, check=True,
+                              capture_output=True, text=True, timeout=300).stdout.split()
+
+    assert probe() == ["0", "1"]  # an empty cache: queued, compiled in the background
+    assert any(tmp_path.rglob("*fill_nearest_open*.nbc"))
+    assert probe() == ["1", "0"]  # a fresh process finds it in the cache: loaded here
 
 
 def test_a_known_specialisation_is_found_without_numba_typing(background, monkeypatch):
@@ -89,7 +118,7 @@ def test_casvm_first_fit_by_the_twins_equals_the_compiled_fit(monkeypatch, backg
         warnings.simplefilter("ignore")
         with _jit.synchronous():
             compiled = make().fit(X, y)
-        monkeypatch.setattr(_jit, "ready", lambda dispatcher, *args: False)
+        monkeypatch.setattr(_jit, "ready", lambda dispatcher, *args, **kw: False)
         twin = make().fit(X, y)
     # The dense SMO twin takes the compiled solver's steps bit for bit; FCFS's fill too.
     np.testing.assert_array_equal(twin.dual_coef_, compiled.dual_coef_)
@@ -112,9 +141,10 @@ def test_fit_is_the_same_whether_the_compile_ends_before_during_or_after_it(meth
 
     def not_before(calls, ready=_jit.ready):
         """``_jit.ready`` answering False to its first ``calls[f]`` questions about each ``f``."""
-        def answer(dispatcher, *args):
+        def answer(dispatcher, *args, **kw):
             asked[dispatcher] += 1
-            return asked[dispatcher] > calls.get(dispatcher, np.inf) and ready(dispatcher, *args)
+            return (asked[dispatcher] > calls.get(dispatcher, np.inf)
+                    and ready(dispatcher, *args, **kw))
         return answer
 
     with warnings.catch_warnings():

@@ -558,7 +558,7 @@ def test_numpy_twin_serves_small_multi_worker_runs_only(monkeypatch):
     C = np.ones(len(y))
     k = make_kernel("rbf", "scale", X=X)
     compiled = gcd_solve(X, y, C, k, _split(len(y), 2))
-    monkeypatch.setattr(_jit, "ready", lambda dispatcher, *args: False)
+    monkeypatch.setattr(_jit, "ready", lambda dispatcher, *args, **kw: False)
     twin = gcd_solve(X, y, C, k, _split(len(y), 2))
     assert (twin.n_workers, compiled.n_workers) == (1, 2) and twin.converged
     assert twin.max_violation < 1e-3

@@ -151,7 +151,7 @@ def test_host_rbf_blocks_are_the_same_compiled_or_by_numpy(dtype, monkeypatch):
         compiled = kernel.matrix(X, Y)
         D = sq_distances(X.astype(np.float64), Y.astype(np.float64))
         from_d = rbf_from_sq_distances(D.astype(dtype), 0.7)
-    monkeypatch.setattr(_jit, "ready", lambda dispatcher, *args: False)
+    monkeypatch.setattr(_jit, "ready", lambda dispatcher, *args, **kw: False)
     monkeypatch.setattr(vexp, "_twin_spent", 0)
     monkeypatch.setattr(vexp, "TWIN_CHUNK", 1000)  # 6,300 values: by chunks, the last short
     np.testing.assert_array_equal(kernel.matrix(X, Y), compiled)
@@ -183,7 +183,7 @@ def test_host_rbf_blocks_take_the_numpy_twin_within_the_budget_then_the_compiled
     G = rng.uniform(0.0, 3.0, size=(10, 9))
     with _jit.synchronous():
         expected = vexp.rbf_from_sq_distances(G.copy(), 0.5)
-    monkeypatch.setattr(_jit, "ready", lambda dispatcher, *args: False)
+    monkeypatch.setattr(_jit, "ready", lambda dispatcher, *args, **kw: False)
     monkeypatch.setattr(vexp, "TWIN_BUDGET", 100)
     monkeypatch.setattr(vexp, "_twin_spent", 0)
     first = G.copy()

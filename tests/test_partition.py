@@ -258,7 +258,7 @@ def test_only_a_small_fill_takes_the_numpy_twin(monkeypatch):
         real_twin(D, *args)
 
     monkeypatch.setattr(nearest_cpu, "_fill_nearest_open_numpy", spy)
-    monkeypatch.setattr(_jit, "ready", lambda *args: False)  # as if numba were compiling
+    monkeypatch.setattr(_jit, "ready", lambda *args, **kw: False)  # as if numba were compiling
     monkeypatch.setattr(nearest_cpu, "NUMPY_TWIN_MAX_ENTRIES", 4_000)
     monkeypatch.setattr("gpuml.kernels.nearest.BLOCK_BYTES", 8 * 4 * 300)  # 300-row blocks
     rng = np.random.default_rng(0)
@@ -412,13 +412,14 @@ def _every_way(monkeypatch, run, switch=False):
         monkeypatch.setattr(nearest_module, "_cores", lambda cores=cores: cores)
         results[f"compiled, {cores} cores"] = run()
     asked = []
-    monkeypatch.setattr(_jit, "ready", lambda dispatcher, *args: asked.append(dispatcher) or False)
+    monkeypatch.setattr(_jit, "ready",
+                        lambda dispatcher, *args, **kw: asked.append(dispatcher) or False)
     results["twin"] = run()
     assert asked  # the twin ran (the input is under its size bound)
     if switch:
         passes = len(asked)
         asked.clear()
-        monkeypatch.setattr(_jit, "ready", lambda dispatcher, *args: (
+        monkeypatch.setattr(_jit, "ready", lambda dispatcher, *args, **kw: (
             asked.append(dispatcher) or len(asked) > passes // 2) and real_ready(dispatcher, *args))
         results["twin, then compiled"] = run()
         assert passes >= 4 and len(asked) == passes

@@ -502,7 +502,7 @@ def test_small_batch_takes_the_twin_while_numba_compiles(monkeypatch):
         ref(K_ref, which)
     twin = smo._solve_dense_problems_numpy
     calls = []
-    monkeypatch.setattr(_jit, "ready", lambda dispatcher, *args: False)
+    monkeypatch.setattr(_jit, "ready", lambda dispatcher, *args, **kw: False)
     monkeypatch.setattr(smo, "_solve_dense_problems_numpy",
                         lambda *args: calls.append(len(args[8])) or twin(*args))
     run(K, which)
@@ -533,7 +533,7 @@ def test_many_small_groups_take_the_twin_only_when_the_batch_is_small(monkeypatc
         expected = smo_solve_batch(kernel, Xs, problems, shrinking=False)
     twin = smo._solve_dense_problems_numpy
     calls = []
-    monkeypatch.setattr(_jit, "ready", lambda dispatcher, *args: False)
+    monkeypatch.setattr(_jit, "ready", lambda dispatcher, *args, **kw: False)
     monkeypatch.setattr(smo, "_solve_dense_problems_numpy",
                         lambda *args: calls.append(len(args[8])) or twin(*args))
     for limit, twin_calls in ((6 * 40 ** 2, [1] * 6), (6 * 40 ** 2 - 1, [])):

@@ -16,7 +16,10 @@ what a fit queues starts compiling when it returns, beside whatever the caller d
 next, which shares the interpreter with it meanwhile. The thread is a daemon,
 so a process may exit before it is done (the next process then compiles again).
 Large problems never take the twin: they compile in the calling thread as before, the
-compile being small against the solve.
+compile being small against the solve. A caller whose other path costs more than loading
+from the disk cache (CA-SVM's prediction loops over thousands of parts) asks
+``ready(..., from_cache=True)``: a cached specialisation is then loaded in the calling
+thread.
 ``python -m gpuml.precompile`` (and any caller of :func:`synchronous`) compiles in
 the calling thread instead, so that the cache is complete when it returns; the
 environment variable ``GPUML_JIT_BACKGROUND=0`` does the same for a whole process.
@@ -121,13 +124,16 @@ def signature(dispatcher, args) -> tuple:
     return tuple(dispatcher.typeof_pyval(a) for a in args)
 
 
-def ready(dispatcher, *args) -> bool:
+def ready(dispatcher, *args, from_cache: bool = False) -> bool:
     """Whether ``dispatcher(*args)`` runs compiled code now (else its compile is queued).
 
     True when the specialisation for the arguments' types is in memory, or when
     background compiling is off (the call then compiles in the caller, as plain
-    numba). False otherwise, after queueing that specialisation for the background
-    thread: the caller should take its NumPy path this time.
+    numba). With ``from_cache`` (for a caller whose other path costs more than a load:
+    a Python step per part of a model of thousands), also when it is in numba's disk
+    cache: it is loaded here, in the calling thread (:func:`_load_cached`). False
+    otherwise, after queueing that specialisation for the background thread: the caller
+    should take its NumPy path this time.
     """
     if not _background_enabled():
         return True
@@ -135,12 +141,38 @@ def ready(dispatcher, *args) -> bool:
     if key is not None and (dispatcher, key) in _compiled:
         return True
     sig = signature(dispatcher, args)
-    if sig in dispatcher.overloads or (dispatcher, sig) in _failed:
+    if (sig in dispatcher.overloads or (dispatcher, sig) in _failed
+            or (from_cache and _load_cached(dispatcher, sig))):
         if key is not None:
             _compiled.add((dispatcher, key))
         return True
     _submit(dispatcher, sig)
     return False
+
+
+def _load_cached(dispatcher, sig) -> bool:
+    """Load the specialisation ``sig`` of ``dispatcher`` from numba's disk cache, in the
+    calling thread, as numba's own ``compile`` does before it compiles; False (nothing
+    loaded) where the cache does not hold it or cannot be read."""
+    from numba.core.compiler_lock import global_compiler_lock
+
+    cache = getattr(dispatcher, "_cache", None)
+    if cache is None:
+        return False
+    try:
+        with global_compiler_lock:
+            if sig in dispatcher.overloads:
+                return True
+            cres = cache.load_overload(sig, dispatcher.targetctx)
+            if cres is None:
+                return False
+            if not cres.objectmode:
+                dispatcher.targetctx.insert_user_function(cres.entry_point, cres.fndesc,
+                                                          [cres.library])
+            dispatcher.add_overload(cres)
+    except Exception:  # noqa: BLE001 - numba's cache API changed, or the file is unreadable
+        return False
+    return True
 
 
 #: ``(dispatcher, _cheap_key(args))`` whose specialisation is known to be in memory: numba's

@@ -193,7 +193,7 @@ class NearestMerge:
                 np.asarray(offsets, dtype=np.int64),
                 np.ascontiguousarray(v_norms, dtype=X.dtype), np.full(1, -2.0, dtype=X.dtype),
                 self.best_d, self.best_r)
-        if not _jit.ready(_search_loop, *args):
+        if not _jit.ready(_search_loop, *args, from_cache=True):
             return False
         # numba's np.dot: SciPy's BLAS, on one thread (see .values.rbf_part_values)
         with blas_controller().limit(limits=1, user_api="blas"):

@@ -119,7 +119,7 @@ def rbf_part_values(X, rows, row_offsets, vectors, offsets, v_norms, coef, inter
             none if pair_of is None else np.asarray(pair_of, dtype=np.int64), intercept,
             float(gamma),
             X.dtype == np.float32, out)
-    if not _jit.ready(_rbf_part_values, *args):
+    if not _jit.ready(_rbf_part_values, *args, from_cache=True):
         return False
     # numba's np.dot calls the OpenBLAS that SciPy loads, a second library beside NumPy's
     # with threads of its own: for these small products they only cost (and, left
