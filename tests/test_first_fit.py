@@ -46,32 +46,41 @@ def test_ready_queues_a_background_compile(background):
 
 
 _CACHE_PROBE = """
+import sys, threading
 import numpy as np
 from gpuml.kernels import _jit
 from gpuml.kernels.nearest.cpu import fill_nearest_open
+done = threading.Event()
+if sys.argv[1] == "busy":  # the background thread at work: no load in the caller
+    _jit._worker = threading.Thread(target=done.wait, daemon=True)
+    _jit._worker.start()
 ints = lambda: np.zeros(2, dtype=np.int64)
 args = (np.zeros((2, 2)), ints(), ints(), np.full(2, 2, dtype=np.int64), ints())
 print(int(_jit.ready(fill_nearest_open, *args, from_cache=True)), int(_jit._worker is not None))
+done.set()
 _jit.wait()
 """
 
 
 def test_ready_from_cache_loads_what_numbas_disk_cache_holds_in_the_caller(tmp_path):
     """``from_cache``: a specialisation in numba's disk cache is loaded by the caller (no
-    twin, nothing queued); one that is not there is queued as without it."""
+    twin, nothing queued) unless the background thread is at work (it would hold numba's
+    compiler lock); one that is not there is queued as without it."""
     import os
     import subprocess
     import sys
 
     env = dict(os.environ, GPUML_JIT_BACKGROUND="1", NUMBA_CACHE_DIR=str(tmp_path))
 
-    def probe():
-        return subprocess.run([sys.executable, "-c", _CACHE_PROBE], env=env, check=True,
-                              capture_output=True, text=True, timeout=300).stdout.split()
+    def probe(state="idle"):
+        return subprocess.run([sys.executable, "-c", _CACHE_PROBE, state], env=env,
+                              check=True, capture_output=True, text=True,
+                              timeout=300).stdout.split()
 
     assert probe() == ["0", "1"]  # an empty cache: queued, compiled in the background
     assert any(tmp_path.rglob("*fill_nearest_open*.nbc"))
     assert probe() == ["1", "0"]  # a fresh process finds it in the cache: loaded here
+    assert probe("busy") == ["0", "1"]  # the same, the background thread at work: queued
 
 
 def test_a_known_specialisation_is_found_without_numba_typing(background, monkeypatch):

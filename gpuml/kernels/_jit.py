@@ -131,7 +131,8 @@ def ready(dispatcher, *args, from_cache: bool = False) -> bool:
     background compiling is off (the call then compiles in the caller, as plain
     numba). With ``from_cache`` (for a caller whose other path costs more than a load:
     a Python step per part of a model of thousands), also when it is in numba's disk
-    cache: it is loaded here, in the calling thread (:func:`_load_cached`). False
+    cache and the background thread is not compiling (it holds numba's compiler lock,
+    for seconds): it is loaded here, in the calling thread (:func:`_load_cached`). False
     otherwise, after queueing that specialisation for the background thread: the caller
     should take its NumPy path this time.
     """
@@ -142,12 +143,18 @@ def ready(dispatcher, *args, from_cache: bool = False) -> bool:
         return True
     sig = signature(dispatcher, args)
     if (sig in dispatcher.overloads or (dispatcher, sig) in _failed
-            or (from_cache and _load_cached(dispatcher, sig))):
+            or (from_cache and not _busy() and _load_cached(dispatcher, sig))):
         if key is not None:
             _compiled.add((dispatcher, key))
         return True
     _submit(dispatcher, sig)
     return False
+
+
+def _busy() -> bool:
+    """Whether the background thread is at work (compiling, or loading from the cache)."""
+    worker = _worker
+    return worker is not None and worker.is_alive()
 
 
 def _load_cached(dispatcher, sig) -> bool:
