@@ -1,7 +1,8 @@
 """Run benchmarks: ``python -m bench.run [NAME[:quick] ...] [--quick] [--gpu] [--out DIR]``.
 
-Each ``bench/bench_<name>.py`` defines ``main(quick: bool, gpu: bool)``. With
-no names, every benchmark runs (GPU ones only with ``--gpu``). ``NAME:quick``
+A benchmark is a name in :data:`BENCHMARKS` and its file ``bench/bench_<name>.py``, which
+defines ``main(quick: bool, gpu: bool)``. With no names, every registered benchmark runs
+(the GPU ones as CPU dry runs unless ``--gpu``). ``NAME:quick``
 runs that one benchmark with ``quick=True`` (``--quick`` sets it for all;
 ``NAME:full`` overrides it). A NAME ending in ``.py`` is a file's path instead
 (``tests/_bench_probe.py``: the harness's own test).
@@ -39,7 +40,6 @@ import importlib
 import importlib.util
 import json
 import os
-import pkgutil
 import shutil
 import signal
 import subprocess
@@ -53,10 +53,43 @@ STATUS = "bench_status.json"
 RESULTS = "bench_results.json"
 
 
+#: Every benchmark, by name, with the claim its tables back (bench/results/README.md indexes
+#: the claims with their tables and figures). The code is ``bench/bench_<name>.py``; one line
+#: each, in order of name. One-off studies are not here: they live in ``bench/studies/``.
+BENCHMARKS = {
+    "asygcd": "Asy-GCD: greedy selection needs fewer updates than random; AsyGCDSVC vs SVC",
+    "asygcd_speedup": "Asy-GCD on the CPU: two workers against one, same objective",
+    "bkrr": "exact KRR vs KernelRidge; BKRR2 vs exact KRR and DC-KRR; BKRRRegressorCV",
+    "bkrr_defaults": "BKRRRegressor() within 0.05 R² of a tuned KernelRidge; BKRR2 vs DC-KRR",
+    "casvm": "CA-SVM exact mode vs SVC; P parts with the paper's prediction vs SVC",
+    "casvm_predict": "CA-SVM's default prediction: its cost and accuracy beside the others",
+    "casvm_sgemm": "CA-SVM's float32 part matrices: faster than float64, same accuracy",
+    "casvm_tradeoff": "CA-SVM's defaults keep SVC's accuracy at P = 16; the trade-off plot",
+    "dask": "Dask: CA-SVM on 2 workers vs 1; bytes moved against the cost model",
+    "dask_memory": "Dask: a fit on data larger than any one worker's memory",
+    "fashion_exact": "the exact SVM on all of Fashion-MNIST vs SVC",
+    "first_fit": "the first fit in a fresh process, empty and warm numba cache",
+    "gpu": "the GPU targets: exact SVC, CA-SVM, KRR, BKRR2, Asy-GCD, fused LAMB/LARS",
+    "gpu_scale": "the GPU at scale: 1M-10M rows, Fashion-MNIST exact, streamed fits, peers",
+    "kernels": "kernel matrices vs sklearn.metrics.pairwise, dense and CSR",
+    "large_batch": "LAMB + LEGW keeps the accuracy at 8-32x the batch, beside AdamW and SGD",
+    "optim": "LAMB / LARS step time on BERT-large and ResNet-50 shapes (GPU: fused)",
+    "optim_convergence": "LAMB with LEGW and sqrt scaling from batch 64 to 8192",
+    "optim_cpu": "LAMB / LARS CPU step vs timm's Lamb / Lars and AdamW",
+    "optim_defaults": "the LAMB / LARS defaults the papers leave open, trained and compared",
+    "optim_schedules": "figure: the learning-rate schedules (docs/img/optim_schedules.png)",
+    "part_threads": "default fits solve their parts on all cores without slowing small fits",
+    "partition": "partitioners up to 1M rows, P up to 256: balance; k-means vs scikit-learn",
+    "scale": "the defaults from 20,000 to 1M rows beside Nystroem and subsampled exact models",
+    "sharded": "FSDP2 + LAMB vs FSDP2 + AdamW: step time, one all-reduce per step",
+    "small_fits": "CASVMClassifier() vs SVC in many small fits (CV, grids)",
+    "ten_million": "the defaults on 10 million rows on the CPU",
+    "training_schemes": "figure: the data assignment schemes (docs/img/training_schemes.png)",
+}
+
+
 def available() -> list[str]:
-    here = Path(__file__).resolve().parent
-    return sorted(m.name[len("bench_"):] for m in pkgutil.iter_modules([str(here)])
-                  if m.name.startswith("bench_"))
+    return list(BENCHMARKS)
 
 
 def parse_spec(spec: str, quick: bool) -> tuple[str, bool]:
@@ -76,13 +109,10 @@ def _load(name: str):
         module = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(module)
         return module
-    try:
-        return importlib.import_module(f"bench.bench_{name}")
-    except ModuleNotFoundError as e:
-        if e.name != f"bench.bench_{name}":
-            raise
-        raise ModuleNotFoundError(f"no benchmark {name!r} (no bench/bench_{name}.py); "
-                                  f"available: {available()}", name=e.name) from None
+    if name not in BENCHMARKS:
+        raise ModuleNotFoundError(f"no benchmark {name!r} (not in bench.run.BENCHMARKS); "
+                                  f"available: {available()}", name=f"bench.bench_{name}")
+    return importlib.import_module(f"bench.bench_{name}")
 
 
 def run_one(name: str, quick: bool, gpu: bool) -> None:

@@ -55,7 +55,7 @@ _SYEVJ_BATCHED_MAX = 32
 #: ``potrfBatched`` is built for many small matrices: it wins on small blocks and
 #: loses on large ones, and this value lies between the largest block size at which
 #: it was measured faster and the smallest at which it was slower (the crossover of
-#: ``bench/profile_bkrr_gpu.py``, bench/results/h100-80gb-hbm3/profile_bkrr.txt).
+#: ``bench/studies/bkrr_gpu_profile.py``, bench/results/h100-80gb-hbm3/profile_bkrr.txt).
 POTRF_BATCHED_MAX = 1536
 
 #: Kernel blocks built and factored by one call are at most this large together

@@ -2,7 +2,7 @@
 
 Run on the GPU machine from the repository root::
 
-    PYTHONPATH=. python3 bench/profile_bkrr_gpu.py [--out DIR] [--kernelridge]
+    PYTHONPATH=. python3 -m bench.studies.bkrr_gpu_profile [--out DIR] [--kernelridge]
 
 1. **Phases** of ``BKRRRegressor(device="cuda").fit`` on 18,432 x 8 random
    data (sigma=1, lam=1e-4), P = 1 (exact KRR) and P = 16 (BKRR2), float64 and

@@ -1,4 +1,4 @@
-"""Exploration (not a registered benchmark): CA-SVM partition variants at P=16.
+"""CA-SVM partition variants at P=16.
 
 Two ideas for keeping k-means' accuracy at the balanced splitters' speed, measured
 against ``sklearn.svm.SVC`` on the same rows (docs/casvm.md quotes the results):
@@ -9,7 +9,7 @@ against ``sklearn.svm.SVC`` on the same rows (docs/casvm.md quotes the results):
 * **blended routing**: a test row's decision values are the softmax-weighted mean
   of every part's values, weights ``exp(-(d2 - d2_min) / (T * median gap))``.
 
-Run: ``python -m bench.explore_casvm_variants adult 16 20000 10000`` (or ``letter 16
+Run: ``python -m bench.studies.casvm_variants adult 16 20000 10000`` (or ``letter 16
 15000 5000``). Slow: one SVC fit on the whole training set first.
 """
 

@@ -13,7 +13,7 @@ seeds):
   nearest parts (by centre) only: an approximation; reported: the accuracy change
   and the speed-up of ``predict``.
 
-    python -m bench.explore_casvm_neighbours [--quick] [--partition P] [--large]
+    python -m bench.studies.casvm_neighbours [--quick] [--partition P] [--large]
 
 ``--large``: the rule as shipped at large P (since ``n_partitions="auto"``, P grows with
 n; beyond 16 parts with support vectors a row's neighbours are searched among its 16
@@ -133,7 +133,7 @@ def large(quick: bool) -> int:
     out = RESULTS / machine_name() / f"casvm_neighbours_large{'_quick' if quick else ''}.md"
     out.write_text(
         "# CA-SVM's neighbours rule at large P: the 16 nearest parts searched\n\n"
-        f"Machine: `{machine_name()}`. Command: `python -m bench.explore_casvm_neighbours "
+        f"Machine: `{machine_name()}`. Command: `python -m bench.studies.casvm_neighbours "
         f"--large{' --quick' if quick else ''}`.\n\n"
         "CASVMClassifier() (n_partitions='auto': parts of at most 2,048 rows) on "
         "make_classification(n_features=28, n_informative=20, n_redundant=4, flip_y=0.05, "
@@ -194,7 +194,7 @@ def main(argv=None) -> int:
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(
         "# CA-SVM's neighbours rule over fewer support vectors\n\n"
-        f"Machine: `{machine_name()}`. Command: `python -m bench.explore_casvm_neighbours"
+        f"Machine: `{machine_name()}`. Command: `python -m bench.studies.casvm_neighbours"
         f"{' --quick' if args.quick else ''}"
         f"{'' if args.partition == 'fcfs' else ' --partition ' + args.partition}`.\n\n"
         f"CASVMClassifier(n_partitions=16, partition={args.partition!r}) with its other "

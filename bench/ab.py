@@ -7,7 +7,7 @@ import or compile time counted). The medians and their ratio are printed, with
 the models' predictions compared (a behaviour-preserving change gives equal
 predictions).
 
-    python -m bench.bench_ab OLD_TREE NEW_TREE [--rounds 5] [--quick]
+    python -m bench.ab OLD_TREE NEW_TREE [--rounds 5] [--quick]
 
 ``OLD_TREE``/``NEW_TREE``: folders holding a ``gpuml`` package (e.g. a
 ``git worktree`` of the commit before a change, and this checkout). The Dask

@@ -1,4 +1,4 @@
-"""Exploration (not a registered benchmark): how CA-SVM's parts should judge a sample.
+"""How CA-SVM's parts should judge a sample.
 
 The ideas measured before ``part_C`` and ``combine`` became CA-SVM's defaults
 (docs/casvm.md, "Defaults", quotes the results), at P=16 over three partition
@@ -16,8 +16,8 @@ CA-SVM, chapter 2, Alg 5, is the ``nearest`` row with the whole problem's C):
 each for the parts' SVMs trained with C (``part_C="none"``) and with C scaled by
 sqrt(n/m) = 4 (``part_C="sqrt"``).
 
-Run: ``python -m bench.explore_casvm_prediction adult`` (or ``magic``), and
-``python -m bench.explore_casvm_prediction letter-large-p`` for the defaults
+Run: ``python -m bench.studies.casvm_prediction adult`` (or ``magic``), and
+``python -m bench.studies.casvm_prediction letter-large-p`` for the defaults
 against Alg 5 at P = 32, 64, 128 on letter (one seed). Slow: SVC first.
 """
 

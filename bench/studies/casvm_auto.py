@@ -7,18 +7,20 @@ defaults; accuracy (mean, min, max), the median fit and predict seconds, beside 
 accuracy and fit time (one fit). Target (the scaling issue): ``auto`` within the fixed
 P's accuracy at these sizes.
 
-Run: ``python -m bench.run casvm_auto`` (``:quick``: one seed, smaller sets).
+Run: ``python -m bench.studies.casvm_auto`` (``--quick``: one seed, smaller sets).
 """
 
 from __future__ import annotations
 
 import statistics
+import sys
 import time
 import warnings
 
 import numpy as np
 from sklearn.svm import SVC
 
+from bench import _harness
 from bench._harness import record
 from bench.datasets import CASVM_SETS, casvm_split
 from gpuml import CASVMClassifier
@@ -58,3 +60,9 @@ def main(quick: bool = False, gpu: bool = False):
            notes=f"Seeds {seeds}; accuracy in % (mean, min, max over the seeds); fit_s and "
                  "predict_s: medians over the seeds (ours n_jobs=None, the shared 2-core "
                  "machine); SVC: one fit.")
+
+
+if __name__ == "__main__":
+    quick = "--quick" in sys.argv[1:]
+    _harness.COMMAND = "python -m bench.studies.casvm_auto" + (" --quick" if quick else "")
+    main(quick=quick)
