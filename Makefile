@@ -7,7 +7,7 @@ STAMP := $(VENV)/.gpuml-installed
 DATA_STAMP := $(VENV)/.gpuml-datasets
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: demo test lint bench gpu-data gpu-check gpu-check-guard gpu-check-tests \
+.PHONY: demo test lint docs bench gpu-data gpu-check gpu-check-guard gpu-check-tests \
 	gpu-check-bench clean
 
 $(STAMP): pyproject.toml Makefile
@@ -21,8 +21,8 @@ $(STAMP): pyproject.toml Makefile
 	# so CI moves to them on purpose, not by surprise. (The GPU image, triton 3.6 + numpy 2.5,
 	# compiles the kernels for real and never uses the interpreter.)
 	$(PY) -m pip install -q torch==2.13.0 triton==3.9.0 "numpy>=2,<2.5" cupy-cuda13x
-	# dask: the Dask tests (a two-worker LocalCluster) run in CI too.
-	$(PY) -m pip install -q -e ".[test,bench,dask]"
+	# dask: the Dask tests (a two-worker LocalCluster) run in CI too; docs: Sphinx for `make docs`.
+	$(PY) -m pip install -q -e ".[test,bench,dask,docs]"
 	# Compile the numba CPU kernels into their disk cache now, once, not in the first fit
 	# of a test, the demo or a benchmark (cold and warm first fits:
 	# bench/results/cpu-2core/first_fit.md).
@@ -57,7 +57,13 @@ demo: $(DATA_STAMP)
 lint: $(STAMP)
 	$(PY) -m ruff check gpuml tests bench examples
 
-test: lint $(DATA_STAMP)
+# The HTML documentation (docs/conf.py): the pages in docs/, the API reference from the
+# docstrings, the README and the result tables, into build/docs (open build/docs/docs/index.html).
+# Warnings are errors and every cross-reference is checked; `make test` (CI) builds it too.
+docs: $(STAMP)
+	$(PY) -m sphinx -b html -c docs -W -n --keep-going -q . build/docs
+
+test: lint docs $(DATA_STAMP)
 	$(PY) -m pytest -q -ra
 
 # Fashion-MNIST (for the optimizer convergence benchmark) is a Debian package; without it
@@ -148,4 +154,4 @@ gpu-check-bench: $(GPU_GUARD)
 	exit $$status
 
 clean:
-	rm -rf $(VENV) .pytest_cache .ruff_cache
+	rm -rf $(VENV) .pytest_cache .ruff_cache build/docs

@@ -164,8 +164,7 @@ class BKRRRegressor(PartitionedFit, _BKRRBase):
         Number of parts P. ``"auto"`` makes parts of at most
         :data:`AUTO_PART_SIZE` (2048) samples, ``ceil(n / 2048)`` parts (one
         part, exact KRR, below 2049 samples). Must not exceed ``n_samples``.
-    partition : {"kbalance", "kmeans", "random", "contiguous", "fcfs", "bkm"}, \
-default="kbalance"
+    partition : {"kbalance", "kmeans", "random", "contiguous", "fcfs", "bkm"}, default="kbalance"
         Partitioner (:mod:`gpuml.partition`). ``"contiguous"``: part j is the
         j-th run of consecutive rows, a random split (DC-KRR's) for rows in
         random order that moves no rows between Dask workers.
@@ -244,13 +243,13 @@ default="kbalance"
         parts: prediction goes to them (docs/scale-out.md), pickling gathers them.
     dual_coef_ : array of shape (n_samples,) or (n_samples, n_targets)
         The α of every part, aligned with ``X_fit_`` (a Dask array likewise).
-    centers_ : array of shape (n_partitions_, n_features)
+    centers_ : array of shape (n_partitions\_, n_features)
         Part centres (nearest-centre routing).
-    part_sizes_ : ndarray of shape (n_partitions_,)
-    part_offsets_ : ndarray of shape (n_partitions_ + 1,)
+    part_sizes_ : ndarray of shape (n_partitions\_,)
+    part_offsets_ : ndarray of shape (n_partitions\_ + 1,)
         Part ``j`` is ``X_fit_[part_offsets_[j]:part_offsets_[j + 1]]``.
     n_partitions_ : int
-    intercept_ : array of shape (n_partitions_,) or (n_partitions_, n_targets)
+    intercept_ : array of shape (n_partitions\_,) or (n_partitions\_, n_targets)
         Each part's intercept: the mean of its targets (zeros with
         ``fit_intercept=False``).
     sigma_, lam_, gamma_ : float
@@ -259,7 +258,7 @@ default="kbalance"
         n_samples`` (one part's λ; the total of ``sample_weight`` in place of
         ``n_samples`` when weighted); with ``gamma`` given, ``sigma_ = 1 /
         sqrt(2 gamma_)``.
-    shifts_ : ndarray of shape (n_partitions_,)
+    shifts_ : ndarray of shape (n_partitions\_,)
         The diagonal shift of every part's system (``lam * m_j`` or ``alpha``).
     device_ : str
         Device holding the fitted arrays. A model fitted on a GPU pickles its
@@ -267,7 +266,7 @@ default="kbalance"
         elsewhere the model loads on the CPU and predicts there.
     devices_ : tuple of str
         Only after a fit with ``devices``: the devices, in rank order.
-    part_device_ : ndarray of shape (n_partitions_,)
+    part_device_ : ndarray of shape (n_partitions\_,)
         Only after a fit with ``devices``: the index in ``devices_`` of the
         device each part was fitted on and predicts on.
     n_features_in_ : int
