@@ -1,4 +1,6 @@
-"""Every Python code block in README.md and docs/*.md runs, as a reader would paste it.
+"""Every Python code block in README.md and docs/*.md runs, as a reader would paste it; the
+README stays a front page, every relative link resolves, every benchmark a page names is
+registered, and the API reference covers every public name.
 
 The blocks of one file run in order in one namespace (a later block may use what an
 earlier one defined), in a temporary working directory. A block that cannot run here
@@ -115,3 +117,76 @@ def test_docstring_examples_run(name):
         result = doctest.testmod(module, optionflags=doctest.ELLIPSIS
                                  | doctest.NORMALIZE_WHITESPACE, report=False)
     assert result.failed == 0, f"{result.failed} of {result.attempted} examples in {name} failed"
+
+
+# ---- the front page, the links and the benchmark names the docs give --------------------
+
+#: The pages a reader follows links from: the README, the docs, and the benchmark notes.
+RESULTS = ROOT / "bench" / "results"
+LINKED = [*FILES, ROOT / "bench" / "README.md", RESULTS / "README.md",
+          *sorted(RESULTS.glob("*/README.md"))]
+LINK = re.compile(r"\]\(([^)\s]+)\)")
+BENCH_RUN = re.compile(r"bench\.run((?:\s+[a-z_]+(?::(?:quick|full))?)+)")
+STUDY = re.compile(r"bench\.studies\.([a-z_]+)")
+
+
+def test_readme_is_a_front_page():
+    """Under 200 lines, with at most five headline claims (the bullets of "Measured")."""
+    text = (ROOT / "README.md").read_text()
+    assert len(text.splitlines()) < 200
+    measured = text.split("\n## Measured\n", 1)[1].split("\n## ", 1)[0]
+    claims = [line for line in measured.splitlines() if line.startswith("- ")]
+    assert 1 <= len(claims) <= 5, claims
+    assert all("](bench/results/" in line for line in claims), "each claim links its table"
+
+
+@pytest.mark.parametrize("path", LINKED, ids=[str(p.relative_to(ROOT)) for p in LINKED])
+def test_relative_links_resolve(path):
+    """Every relative link (a file, optionally with an anchor) names a file that exists."""
+    missing = []
+    for target in LINK.findall(path.read_text()):
+        if re.match(r"[a-z]+:", target) or target.startswith("#"):
+            continue
+        if not (path.parent / target.partition("#")[0]).exists():
+            missing.append(target)
+    assert not missing, f"{path.relative_to(ROOT)}: links to missing files {missing}"
+
+
+def test_named_benchmarks_are_registered():
+    """Every ``python -m bench.run NAME`` that a page or the Makefile names is in the registry,
+    every registered name has its ``bench/bench_<name>.py`` and every such file is
+    registered; every ``bench.studies.NAME`` is a module there."""
+    from bench.run import BENCHMARKS
+
+    files = {p.stem.removeprefix("bench_") for p in (ROOT / "bench").glob("bench_*.py")}
+    assert files == set(BENCHMARKS), "bench/bench_*.py and bench.run.BENCHMARKS differ"
+    makefile = (ROOT / "Makefile").read_text()
+    gpu_bench = re.search(r"^GPU_BENCH \?= (.+)$", makefile, re.M).group(1)
+    named = {spec.partition(":")[0] for spec in gpu_bench.split()}
+    studies = set()
+    for path in LINKED:
+        text = path.read_text()
+        for group in BENCH_RUN.findall(text):
+            named.update(spec.partition(":")[0] for spec in group.split())
+        studies.update(STUDY.findall(text))
+    assert named - set(BENCHMARKS) == set(), "named but not registered"
+    assert {s for s in studies if not (ROOT / "bench" / "studies" / f"{s}.py").exists()} == set()
+
+
+#: The API reference's pages, by the module whose ``__all__`` each must cover.
+API_PAGES = {"gpuml": "estimators", "gpuml.optim": "optim", "gpuml.optim.schedules": "optim",
+             "gpuml.training": "training", "gpuml.partition": "partition",
+             "gpuml.distributed": "distributed", "gpuml.kernels": "kernels"}
+
+
+@pytest.mark.parametrize("module", API_PAGES)
+def test_api_reference_covers_all(module):
+    """Every public name (``__all__``) has an entry on its API reference page."""
+    try:
+        names = importlib.import_module(module).__all__
+    except ModuleNotFoundError as err:
+        pytest.skip(f"{module} needs {err.name} (an optional dependency), not installed here")
+    page = (ROOT / "docs" / "api" / f"{API_PAGES[module]}.rst").read_text()
+    entry = re.compile(r"^\.\. (?:auto)?(?:class|function|exception|data):: (\S+)", re.M)
+    documented = {name.rpartition(".")[2] for name in entry.findall(page)}
+    assert sorted(set(names) - documented) == []
