@@ -199,10 +199,10 @@ def rbf_in_place(G, gamma, scale=1.0, x_terms=None, y_terms=None) -> bool:
 
 #: Values a process computes by the NumPy twin (:func:`rbf_by_arrays`) while
 #: :func:`rbf_in_place`'s pass is not compiled; blocks past it wait for the compile. The
-#: twin costs some 20 ns a value more in float64 (8 in float32) and a cold compile
-#: 0.8-1.5 s, so a first small fit (a 2,000-row kernel matrix: 4 million values) takes
-#: the twin, while a large fit, during which the background compile waits, does not
-#: compute all its blocks by the slower twin.
+#: budget holds a first small fit's kernel matrix (2,000 rows: 4 million values), which the
+#: twin computes in less time than a cold compile takes, and stops a large fit, during
+#: which the background compile waits, from computing all its blocks by the slower twin
+#: (docs/backend.md, "numba on the CPU: the first fit").
 TWIN_BUDGET = 1 << 24
 _twin_spent = 0
 

@@ -267,7 +267,8 @@ def _paused_message(paused, n_waiting) -> str:
 
 
 #: Memory a worker holds besides the data once gpuml has fitted there (its libraries and
-#: compiled code: about 0.45-0.55 GB measured on Linux), at the least, in its budget.
+#: compiled code), at the least, in its budget; docs/scale.md, "Past one machine", says how
+#: to size workers for it.
 WORKER_BASE_BYTES = 512 * 2**20
 
 

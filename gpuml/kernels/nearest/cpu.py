@@ -56,8 +56,9 @@ def fill_nearest_open(D, nearest, counts, caps, labels):
     (the lowest of equal minima, or the first NaN). Where that part has room and the
     distance is finite it is the one the paper's scan would find, and the row takes it
     at once; the other rows (their nearest part full, or NaN or infinite distances) scan
-    every part. A fill of 10 million rows into 4,883 parts is 5e10 distances: the scan's
-    branch per part ran at 1 ns each, NumPy's vectorised argmin and this loop at 0.4.
+    every part. A fill of 10 million rows into 4,883 parts is 5e10 distances, so a fill
+    costs what it does per distance: one vectorised argmin, without the scan's branch per
+    part, for every row whose nearest part has room.
     """
     n, p = D.shape
     for i in range(n):
