@@ -1,9 +1,9 @@
-"""The package is a tree of layers: no import circle, nothing imports a layer above it,
+"""The package is a graph of packages: no import circle, a package imports only the packages
+:data:`ALLOWED_IMPORTS` allows it, nothing inside the package imports the top-level ``gpuml``,
 no private name crosses a package, no module is longer than :data:`MAX_LINES`.
 
 Every ``import`` of every module under gpuml/ counts, the lazy ones inside functions
-included (they are circles all the same, only deferred). The layers, lowest first, are
-:data:`LAYERS`; a module may import its own layer and those below.
+included (they are circles all the same, only deferred).
 """
 
 from __future__ import annotations
@@ -14,18 +14,35 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "gpuml"
 
-#: Lowest first. A module belongs to the first entry its dotted name starts with.
-LAYERS = [
-    ("gpuml._backend", "gpuml._validation", "gpuml._progress", "gpuml.errors"),
-    ("gpuml.pairwise", "gpuml.kernels"),
-    ("gpuml.partition", "gpuml.routing"),
-    ("gpuml.distributed",),
-    ("gpuml.pipeline",),
-    ("gpuml.estimators",),
-    ("gpuml.optim",),
-    ("gpuml.training",),
-    ("gpuml.precompile", "gpuml"),
-]
+#: What every part of the library may use: the array seam, input checks, progress, errors.
+_BASE = {"gpuml._backend", "gpuml._validation", "gpuml._progress", "gpuml.errors"}
+#: The kernel methods' computation, below the partitioned fit.
+_COMPUTE = {"gpuml.pairwise", "gpuml.kernels", "gpuml.partition", "gpuml.routing"}
+
+#: Which packages (or top-level modules) each may import besides itself. A module belongs to
+#: the longest entry its dotted name equals or starts with (``gpuml`` alone: its
+#: ``__init__``, the public front). ``optim`` and ``training`` stand beside the kernel
+#: methods: PyTorch tools that use none of their packages (and none of theirs use them).
+ALLOWED_IMPORTS = {
+    "gpuml._backend": set(),
+    "gpuml._progress": set(),
+    "gpuml.errors": set(),
+    "gpuml._validation": {"gpuml._backend"},
+    # the kernel functions and the solvers that evaluate them call each other's modules
+    "gpuml.pairwise": _BASE | {"gpuml.kernels"},
+    "gpuml.kernels": _BASE | {"gpuml.pairwise"},
+    "gpuml.partition": _BASE | {"gpuml.pairwise", "gpuml.kernels"},
+    "gpuml.routing": _BASE | {"gpuml.pairwise", "gpuml.kernels", "gpuml.partition"},
+    "gpuml.distributed": _BASE | _COMPUTE,
+    "gpuml.pipeline": _BASE | _COMPUTE | {"gpuml.distributed"},
+    "gpuml.estimators": _BASE | _COMPUTE | {"gpuml.distributed", "gpuml.pipeline"},
+    "gpuml.optim": {"gpuml.errors"},
+    "gpuml.training": {"gpuml.errors", "gpuml.optim"},
+    # the install-time compiler warms every package that compiles
+    "gpuml.precompile": {"gpuml.pairwise", "gpuml.kernels", "gpuml.estimators",
+                         "gpuml.optim"},
+    "gpuml": {"gpuml.errors", "gpuml.estimators"},
+}
 
 #: The most lines a module may have: a longer one holds more than one idea.
 MAX_LINES = 800
@@ -94,11 +111,12 @@ def _graph():
     return modules, edges
 
 
-def _layer(name: str) -> int:
-    for k, prefixes in enumerate(LAYERS):
-        if any(name == p or name.startswith(p + ".") for p in prefixes):
-            return k
-    raise AssertionError(f"{name}: in no layer of tests/test_layout.py")
+def _package(name: str) -> str:
+    """The entry of :data:`ALLOWED_IMPORTS` that module ``name`` belongs to."""
+    matches = [p for p in ALLOWED_IMPORTS if name == p or name.startswith(p + ".")]
+    if not matches:
+        raise AssertionError(f"{name}: in no package of ALLOWED_IMPORTS (tests/test_layout.py)")
+    return max(matches, key=len)
 
 
 def _top_package(name: str) -> str:
@@ -138,12 +156,30 @@ def test_no_import_circle():
     assert not circles, "import circles: " + "; ".join(" <-> ".join(c) for c in circles)
 
 
-def test_no_module_imports_a_layer_above_it():
+def test_allowed_imports_name_the_packages_there_are():
+    modules = _modules()
+    named = set(ALLOWED_IMPORTS).union(*ALLOWED_IMPORTS.values())
+    assert named <= set(modules), f"not in gpuml/: {sorted(named - set(modules))}"
+
+
+def test_every_import_is_one_the_graph_allows():
     modules, edges = _graph()
-    upward = [f"{a} -> {b} (line {line})" for a, targets in edges.items()
-              for b, line in targets.items()
-              if b != "gpuml" and _layer(b) > _layer(a)]
-    assert not upward, "imports of a higher layer:\n" + "\n".join(upward)
+    forbidden = [f"{a} -> {b} (line {line})" for a, targets in edges.items()
+                 for b, line in targets.items()
+                 if _package(b) != _package(a) and _package(b) not in ALLOWED_IMPORTS[_package(a)]]
+    assert not forbidden, "imports ALLOWED_IMPORTS does not allow:\n" + "\n".join(forbidden)
+
+
+def test_nothing_inside_the_package_imports_the_top_level_gpuml():
+    """``gpuml/__init__.py`` is the public front: it imports every estimator, so a module
+    that took a name from it (``import gpuml``, ``from gpuml import X`` or ``from .. import X``
+    with X not a submodule) would depend on all of them and on the order of imports.
+    Submodules are imported by name (``from gpuml.optim import _common``,
+    ``from gpuml import errors``, ``import gpuml.errors``)."""
+    found = [f"{name}:{line} imports gpuml {names or ''}"
+             for name, path in _modules().items() if name != "gpuml"
+             for target, names, line in _imports(path) if target == "gpuml"]
+    assert not found, "imports of the top-level package:\n" + "\n".join(found)
 
 
 def test_no_private_name_crosses_a_package():

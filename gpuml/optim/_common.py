@@ -1,11 +1,12 @@
 """What the implementations of :mod:`gpuml.optim.lamb` and :mod:`gpuml.optim.lars` share.
 
-The choice between the three implementations (loop, foreach, fused), the dtypes an
-update is computed in, the state handling the implementations share, and what each
-implementation does the same way for both rules: the for-loop paths' walk over the
-tensors and their scratch buffers, the foreach paths' start, norms and copy-back, the
-gradient's factor (unscaling, clipping, ``maximize``), the global gradient norm and the
-fused path's preparation. The optimizer class around the rules is
+The choice of the path an update takes (:func:`choose_path`, the one place it is made),
+what a path's update runs on (:func:`update_inputs`: local real tensors and, on the Triton
+path, its launch tables), the dtypes an update is computed in, the state handling the
+implementations share, and what each implementation does the same way for both rules:
+the for-loop paths' walk over the tensors and their scratch buffers, the foreach paths'
+start, norms and copy-back, the gradient's factor (unscaling, clipping, ``maximize``) and
+the global gradient norm. The optimizer class around the rules is
 :mod:`gpuml.optim._optimizer`.
 """
 
@@ -31,11 +32,24 @@ _device, _dtype, _is_cuda = attrgetter("device"), attrgetter("dtype"), attrgette
 _grad, _is_sparse = attrgetter("grad"), attrgetter("is_sparse")
 
 
-def resolve_impl(params: Sequence[Tensor], foreach: bool | None, fused: bool | None,
-                 grads: Sequence[Tensor] | None = None, differentiable: bool = False) -> str:
-    """The path a group takes unless asked explicitly: ``"fused"`` on CUDA tensors,
-    ``"loop"`` on CPU tensors, ``"foreach"`` otherwise (CUDA without Triton, float64,
-    complex).
+#: The paths of an update: the for-loop reference, ``torch._foreach_*``, and the two fused
+#: ones (Triton kernels over every tensor of a group; numba kernels per CPU tensor).
+PATHS = ("loop", "foreach", "triton", "numba")
+#: The fused paths read and advance ``step`` in their kernels: it lives on the device.
+FUSED_PATHS = ("triton", "numba")
+
+
+def choose_path(params: Sequence[Tensor], foreach: bool | None, fused: bool | None,
+                grads: Sequence[Tensor] | None = None, differentiable: bool = False) -> str:
+    """The path of :data:`PATHS` an update of ``params`` takes: the one place it is chosen,
+    for the optimizer classes (once per :class:`gpuml.optim._optimizer.GroupView`) and for
+    the functional :func:`gpuml.optim.lamb` / :func:`gpuml.optim.lars` (per call).
+
+    Unless asked explicitly: ``"triton"`` on CUDA tensors, ``"loop"`` on CPU tensors,
+    ``"foreach"`` otherwise (CUDA without Triton, float64, complex). ``fused=True`` runs
+    ``"triton"`` on CUDA tensors (and on CPU tensors under ``TRITON_INTERPRET=1``, Triton's
+    interpreter: how the GPU kernels are tested without a GPU) and ``"numba"`` on CPU
+    tensors (:mod:`gpuml.optim._numba`).
 
     The CPU has no multi-tensor kernels: ``torch._foreach_*`` there loops over the tensors
     with the per-tensor operation, so the foreach path does the loop's arithmetic one
@@ -45,15 +59,19 @@ def resolve_impl(params: Sequence[Tensor], foreach: bool | None, fused: bool | N
     step on ResNet-50 shapes: ``bench/bench_optim_cpu.py``,
     ``bench/results/cpu-2core/optim_cpu.md``).
 
-    ``grads`` defaults to the parameters' ``.grad``. ``differentiable=True`` takes the loop
-    (the only path autograd can record) and refuses the others, as torch.optim does.
+    ``params`` and ``grads`` are local tensors (not DTensors); ``grads`` defaults to the
+    parameters' ``.grad``. ``differentiable=True`` takes the loop (the only path autograd can
+    record) and refuses the others, as torch.optim does. Without tensors every path does
+    nothing: ``"loop"``.
     """
     if fused and foreach:
         raise ValueError("fused=True and foreach=True are mutually exclusive")
     if differentiable:
         check_differentiable(foreach, fused)
         return "loop"
-    # the Triton kernels compute in float32: float64 parameters take the foreach path by
+    if not params:
+        return "loop"
+    # the fused kernels compute in float32: float64 parameters take the foreach path by
     # default and are refused when the fused path is asked for explicitly
     wide = next((p.dtype for p in params if p.dtype == torch.float64 or p.is_complex()), None)
     if fused:
@@ -61,18 +79,23 @@ def resolve_impl(params: Sequence[Tensor], foreach: bool | None, fused: bool | N
             raise TypeError(f"fused=True computes in float32 on real tensors and does not take "
                             f"{wide} parameters; use foreach=True (the default on float64 and "
                             f"complex parameters) or foreach=False")
-        return "fused"
+        if all(map(_is_cuda, params)):
+            return "triton"
+        if all(p.device.type == "cpu" for p in params):
+            return "triton" if interpreter_on() else "numba"
+        devices = sorted({str(p.device) for p in params})
+        raise RuntimeError(f"fused=True runs on CUDA or CPU tensors, got parameters on "
+                           f"{devices}; use foreach=True or foreach=False there")
     if foreach is False:
         return "loop"
     if foreach:
         return "foreach"
-    if (fused is None and params and wide is None and all(map(_is_cuda, params))
-            and triton_available()):
+    if fused is None and wide is None and all(map(_is_cuda, params)) and triton_available():
         grads = list(map(_grad, params)) if grads is None else grads
         if all(p.is_contiguous() and g.is_contiguous() or dense_layout(p, g)
                for p, g in zip(params, grads)):
-            return "fused"
-    if params and all(p.device.type == "cpu" for p in params):
+            return "triton"
+    if all(p.device.type == "cpu" for p in params):
         return "loop"
     return "foreach"
 
@@ -84,27 +107,6 @@ def check_differentiable(foreach: bool | None, fused: bool | None) -> None:
         if value:
             raise RuntimeError(f"`{name}` does not support `differentiable`: "
                                "differentiable=True runs the for-loop path (foreach=False)")
-
-
-def fused_kernels(params: Sequence[Tensor], differentiable: bool) -> str | None:
-    """:func:`fused_backend` for a fused step, None when it has no tensor;
-    ``differentiable=True`` is refused, as torch.optim refuses it with ``fused``."""
-    if differentiable:
-        check_differentiable(False, True)
-    return fused_backend(params) if params else None
-
-
-def fused_backend(params: Sequence[Tensor]) -> str:
-    """Which kernels ``fused=True`` runs: ``"triton"`` on CUDA tensors (and on CPU tensors
-    under ``TRITON_INTERPRET=1``, Triton's interpreter: how the GPU kernels are tested
-    without a GPU), ``"cpu"`` on CPU tensors (:mod:`gpuml.optim._numba`)."""
-    if all(map(_is_cuda, params)):
-        return "triton"
-    if all(p.device.type == "cpu" for p in params):
-        return "triton" if interpreter_on() else "cpu"
-    devices = sorted({str(p.device) for p in params})
-    raise RuntimeError(f"fused=True runs on CUDA or CPU tensors, got parameters on {devices}; "
-                       "use foreach=True or foreach=False there")
 
 
 def compute_dtype(t: Tensor) -> torch.dtype:
@@ -200,16 +202,36 @@ def skip_step(found_inf: Tensor | None) -> bool:
     return found_inf is not None and bool(found_inf.item())
 
 
-def global_grad_norm(parts: Sequence[tuple[Sequence[Tensor], S.Sharding | None]], impl: str,
-                     reduction: S.NormReduction | None = None) -> Tensor:
-    """L2 norm of all gradients together, as a 0-d fp32 tensor (no host synchronisation).
+def global_grad_norm(parts: Sequence[tuple], reduction: S.NormReduction | None,
+                     grad_scale: Tensor | None) -> Tensor:
+    """LAMB's global gradient norm for clipping, over every param group at once (as apex and
+    timm do), unscaled by ``grad_scale``: a 0-d fp32 tensor (no host synchronisation).
 
-    Used for LAMB's global gradient clipping, over every param group at once (as apex and
-    timm do), by the loop and foreach paths (``impl``); the fused path computes it in its own
-    kernels (``gpuml.optim._triton.grad_norm``). ``parts``: each group's gradients (local
-    tensors) and their sharding; the squared norms of the sharded ones are summed over the
-    ranks by ``reduction`` (one scalar all-reduce for all groups).
+    ``parts``: each group's ``(grads, sharding, path, prepared)`` (local tensors, their
+    :class:`gpuml.optim._sharding.Sharding`, the group's path and the Triton path's launch
+    tables, see :func:`update_inputs`). When every group has launch tables the norm is taken
+    by the Triton kernels over them (:func:`gpuml.optim._triton.grad_norm`), else by torch's
+    norms (:func:`torch._foreach_norm` when a group takes the foreach path). The squared
+    norms of the sharded tensors are summed over the ranks by ``reduction`` (one scalar
+    all-reduce for all groups).
     """
+    if all(prepared is not None for _, _, _, prepared in parts):
+        from gpuml.optim import _triton
+
+        norm = _triton.grad_norm([prepared for _, _, _, prepared in parts], reduction)
+    else:
+        impl = "foreach" if any(path == "foreach" for _, _, path, _ in parts) else "loop"
+        norm = _torch_grad_norm([(grads, sharding) for grads, sharding, _, _ in parts], impl,
+                                reduction)
+    if grad_scale is not None:
+        norm = norm / grad_scale.to(norm.device).float()
+    return norm
+
+
+def _torch_grad_norm(parts: Sequence[tuple[Sequence[Tensor], S.Sharding | None]], impl: str,
+                     reduction: S.NormReduction | None) -> Tensor:
+    """L2 norm of all gradients together by torch's norms (:func:`torch._foreach_norm` for
+    ``impl="foreach"``); ``parts``: each group's gradients and their sharding."""
     norms = [(_per_tensor_norms(grads, impl), sharding) for grads, sharding in parts if grads]
     if not norms:
         return torch.zeros((), dtype=torch.float32)
@@ -304,15 +326,45 @@ def local_real(dtensors: bool, params: list, grads: list, columns: Sequence[list
     return is_complex, params, grads, list(columns), masters
 
 
-def prepare_fused(kind: str, params: list[Tensor], grads: list[Tensor], columns: Sequence[list],
-                  masters: list, steps: list[Tensor], adapt: list[bool], decay: list[bool],
-                  sharding: S.Sharding | None):
-    """The fused (Triton) path's launch preparation for a rule (``kind``) whose state is
-    ``columns`` (one or two lists; see :func:`gpuml.optim._triton.prepare`)."""
-    from gpuml.optim import _triton
+def update_inputs(kind: str, path: str, dtensors: bool, sharding: S.Sharding | None,
+                  params: list, grads: list, columns: Sequence[list], masters: list,
+                  steps: list[Tensor], adapt: list[bool], decay: list[bool]):
+    """What an update on ``path`` runs on: the local real tensors (:func:`local_real`) and,
+    on the Triton path, its launch tables for rule ``kind`` (``prepared``, see
+    :func:`gpuml.optim._triton.prepare`; None on the other paths), built here once so that
+    the optimizer classes keep them from step to step.
 
-    return _triton.prepare(kind, params, grads, (*columns, None)[:2], masters, steps, adapt,
-                           decay, sharded=None if sharding is None else sharding.flags)
+    Returns ``(is_complex, params, grads, columns, masters, prepared)``.
+    """
+    is_complex, params, grads, columns, masters = local_real(dtensors, params, grads, columns,
+                                                             masters)
+    prepared = None
+    if path == "triton":
+        from gpuml.optim import _triton
+
+        prepared = _triton.prepare(kind, params, grads, (*columns, None)[:2], masters, steps,
+                                   adapt, decay,
+                                   sharded=None if sharding is None else sharding.flags)
+    return is_complex, params, grads, columns, masters, prepared
+
+
+def functional_inputs(kind: str, params: list, grads: list, columns: Sequence[list],
+                      masters: list, steps: list[Tensor], adapt: list[bool], decay: list[bool],
+                      foreach: bool | None, fused: bool | None, differentiable: bool):
+    """What the functional :func:`gpuml.optim.lamb` / :func:`gpuml.optim.lars` hand to their
+    step, as the optimizer classes build it for a param group: DTensors inspected
+    (:func:`gpuml.optim._sharding.inspect`), the path chosen on the local tensors
+    (:func:`choose_path`), the tensors the update runs on (:func:`update_inputs`).
+
+    Returns ``(params, grads, columns, masters, path, prepared, sharding)``.
+    """
+    dtensors, sharding = S.inspect(params, grads)
+    local_params, local_grads = (S.local(params), S.local(grads)) if dtensors \
+        else (params, grads)
+    path = choose_path(local_params, foreach, fused, local_grads, differentiable)
+    _, params, grads, columns, masters, prepared = update_inputs(
+        kind, path, dtensors, sharding, params, grads, columns, masters, steps, adapt, decay)
+    return params, grads, columns, masters, path, prepared, sharding
 
 
 def layerwise_loop(n: int, adapt: Sequence[bool], sharding: S.Sharding | None, prepare, norms,

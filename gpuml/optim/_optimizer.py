@@ -2,9 +2,10 @@
 
 :class:`LayerwiseOptimizer` checks a group's options when the group is added, gathers
 its tensors into a :class:`GroupView` that is reused from step to step (the path, the
-state, the adaptation and decay flags, the fused path's tables), hands each step to the
-rule's implementation for the group's path (:mod:`gpuml.optim._common`) or to the
-rule's fused passes, and keeps fp32 state fp32 across ``load_state_dict``.
+state, the adaptation and decay flags, the Triton path's tables), hands each group's step
+to the rule's functional step (the one that :func:`gpuml.optim.lamb` /
+:func:`gpuml.optim.lars` run, which dispatches on the view's path), and keeps fp32 state
+fp32 across ``load_state_dict``.
 :func:`param_groups_by_name` applies the exclusion rules (which tensors skip layer-wise
 adaptation and weight decay) to a model's parameters.
 """
@@ -23,17 +24,16 @@ from torch.optim.optimizer import _use_grad_for_differentiable
 from gpuml.optim import _sharding as S
 from gpuml.optim._common import (
     _COMPLEX,
+    FUSED_PATHS,
     _device,
     _dtype,
     _grad,
     _is_sparse,
     as_real,
     check_differentiable,
+    choose_path,
     compute_dtype,
-    fused_backend,
-    local_real,
-    prepare_fused,
-    resolve_impl,
+    update_inputs,
 )
 
 __all__ = ["param_groups_by_name"]
@@ -213,9 +213,10 @@ class GroupView:
     and ``masters`` hold the local tensors the update runs on (``checks`` the DTensors the
     state dicts hold), and :meth:`grads` returns the gradients' local tensors; ``sharding``
     (:class:`gpuml.optim._sharding.Sharding`, or None) says which of them are sharded.
+    ``path`` is the group's path (:func:`gpuml.optim._common.choose_path`).
     """
 
-    __slots__ = ("group", "options", "all_params", "has_grad", "impl", "params", "columns",
+    __slots__ = ("group", "options", "all_params", "has_grad", "path", "params", "columns",
                  "masters", "steps", "adapt", "decay", "state_dicts", "checks", "prepared",
                  "dtensors", "sharding", "complex")
 
@@ -248,11 +249,12 @@ class LayerwiseOptimizer(torch.optim.Optimizer):
     """What LAMB and LARS share around their update rules.
 
     Group validation on every added group, the ``torch.amp.GradScaler``
-    fused-optimizer protocol, the choice of path per group, per-tensor state
-    creation (step counter, fp32 master copy), the adaptation/decay flags, and the step:
-    each group's tensors handed to the rule's implementation for its path, or to the
-    rule's fused passes. Subclasses define ``_KIND``, ``_STATE_KEYS``, ``_check_rule``,
-    ``_new_state``, ``_rule_options`` and ``_implementation``.
+    fused-optimizer protocol, per-tensor state creation (step counter, fp32 master copy),
+    the adaptation/decay flags, and the step: each group's tensors, with the path chosen
+    for them when the group's view was built, handed to the rule's functional step (as
+    ``torch.optim.Adam.step`` hands them to ``adam``). Subclasses define ``_KIND``,
+    ``_STATE_KEYS``, ``_check_rule``, ``_new_state``, ``_rule_options`` and
+    ``_group_step``.
     """
 
     _step_supports_amp_scaling = True
@@ -300,8 +302,9 @@ class LayerwiseOptimizer(torch.optim.Optimizer):
         """Keyword arguments of every group's step computed over all groups at once."""
         return {}
 
-    def _implementation(self, impl: str):
-        """The rule's functional implementation for path ``impl``."""
+    def _group_step(self, *tensors, **options):
+        """The rule's functional step of one group (a generator for
+        :func:`gpuml.optim._sharding.run_steps`; it dispatches on ``options["path"]``)."""
         raise NotImplementedError
 
     def add_param_group(self, param_group: dict) -> None:
@@ -354,30 +357,19 @@ class LayerwiseOptimizer(torch.optim.Optimizer):
                                                    dtype=torch.float32)
 
     def _update(self, plan, grad_scale: Tensor | None, found_inf: Tensor | None) -> None:
-        """Apply the update rule to every ``(group, view, grads)`` of ``plan``.
-
-        Fused groups launch the rule's passes from their views' prepared tables
-        (:mod:`gpuml.optim._triton`); the others run the rule's implementation for their
-        path. With sharded parameters the norms of every group take one all-reduce
-        (:func:`gpuml.optim._sharding.run_steps`).
+        """Apply the update rule to every ``(group, view, grads)`` of ``plan``: each group's
+        step through the rule's functional step on the view's path (with the Triton path's
+        tables the view keeps). With sharded parameters the norms of every group take one
+        all-reduce (:func:`gpuml.optim._sharding.run_steps`).
         """
         shared = self._step_options(plan, grad_scale)
-        steps = []
-        for group, view, grads in plan:
-            options = dict(grad_scale=grad_scale, found_inf=found_inf,
-                           maximize=group["maximize"], lr=group["lr"],
-                           **self._rule_options(group), **shared)
-            if view.prepared is not None:
-                from gpuml.optim import _triton
-
-                steps.append(_triton.PASSES[self._KIND](view.prepared, **options))
-                continue
-            func = self._implementation(view.impl)
-            steps.append(func(view.params, grads, *view.columns, view.masters, view.steps,
-                              adapt=view.adapt, decay=view.decay,
-                              capturable=group["capturable"], sharding=view.sharding,
-                              differentiable=group["differentiable"], **options))
-        S.run_steps(steps, self._reduction)
+        S.run_steps([self._group_step(
+            view.params, grads, *view.columns, view.masters, view.steps, adapt=view.adapt,
+            decay=view.decay, path=view.path, prepared=view.prepared, sharding=view.sharding,
+            grad_scale=grad_scale, found_inf=found_inf, maximize=group["maximize"],
+            lr=group["lr"], capturable=group["capturable"],
+            differentiable=group["differentiable"], **self._rule_options(group), **shared)
+            for group, view, grads in plan], self._reduction)
 
     @_use_grad_for_differentiable
     def step(self, closure=None, grad_scale: Tensor | None = None,
@@ -443,13 +435,12 @@ class LayerwiseOptimizer(torch.optim.Optimizer):
         dtensors, sharding = S.inspect(with_grad, grads)
         local_params, local_grads = (S.local(with_grad), S.local(grads)) if dtensors \
             else (with_grad, grads)
-        impl = resolve_impl(local_params, group["foreach"], group["fused"], local_grads,
-                            group["differentiable"]) if with_grad else ""
-        backend = fused_backend(local_params) if impl == "fused" else None
+        path = choose_path(local_params, group["foreach"], group["fused"], local_grads,
+                           group["differentiable"]) if with_grad else ""
         params, grads, columns, masters, steps, adapt, decay = self._gather(
-            group, impl, self._STATE_KEYS)
+            group, path, self._STATE_KEYS)
         view = GroupView()
-        view.group, view.options, view.impl = group, _view_options(group), impl
+        view.group, view.options, view.path = group, _view_options(group), path
         view.all_params = list(group["params"])
         view.has_grad = [p.grad is not None for p in view.all_params]
         view.state_dicts = [self.state[p] for p in params]
@@ -457,27 +448,24 @@ class LayerwiseOptimizer(torch.optim.Optimizer):
                        ("master_param", masters)]
         view.dtensors, view.sharding = dtensors, sharding
         # the update runs on local shards and real views; the checks keep the originals
-        view.complex, params, grads, columns, masters = local_real(dtensors, params, grads,
-                                                                   columns, masters)
+        view.complex, params, grads, columns, masters, view.prepared = update_inputs(
+            self._KIND, path, dtensors, sharding, params, grads, columns, masters, steps,
+            adapt, decay)
         view.params, view.columns, view.masters, view.steps = params, columns, masters, steps
         view.adapt, view.decay = adapt, decay
-        view.prepared = None
-        if backend == "triton":
-            view.prepared = prepare_fused(self._KIND, params, grads, columns, masters, steps,
-                                          adapt, decay, sharding)
         return view, grads
 
-    def _gather(self, group: dict, impl: str, keys: Sequence[str]):
+    def _gather(self, group: dict, path: str, keys: Sequence[str]):
         """The tensors of ``group`` that have a gradient, their state and their flags.
 
-        State is created on first use and ``step`` placed where ``impl`` needs it.
+        State is created on first use and ``step`` placed where ``path`` needs it.
         Returns ``(params, grads, [state[k] or None for each of keys], masters, steps,
         adapt, decay)``, lists over those tensors; ``adapt``/``decay``: whether a tensor
         gets the trust ratio and weight decay under the group's exclusion rules (a rule
         of None excludes tensors with ``ndim <= 1``). Runs when a :class:`GroupView` is
         built, not at every step.
         """
-        on_device = impl == "fused" or group["capturable"]
+        on_device = path in FUSED_PATHS or group["capturable"]
         rule_adapt = group["exclude_from_adaptation"]
         rule_decay = group["exclude_from_weight_decay"]
         always, has_wd = group["always_adapt"], group["weight_decay"] != 0

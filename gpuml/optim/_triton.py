@@ -545,32 +545,6 @@ def lamb_passes(prep: Prepared, *, global_grad_norm: Tensor | None,
                            maximize=maximize, tensors={"norm": global_grad_norm if clip else None})
 
 
-def lamb_step(params, grads, exp_avgs, exp_avg_sqs, master_params, state_steps, *, adapt,
-              decay, global_grad_norm, max_grad_norm, grad_scale, found_inf, lr, beta1, beta2,
-              eps, weight_decay, bias_correction, grad_averaging, trust_bounds,
-              eps_inside_sqrt, variant, chunk: int | None = None,
-              block: int | None = None, maximize: bool = False) -> None:
-    """One fused LAMB step over local tensors (see :func:`gpuml.optim.lamb`, which also
-    takes sharded ones); tensors may span devices.
-
-    With ``max_grad_norm`` and no ``global_grad_norm``, the norm is that of ``grads``,
-    unscaled by ``grad_scale``.
-    """
-    prep = prepare("lamb", params, grads, (exp_avgs, exp_avg_sqs), master_params,
-                   state_steps, adapt, decay, chunk, block)
-    if max_grad_norm is not None and global_grad_norm is None:
-        global_grad_norm = grad_norm([prep])
-        if grad_scale is not None:
-            global_grad_norm = global_grad_norm / grad_scale.to(global_grad_norm.device).float()
-    for _ in lamb_passes(prep, global_grad_norm=global_grad_norm, max_grad_norm=max_grad_norm,
-                         grad_scale=grad_scale, found_inf=found_inf, lr=lr, beta1=beta1,
-                         beta2=beta2, eps=eps, weight_decay=weight_decay,
-                         bias_correction=bias_correction, grad_averaging=grad_averaging,
-                         trust_bounds=trust_bounds, eps_inside_sqrt=eps_inside_sqrt,
-                         variant=variant, maximize=maximize):
-        raise AssertionError("no bucket of local tensors waits for a reduction")
-
-
 def lars_passes(prep: Prepared, *, grad_scale: Tensor | None, found_inf: Tensor | None, lr,
                 momentum, dampening, nesterov, weight_decay, trust_coefficient, eps, clip,
                 trust_bounds, mode, maximize=False):
@@ -585,23 +559,3 @@ def lars_passes(prep: Prepared, *, grad_scale: Tensor | None, found_inf: Tensor 
                            HAS_MOMENTUM=momentum != 0, NESTEROV=bool(nesterov), CLIP=bool(clip))),
         grad_scale=grad_scale, found_inf=found_inf, lr=lr, weight_decay=weight_decay,
         trust_bounds=trust_bounds, maximize=maximize)
-
-
-def lars_step(params, grads, momentum_buffers, master_params, state_steps, *, adapt, decay,
-              grad_scale, found_inf, lr, momentum, dampening, nesterov, weight_decay,
-              trust_coefficient, eps, clip, trust_bounds, mode, chunk: int | None = None,
-              block: int | None = None, maximize: bool = False) -> None:
-    """One fused LARS step over local tensors (see :func:`gpuml.optim.lars`, which also takes
-    sharded ones); tensors may span devices."""
-    prep = prepare("lars", params, grads, (momentum_buffers, None), master_params, state_steps,
-                   adapt, decay, chunk, block)
-    for _ in lars_passes(prep, grad_scale=grad_scale, found_inf=found_inf, lr=lr,
-                         momentum=momentum, dampening=dampening, nesterov=nesterov,
-                         weight_decay=weight_decay, trust_coefficient=trust_coefficient,
-                         eps=eps, clip=clip, trust_bounds=trust_bounds, mode=mode,
-                         maximize=maximize):
-        raise AssertionError("no bucket of local tensors waits for a reduction")
-
-
-#: Each rule's two passes over prepared tensors, by the rule's name in :func:`prepare`.
-PASSES = {"lamb": lamb_passes, "lars": lars_passes}

@@ -1,16 +1,23 @@
 r"""LAMB: layer-wise adaptive moments (You 2020, ch. 6, Alg 16; N-LAMB/NN-LAMB Alg 17-18).
 
 Structure as in ``torch/optim/adam.py``: the :class:`LAMB` optimizer gathers the
-tensors of each param group and calls the functional :func:`lamb`, which
-dispatches to one of three implementations with one signature:
+tensors of each param group and hands them to the functional step, :func:`_lamb_step`,
+which is also what the functional :func:`lamb` runs (after gathering a call's tensors
+the same way, :func:`gpuml.optim._common.functional_inputs`). It dispatches on the path
+chosen for the tensors (:func:`gpuml.optim._common.choose_path`) to one of four
+implementations with one signature:
 
 * :func:`_single_tensor_lamb`, a for-loop over tensors: the readable reference
   and the oracle of the tests;
 * :func:`_multi_tensor_lamb`, ``torch._foreach_*`` over all tensors of a group,
   per-tensor norms with ``torch._foreach_norm`` (no host synchronisation);
 * :func:`_fused_lamb`, two Triton kernels over all tensors of a group on CUDA (see
-  :mod:`gpuml.optim._triton`), two numba kernels per tensor on the CPU (see
+  :mod:`gpuml.optim._triton`), launched from tables prepared beforehand;
+* :func:`_fused_cpu_lamb`, two numba kernels per tensor on the CPU (see
   :mod:`gpuml.optim._numba`).
+
+A step is a generator for :func:`gpuml.optim._sharding.run_steps`, so that the optimizer
+sums the norms of the sharded tensors of all its groups in one all-reduce.
 """
 
 from __future__ import annotations
@@ -108,7 +115,7 @@ class LAMB(LayerwiseOptimizer):
         CUDA graph (pass ``lr`` as a device tensor to change it inside the graph).
     foreach, fused : bool or None
         Implementation: default fused (Triton) on CUDA tensors, the for-loop on CPU
-        tensors (faster there than foreach, see :func:`gpuml.optim._common.resolve_impl`),
+        tensors (faster there than foreach, see :func:`gpuml.optim._common.choose_path`),
         foreach otherwise; ``foreach=False`` gives the for-loop reference. ``fused=True``
         on CPU tensors runs numba kernels (:mod:`gpuml.optim._numba`), as torch's
         ``AdamW(fused=True)`` has a CPU kernel.
@@ -230,28 +237,18 @@ class LAMB(LayerwiseOptimizer):
                     eps_inside_sqrt=group["eps_inside_sqrt"], variant=group["variant"])
 
     def _step_options(self, plan, grad_scale) -> dict:
-        """One global gradient norm over every group (clipping, as apex and timm): from the
-        views' prepared tables when every group is fused
-        (:func:`gpuml.optim._triton.grad_norm`), else
-        :func:`gpuml.optim._common.global_grad_norm`; with sharded parameters one scalar
+        """One global gradient norm over every group (clipping, as apex and timm:
+        :func:`gpuml.optim._common.global_grad_norm`); with sharded parameters one scalar
         all-reduce."""
         norm = None
         if any(group["max_grad_norm"] is not None for group, _, _ in plan):
-            if all(view.prepared is not None for _, view, _ in plan):
-                from gpuml.optim import _triton
-
-                norm = _triton.grad_norm([view.prepared for _, view, _ in plan],
-                                         self._reduction)
-            else:
-                impl = "foreach" if any(v.impl == "foreach" for _, v, _ in plan) else "loop"
-                norm = C.global_grad_norm([(grads, view.sharding) for _, view, grads in plan],
-                                          impl, self._reduction)
-            if grad_scale is not None:
-                norm = norm / grad_scale.to(norm.device).float()
+            norm = C.global_grad_norm(
+                [(grads, view.sharding, view.path, view.prepared) for _, view, grads in plan],
+                self._reduction, grad_scale)
         return {"global_grad_norm": norm}
 
-    def _implementation(self, impl: str):
-        return _IMPLS[impl]
+    def _group_step(self, *tensors, **options):
+        return _lamb_step(*tensors, **options)
 
 
 class FusedLAMB(LAMB):
@@ -295,25 +292,37 @@ def lamb(params: list[Tensor], grads: list[Tensor], exp_avgs: list[Tensor],
     updated through their local shards with the norms of the full tensors (see
     :mod:`gpuml.optim._sharding`).
     """
-    dtensors, sharding = S.inspect(params, grads)
-    _, params, grads, (exp_avgs, exp_avg_sqs), master_params = C.local_real(
-        dtensors, params, grads, (exp_avgs, exp_avg_sqs), master_params)
-    reduction = S.reduction_for([sharding], "lamb")
-    impl = C.resolve_impl(params, foreach, fused, grads, differentiable)
-    if max_grad_norm is not None and global_grad_norm is None and grads and impl != "fused":
-        global_grad_norm = C.global_grad_norm([(grads, sharding)], impl, reduction)
-        if grad_scale is not None:
-            global_grad_norm = global_grad_norm / grad_scale.float()
-    func = _IMPLS[impl]
-    S.run_steps([func(
+    params, grads, (exp_avgs, exp_avg_sqs), master_params, path, prepared, sharding = \
+        C.functional_inputs("lamb", params, grads, (exp_avgs, exp_avg_sqs), master_params,
+                            state_steps, adapt, decay, foreach, fused, differentiable)
+    S.run_steps([_lamb_step(
         params, grads, exp_avgs, exp_avg_sqs, master_params, state_steps, adapt=adapt,
-        decay=decay, global_grad_norm=global_grad_norm, grad_scale=grad_scale,
-        found_inf=found_inf, lr=lr, beta1=beta1, beta2=beta2, eps=eps,
-        weight_decay=weight_decay, bias_correction=bias_correction,
-        grad_averaging=grad_averaging, max_grad_norm=max_grad_norm,
-        trust_bounds=trust_bounds, eps_inside_sqrt=eps_inside_sqrt, variant=variant,
-        capturable=capturable, maximize=maximize, sharding=sharding,
-        differentiable=differentiable)], reduction)
+        decay=decay, path=path, prepared=prepared, sharding=sharding,
+        global_grad_norm=global_grad_norm, grad_scale=grad_scale, found_inf=found_inf, lr=lr,
+        beta1=beta1, beta2=beta2, eps=eps, weight_decay=weight_decay,
+        bias_correction=bias_correction, grad_averaging=grad_averaging,
+        max_grad_norm=max_grad_norm, trust_bounds=trust_bounds,
+        eps_inside_sqrt=eps_inside_sqrt, variant=variant, capturable=capturable,
+        maximize=maximize, differentiable=differentiable)], S.reduction_for([sharding], "lamb"))
+
+
+def _lamb_step(params, grads, exp_avgs, exp_avg_sqs, master_params, state_steps, *, path,
+               prepared, sharding, global_grad_norm, max_grad_norm, grad_scale, **options):
+    """One LAMB step of one param group's local real tensors on ``path``: the dispatch to
+    the path's implementation, for :class:`LAMB` (every group, from its view) and for
+    :func:`lamb`; a generator for :func:`gpuml.optim._sharding.run_steps`.
+
+    ``prepared``: the Triton path's launch tables (:func:`gpuml.optim._common.update_inputs`).
+    Without ``global_grad_norm`` (the functional call) and with ``max_grad_norm`` the norm
+    of ``grads`` is computed here, as :class:`LAMB` computes it over all its groups.
+    """
+    if max_grad_norm is not None and global_grad_norm is None and params:
+        global_grad_norm = C.global_grad_norm([(grads, sharding, path, prepared)],
+                                              S.reduction_for([sharding], "lamb"), grad_scale)
+    yield from _IMPLS[path](params, grads, exp_avgs, exp_avg_sqs, master_params, state_steps,
+                            prepared=prepared, sharding=sharding,
+                            global_grad_norm=global_grad_norm, max_grad_norm=max_grad_norm,
+                            grad_scale=grad_scale, **options)
 
 
 def _trust_ratio(w_norm: Tensor, u_norm: Tensor, bounds: tuple[float, float]) -> Tensor:
@@ -325,8 +334,8 @@ def _trust_ratio(w_norm: Tensor, u_norm: Tensor, bounds: tuple[float, float]) ->
 def _single_tensor_lamb(params, grads, exp_avgs, exp_avg_sqs, master_params, state_steps, *,
                         adapt, decay, global_grad_norm, grad_scale, found_inf, lr, beta1, beta2,
                         eps, weight_decay, bias_correction, grad_averaging, max_grad_norm,
-                        trust_bounds, eps_inside_sqrt, variant, capturable,
-                        maximize=False, sharding=None, differentiable=False):
+                        trust_bounds, eps_inside_sqrt, variant, capturable, maximize,
+                        sharding, differentiable, prepared):
     # The order of work over the tensors (one at a time, three scratch buffers for all of
     # them; or, with sharded tensors, one yield for all their norms) is C.layerwise_loop's.
     if not params or C.skip_step(found_inf):
@@ -405,9 +414,8 @@ def _single_tensor_lamb(params, grads, exp_avgs, exp_avg_sqs, master_params, sta
 def _multi_tensor_lamb(params, grads, exp_avgs, exp_avg_sqs, master_params, state_steps, *,
                        adapt, decay, global_grad_norm, grad_scale, found_inf, lr, beta1, beta2,
                        eps, weight_decay, bias_correction, grad_averaging, max_grad_norm,
-                       trust_bounds, eps_inside_sqrt, variant, capturable,
-                       maximize=False, sharding=None,
-                       differentiable=False):
+                       trust_bounds, eps_inside_sqrt, variant, capturable, maximize,
+                       sharding, differentiable, prepared):
     gs = C.foreach_start(params, grads, state_steps, found_inf=found_inf,
                          differentiable=differentiable, maximize=maximize,
                          grad_scale=grad_scale, global_grad_norm=global_grad_norm,
@@ -471,30 +479,14 @@ def _multi_tensor_lamb(params, grads, exp_avgs, exp_avg_sqs, master_params, stat
 def _fused_lamb(params, grads, exp_avgs, exp_avg_sqs, master_params, state_steps, *,
                 adapt, decay, global_grad_norm, grad_scale, found_inf, lr, beta1, beta2,
                 eps, weight_decay, bias_correction, grad_averaging, max_grad_norm,
-                trust_bounds, eps_inside_sqrt, variant, capturable, maximize=False, sharding=None,
-                differentiable=False):
-    kernels = C.fused_kernels(params, differentiable)
-    if kernels == "cpu":
-        yield from _fused_cpu_lamb(
-            params, grads, exp_avgs, exp_avg_sqs, master_params, state_steps, adapt=adapt,
-            decay=decay, global_grad_norm=global_grad_norm, grad_scale=grad_scale,
-            found_inf=found_inf, lr=lr, beta1=beta1, beta2=beta2, eps=eps,
-            weight_decay=weight_decay, bias_correction=bias_correction,
-            grad_averaging=grad_averaging, max_grad_norm=max_grad_norm,
-            trust_bounds=trust_bounds, eps_inside_sqrt=eps_inside_sqrt, variant=variant,
-            maximize=maximize, sharding=sharding)
-    if kernels != "triton":
-        return
+                trust_bounds, eps_inside_sqrt, variant, capturable, maximize, sharding,
+                differentiable, prepared):
+    """The Triton path: the two passes launched from ``prepared``, the launch tables of these
+    tensors (:func:`gpuml.optim._triton.prepare`), which also hold their sharding."""
     from gpuml.optim import _triton
 
-    prep = C.prepare_fused("lamb", params, grads, (exp_avgs, exp_avg_sqs), master_params,
-                           state_steps, adapt, decay, sharding)
-    if max_grad_norm is not None and global_grad_norm is None:
-        global_grad_norm = _triton.grad_norm([prep], S.reduction_for([sharding], "lamb"))
-        if grad_scale is not None:
-            global_grad_norm = global_grad_norm / grad_scale.to(global_grad_norm.device).float()
     yield from _triton.lamb_passes(
-        prep, global_grad_norm=global_grad_norm, max_grad_norm=max_grad_norm,
+        prepared, global_grad_norm=global_grad_norm, max_grad_norm=max_grad_norm,
         grad_scale=grad_scale, found_inf=found_inf, lr=lr, beta1=beta1, beta2=beta2, eps=eps,
         weight_decay=weight_decay, bias_correction=bias_correction,
         grad_averaging=grad_averaging, trust_bounds=trust_bounds,
@@ -504,7 +496,8 @@ def _fused_lamb(params, grads, exp_avgs, exp_avg_sqs, master_params, state_steps
 def _fused_cpu_lamb(params, grads, exp_avgs, exp_avg_sqs, master_params, state_steps, *,
                     adapt, decay, global_grad_norm, grad_scale, found_inf, lr, beta1, beta2,
                     eps, weight_decay, bias_correction, grad_averaging, max_grad_norm,
-                    trust_bounds, eps_inside_sqrt, variant, maximize, sharding):
+                    trust_bounds, eps_inside_sqrt, variant, capturable, maximize, sharding,
+                    differentiable, prepared):
     """``fused=True`` on CPU tensors: per tensor, pass 1 (moments, the two sums of squares)
     then, once every trust ratio is known, pass 2 (the update), in numba kernels
     (:mod:`gpuml.optim._numba`). fp16/bf16 parameters without master weights are updated
@@ -516,11 +509,6 @@ def _fused_cpu_lamb(params, grads, exp_avgs, exp_avg_sqs, master_params, state_s
     gs = [C.widen(g) for g in grads]
     ws = [C.compute_view(p, mp) for p, mp in zip(params, master_params)]
     K.check_layouts(ws, gs, exp_avgs, exp_avg_sqs)
-    if max_grad_norm is not None and global_grad_norm is None:
-        global_grad_norm = C.global_grad_norm([(grads, sharding)], "loop",
-                                              S.reduction_for([sharding], "lamb"))
-        if grad_scale is not None:
-            global_grad_norm = global_grad_norm / grad_scale.float()
     coef = C.scaled_step_coefficient(grad_scale, global_grad_norm, max_grad_norm)
     c = 1.0 if coef is None else coef.item()
     c = -c if maximize else c  # the gradient negated first, as torch.optim does
@@ -547,4 +535,6 @@ def _fused_cpu_lamb(params, grads, exp_avgs, exp_avg_sqs, master_params, state_s
                             lambda w, u: _trust_ratio(w, u, trust_bounds), update)
 
 
-_IMPLS = {"loop": _single_tensor_lamb, "foreach": _multi_tensor_lamb, "fused": _fused_lamb}
+#: The implementation of each path of :data:`gpuml.optim._common.PATHS`.
+_IMPLS = {"loop": _single_tensor_lamb, "foreach": _multi_tensor_lamb, "triton": _fused_lamb,
+          "numba": _fused_cpu_lamb}

@@ -1,9 +1,10 @@
 r"""LARS: layer-wise adaptive rate scaling (You 2020 eq. 5.1 and Alg 15; You et al. 2019 §3.5).
 
-Same structure as :mod:`gpuml.optim.lamb`: :class:`LARS` → :func:`lars` →
-:func:`_single_tensor_lars` (reference) / :func:`_multi_tensor_lars`
-(``torch._foreach_*``) / :func:`_fused_lars` (Triton, :mod:`gpuml.optim._triton`, on
-CUDA; numba, :mod:`gpuml.optim._numba`, on the CPU).
+Same structure as :mod:`gpuml.optim.lamb`: :class:`LARS` and :func:`lars` →
+:func:`_lars_step` (the dispatch on the path) → :func:`_single_tensor_lars` (reference) /
+:func:`_multi_tensor_lars` (``torch._foreach_*``) / :func:`_fused_lars` (Triton,
+:mod:`gpuml.optim._triton`, on CUDA) / :func:`_fused_cpu_lars` (numba,
+:mod:`gpuml.optim._numba`, on the CPU).
 """
 
 from __future__ import annotations
@@ -197,8 +198,8 @@ class LARS(LayerwiseOptimizer):
                     trust_coefficient=group["trust_coefficient"], eps=group["eps"],
                     clip=group["clip"], trust_bounds=group["trust_bounds"], mode=group["mode"])
 
-    def _implementation(self, impl: str):
-        return _IMPLS[impl]
+    def _group_step(self, *tensors, **options):
+        return _lars_step(*tensors, **options)
 
 
 class FusedLARS(LARS):
@@ -221,19 +222,25 @@ def lars(params: list[Tensor], grads: list[Tensor], momentum_buffers: list[Tenso
     DTensor parameters (FSDP2) are updated through their local shards with the norms of the
     full tensors (see :mod:`gpuml.optim._sharding`).
     """
-    dtensors, sharding = S.inspect(params, grads)
-    _, params, grads, (momentum_buffers,), master_params = C.local_real(
-        dtensors, params, grads, (momentum_buffers,), master_params)
-    impl = C.resolve_impl(params, foreach, fused, grads, differentiable)
-    func = _IMPLS[impl]
-    S.run_steps([func(
+    params, grads, (momentum_buffers,), master_params, path, prepared, sharding = \
+        C.functional_inputs("lars", params, grads, (momentum_buffers,), master_params,
+                            state_steps, adapt, decay, foreach, fused, differentiable)
+    S.run_steps([_lars_step(
         params, grads, momentum_buffers, master_params, state_steps, adapt=adapt,
-        decay=decay, grad_scale=grad_scale, found_inf=found_inf, lr=lr, momentum=momentum,
-        dampening=dampening, nesterov=nesterov, weight_decay=weight_decay,
-        trust_coefficient=trust_coefficient, eps=eps, clip=clip, trust_bounds=trust_bounds,
-        mode=mode, capturable=capturable, maximize=maximize, sharding=sharding,
-        differentiable=differentiable)],
-        S.reduction_for([sharding], "lars"))
+        decay=decay, path=path, prepared=prepared, sharding=sharding, grad_scale=grad_scale,
+        found_inf=found_inf, lr=lr, momentum=momentum, dampening=dampening,
+        nesterov=nesterov, weight_decay=weight_decay, trust_coefficient=trust_coefficient,
+        eps=eps, clip=clip, trust_bounds=trust_bounds, mode=mode, capturable=capturable,
+        maximize=maximize, differentiable=differentiable)], S.reduction_for([sharding], "lars"))
+
+
+def _lars_step(params, grads, momentum_buffers, master_params, state_steps, *, path,
+               **options):
+    """One LARS step of one param group's local real tensors on ``path``: the dispatch to
+    the path's implementation, for :class:`LARS` (every group, from its view) and for
+    :func:`lars`; a generator for :func:`gpuml.optim._sharding.run_steps`."""
+    yield from _IMPLS[path](params, grads, momentum_buffers, master_params, state_steps,
+                            **options)
 
 
 def _lars_ratio(w_norm, d_norm, wd, *, trust_coefficient, eps, lr, clip, trust_bounds,
@@ -250,7 +257,7 @@ def _lars_ratio(w_norm, d_norm, wd, *, trust_coefficient, eps, lr, clip, trust_b
 def _single_tensor_lars(params, grads, momentum_buffers, master_params, state_steps, *, adapt,
                         decay, grad_scale, found_inf, lr, momentum, dampening, nesterov,
                         weight_decay, trust_coefficient, eps, clip, trust_bounds, mode,
-                        capturable, maximize=False, sharding=None, differentiable=False):
+                        capturable, maximize, sharding, differentiable, prepared):
     # The order of work over the tensors (one at a time, two scratch buffers for all of
     # them; or, with sharded tensors, one yield for all their norms) is C.layerwise_loop's.
     if not params or C.skip_step(found_inf):
@@ -319,8 +326,7 @@ def _single_tensor_lars(params, grads, momentum_buffers, master_params, state_st
 def _multi_tensor_lars(params, grads, momentum_buffers, master_params, state_steps, *, adapt,
                        decay, grad_scale, found_inf, lr, momentum, dampening, nesterov,
                        weight_decay, trust_coefficient, eps, clip, trust_bounds, mode,
-                       capturable, maximize=False, sharding=None,
-                       differentiable=False):
+                       capturable, maximize, sharding, differentiable, prepared):
     gs = C.foreach_start(params, grads, state_steps, found_inf=found_inf,
                          differentiable=differentiable, maximize=maximize, grad_scale=grad_scale)
     if gs is None:
@@ -386,25 +392,14 @@ def _multi_tensor_lars(params, grads, momentum_buffers, master_params, state_ste
 
 def _fused_lars(params, grads, momentum_buffers, master_params, state_steps, *, adapt, decay,
                 grad_scale, found_inf, lr, momentum, dampening, nesterov, weight_decay,
-                trust_coefficient, eps, clip, trust_bounds, mode, capturable,
-                maximize=False, sharding=None,
-                differentiable=False):
-    kernels = C.fused_kernels(params, differentiable)
-    if kernels == "cpu":
-        yield from _fused_cpu_lars(
-            params, grads, momentum_buffers, master_params, state_steps, adapt=adapt,
-            decay=decay, grad_scale=grad_scale, found_inf=found_inf, lr=lr, momentum=momentum,
-            dampening=dampening, nesterov=nesterov, weight_decay=weight_decay,
-            trust_coefficient=trust_coefficient, eps=eps, clip=clip, trust_bounds=trust_bounds,
-            mode=mode, maximize=maximize, sharding=sharding)
-    if kernels != "triton":
-        return
+                trust_coefficient, eps, clip, trust_bounds, mode, capturable, maximize,
+                sharding, differentiable, prepared):
+    """The Triton path: the two passes launched from ``prepared``, the launch tables of these
+    tensors (:func:`gpuml.optim._triton.prepare`), which also hold their sharding."""
     from gpuml.optim import _triton
 
-    prep = C.prepare_fused("lars", params, grads, (momentum_buffers,), master_params,
-                           state_steps, adapt, decay, sharding)
     yield from _triton.lars_passes(
-        prep, grad_scale=grad_scale, found_inf=found_inf, lr=lr, momentum=momentum,
+        prepared, grad_scale=grad_scale, found_inf=found_inf, lr=lr, momentum=momentum,
         dampening=dampening, nesterov=nesterov, weight_decay=weight_decay,
         trust_coefficient=trust_coefficient, eps=eps, clip=clip, trust_bounds=trust_bounds,
         mode=mode, maximize=maximize)
@@ -412,8 +407,8 @@ def _fused_lars(params, grads, momentum_buffers, master_params, state_steps, *, 
 
 def _fused_cpu_lars(params, grads, momentum_buffers, master_params, state_steps, *, adapt,
                     decay, grad_scale, found_inf, lr, momentum, dampening, nesterov,
-                    weight_decay, trust_coefficient, eps, clip, trust_bounds, mode, maximize,
-                    sharding):
+                    weight_decay, trust_coefficient, eps, clip, trust_bounds, mode, capturable,
+                    maximize, sharding, differentiable, prepared):
     """``fused=True`` on CPU tensors: per tensor, pass 1 (the two sums of squares; Alg 15
     steps the momentum there) then, once every ratio is known, pass 2 (momentum and
     update), in numba kernels (:mod:`gpuml.optim._numba`)."""
@@ -460,4 +455,6 @@ def _fused_cpu_lars(params, grads, momentum_buffers, master_params, state_steps,
     yield from K.two_passes(params, ws, adapt, sharding, sums, ratios, update)
 
 
-_IMPLS = {"loop": _single_tensor_lars, "foreach": _multi_tensor_lars, "fused": _fused_lars}
+#: The implementation of each path of :data:`gpuml.optim._common.PATHS`.
+_IMPLS = {"loop": _single_tensor_lars, "foreach": _multi_tensor_lars, "triton": _fused_lars,
+          "numba": _fused_cpu_lars}

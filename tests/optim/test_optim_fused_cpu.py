@@ -71,7 +71,7 @@ def test_a_tensor_spans_several_chunks():
 def test_lamb_fused_cpu_equals_loop(kw):
     ref, _ = train(LAMB, dict(lr=0.05, foreach=False, **kw))
     got, opt = train(LAMB, dict(lr=0.05, fused=True, **kw))
-    assert opt._views[0].impl == "fused" and opt._views[0].prepared is None
+    assert opt._views[0].path == "numba" and opt._views[0].prepared is None
     assert_same(got, ref)
 
 

@@ -111,12 +111,12 @@ def test_lars_paths_agree(impl, kw):
 
 
 def test_default_is_the_loop_on_cpu_and_fused_classes_pin_fused():
-    from gpuml.optim._common import resolve_impl
+    from gpuml.optim._common import choose_path
 
     cpu = [torch.zeros(2)]
-    assert resolve_impl(cpu, None, None) == "loop"
-    assert resolve_impl(cpu, True, None) == "foreach"
-    assert resolve_impl(cpu, False, None) == "loop"
+    assert choose_path(cpu, None, None) == "loop"
+    assert choose_path(cpu, True, None) == "foreach"
+    assert choose_path(cpu, False, None) == "loop"
     assert FusedLAMB(params()).param_groups[0]["fused"] is True
     assert FusedLARS(params()).param_groups[0]["fused"] is True
     with pytest.raises(ValueError):
