@@ -143,6 +143,12 @@ def gpu_solve_bytes(sizes, itemsize: int) -> int:
     return int(peak) + GPU_HEADROOM_BYTES
 
 
+def tridiagonal_form(backend, eigen=False) -> str:
+    """The representation :func:`tridiagonal_batch` gives on ``backend``: ``"eigen"`` when
+    asked (``eigen``) and always on a GPU, else ``"householder"``."""
+    return "eigen" if eigen or backend.is_gpu else "householder"
+
+
 def _is_sparse(X) -> bool:
     return hasattr(X, "tocsr")
 
