@@ -85,7 +85,7 @@ from .driver import (
     live_workers,
     workers_and_budget,
 )
-from .fit import check_budget, check_group_budget, ship_and_fit
+from .fit import check_budget, check_group_budget, place_parts, ship_and_fit
 from .kept import check_reachable, gathered, kept_arrays, predict_kept, predict_kept_in_memory
 from .predict import predict_blocks, score
 from .steps import (
@@ -125,6 +125,7 @@ __all__ = [
     "live_workers",
     "load_rows",
     "partition_chunks",
+    "place_parts",
     "predict_blocks",
     "predict_kept",
     "predict_kept_in_memory",
