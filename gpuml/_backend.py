@@ -327,6 +327,12 @@ def to_numpy(a):
     return np.asarray(a)
 
 
+def from_device(a):
+    """``a`` on the host: a CuPy array (dense or sparse) copied to NumPy or SciPy, anything
+    else (host arrays, scalars, other objects) as it is."""
+    return a.get() if is_cupy_array(a) else a
+
+
 def to_output(a, like):
     """``a`` converted to follow the input ``like``: CuPy in, CuPy out; NumPy otherwise."""
     if like is not None and is_cupy_array(like):

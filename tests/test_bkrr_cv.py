@@ -156,15 +156,22 @@ def test_cholesky_search_equals_the_reduction(diabetes, cv, combine):
 
 def test_auto_search_picks_the_cheaper_for_the_grid(diabetes):
     """Reduction ~5 Cholesky (Householder) or ~12 (eigen: LOO, GPU); a λ ~1 (LOO: 3)."""
+    from gpuml._backend import CPU, Backend
+    from gpuml.kernels.krr import tridiagonal_form
+
+    # The reduction's form: Householder on the CPU, eigen for leave-one-out and on a GPU
+    # (a backend that only says it is a GPU: nothing runs on it).
+    assert tridiagonal_form(CPU) == "householder"
+    assert tridiagonal_form(CPU, eigen=True) == tridiagonal_form(Backend(np, 0)) == "eigen"
     est = BKRRRegressorCV()
-    assert est._search_kind(3, loo=False, gpu=False) == "cholesky"
-    assert est._search_kind(5, loo=False, gpu=False) == "cholesky"
-    assert est._search_kind(6, loo=False, gpu=False) == "reduction"
-    assert est._search_kind(4, loo=True, gpu=False) == "cholesky"
-    assert est._search_kind(5, loo=True, gpu=False) == "reduction"
-    assert est._search_kind(10, loo=False, gpu=True) == "cholesky"
-    assert est._search_kind(13, loo=False, gpu=True) == "reduction"
-    assert BKRRRegressorCV(search="reduction")._search_kind(1, loo=True, gpu=False) == \
+    assert est._search_kind(3, loo=False, form="householder") == "cholesky"
+    assert est._search_kind(5, loo=False, form="householder") == "cholesky"
+    assert est._search_kind(6, loo=False, form="householder") == "reduction"
+    assert est._search_kind(4, loo=True, form="eigen") == "cholesky"
+    assert est._search_kind(5, loo=True, form="eigen") == "reduction"
+    assert est._search_kind(10, loo=False, form="eigen") == "cholesky"
+    assert est._search_kind(13, loo=False, form="eigen") == "reduction"
+    assert BKRRRegressorCV(search="reduction")._search_kind(1, loo=True, form="eigen") == \
         "reduction"
     X, y = diabetes
     small = BKRRRegressorCV(sigmas=[1.0], lams=[1e-4, 1e-3, 1e-2], n_partitions=2,

@@ -167,7 +167,17 @@ def test_part_C_scales_each_parts_C(part_C, scale, cancer):
                                    np.sort(np.abs(model.ovo_dual_coef_[0])), rtol=1e-10,
                                    atol=1e-12)
     # The tree methods keep C: their last SVM is the whole problem's.
-    assert cpu(method="cascade", n_partitions=2, part_C=part_C)._part_C_factor(10) == 1.0
+    solver = _part_solver(cpu(method="cascade", n_partitions=2, part_C=part_C), Xtr, ytr)
+    assert solver._part_C_factor(10) == 1.0
+
+
+def _part_solver(est, X, y):
+    """The part solver of ``est`` for ``X``, ``y``, as its fit makes it."""
+    from gpuml._backend import CPU
+
+    data = est._validate(X, y, None, CPU)
+    data.n_parts = est._n_parts(data.n)
+    return est._part_solver(data)
 
 
 def test_neighbor_weights_match_a_written_out_count():
@@ -470,7 +480,7 @@ def test_wide_sparse_data_stays_sparse_for_the_solver():
     X = sp.random(60, 400, density=0.05, random_state=0, format="csr")
     y = rng.integers(0, 2, 60)
     est = cpu(n_partitions=1, kernel="linear")
-    assert sp.issparse(est._solver_rows(X))
+    assert sp.issparse(_part_solver(est, X, y)._solver_rows(X))
     sparse = est.fit(X, y)
     dense = cpu(n_partitions=1, kernel="linear").fit(X.toarray(), y)
     np.testing.assert_allclose(sparse.decision_function(X), dense.decision_function(X.toarray()),

@@ -1,6 +1,7 @@
 """The package is a graph of packages: no import circle, a package imports only the packages
 :data:`ALLOWED_IMPORTS` allows it, nothing inside the package imports the top-level ``gpuml``,
-no private name crosses a package, no module is longer than :data:`MAX_LINES`.
+no private name crosses a package, no module is longer than :data:`MAX_LINES`
+(:data:`MAX_LINES_IN` its package).
 
 Every ``import`` of every module under gpuml/ counts, the lazy ones inside functions
 included (they are circles all the same, only deferred).
@@ -46,6 +47,8 @@ ALLOWED_IMPORTS = {
 
 #: The most lines a module may have: a longer one holds more than one idea.
 MAX_LINES = 800
+#: ... and in the packages of the estimators and of their fit, which read as the papers do.
+MAX_LINES_IN = {"estimators": 600, "pipeline": 600}
 
 
 def _module_name(path: Path) -> str:
@@ -198,7 +201,12 @@ def test_no_private_name_crosses_a_package():
     assert not crossing, "private names across packages:\n" + "\n".join(crossing)
 
 
+def _max_lines(path: Path) -> int:
+    return MAX_LINES_IN.get(path.relative_to(PACKAGE).parts[0], MAX_LINES)
+
+
 def test_no_module_is_too_long():
-    long = [f"{path.relative_to(ROOT)}: {n} lines" for path in sorted(PACKAGE.rglob("*.py"))
-            if (n := len(path.read_text().splitlines())) > MAX_LINES]
-    assert not long, f"modules over {MAX_LINES} lines:\n" + "\n".join(long)
+    long = [f"{path.relative_to(ROOT)}: {n} lines, more than {_max_lines(path)}"
+            for path in sorted(PACKAGE.rglob("*.py"))
+            if (n := len(path.read_text().splitlines())) > _max_lines(path)]
+    assert not long, "modules too long:\n" + "\n".join(long)

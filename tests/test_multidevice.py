@@ -22,7 +22,6 @@ from gpuml._backend import CPU, cuda_available, resolve_devices
 from gpuml.estimators.bkrr import BKRRRegressor
 from gpuml.estimators.casvm import CASVMClassifier
 from gpuml.partition import split
-from gpuml.pipeline import FitData
 
 METHODS = ["random", "contiguous", "fcfs", "kmeans", "kbalance", "bkm"]
 CASVM_ATTRS = ["support_", "support_part_", "n_support_", "pair_status_", "n_iter_",
@@ -157,7 +156,7 @@ def test_bkrr_ranks_float32_multi_target_sparse_pickle(diabetes):
 
 
 def test_error_in_one_rank_names_part_and_device(diabetes, monkeypatch):
-    from gpuml.estimators import _krr
+    from gpuml.estimators import _cholesky_solver
 
     X, y = diabetes
     X = np.repeat(X[:60], 2, axis=0)  # duplicate rows: K + 0*I is singular in every part
@@ -168,7 +167,7 @@ def test_error_in_one_rank_names_part_and_device(diabetes, monkeypatch):
 
     # The singular parts fall back to least squares (as KernelRidge); make that fail
     # too, to see an error raised inside a rank come out with its device named.
-    monkeypatch.setattr(_krr, "krr_lstsq_part", refuse)
+    monkeypatch.setattr(_cholesky_solver, "krr_lstsq_part", refuse)
     est = BKRRRegressor(devices=["cpu", "cpu"], n_partitions=4, lam=0.0, random_state=0)
     with pytest.warns(UserWarning, match="part [0-3]"):
         with pytest.raises(ValueError, match="least squares refused") as info:
@@ -178,23 +177,34 @@ def test_error_in_one_rank_names_part_and_device(diabetes, monkeypatch):
 
 # -- the seam: parts fitted in subsets, then assembled ---------------------------------
 
+def _solver(est, X, y, n_parts):
+    """The estimator's validated data and its part solver, as the pipeline makes them."""
+    data = est._validate(X, y, None, CPU)
+    data.n_parts = n_parts
+    return data, est._part_solver(data)
+
+
 def test_casvm_subset_fit_and_assemble_equals_one_batch(digits):
     X, y = digits
     est = CASVMClassifier(device="cpu", n_partitions=5, partition="kbalance", random_state=0)
     full = est.fit(X, y)
-    Xv, y_idx, sample_C = est._validate_targets(X, y, None)
+    snapshot = {k: np.copy(getattr(full, k))
+                for k in CASVM_ATTRS + ["dual_coef_", "ovo_dual_coef_", "intercept_"]}
+    data, solver = _solver(est, X, y, 5)
+    Xv, y_idx, w = data.X, data.targets, data.weights
     parts = split(Xv, 5, "kbalance", 0)
-    # One subset fitted on all of X; the other on its own rows only (as a remote
-    # worker would hold them), with positions local to the gathered block.
-    fits = est._fit_parts(Xv, parts.parts[:2], y_idx, sample_C)
+    # One subset fitted on all of X; the other on its own rows only, by a copy of the
+    # solver that travelled (as a remote worker holds them), with positions local to the
+    # gathered block.
+    fits = solver.solve(CPU, Xv, y_idx, w, parts.parts[:2], [0, 1])
     rows = np.concatenate(parts.parts[2:])
     ends = np.cumsum([len(p) for p in parts.parts[2:]])
     local = [np.arange(e - len(p), e) for p, e in zip(parts.parts[2:], ends)]
-    fits += est._fit_parts(Xv[rows], local, y_idx[rows], sample_C[rows])
+    shipped = pickle.loads(pickle.dumps(solver))
+    assert shipped.progress is None  # the progress lines stay in the fitting process
+    fits += shipped.solve(CPU, Xv[rows], y_idx[rows], w[rows], local, [2, 3, 4])
     fits = pickle.loads(pickle.dumps(fits))  # per-part results travel
-    snapshot = {k: np.copy(getattr(full, k))
-                for k in CASVM_ATTRS + ["dual_coef_", "ovo_dual_coef_", "intercept_"]}
-    est._assemble_parts(parts, fits, FitData(Xv, len(y_idx), Xv.shape[1], targets=y_idx))
+    est._assemble_parts(parts, fits, data)
     for name, value in snapshot.items():
         np.testing.assert_array_equal(getattr(est, name), value, err_msg=name)
 
@@ -205,13 +215,14 @@ def test_casvm_assemble_sorts_parts_given_in_another_row_order(digits):
     # support vector with its own part and its own coefficients.
     X, y = digits
     est = CASVMClassifier(device="cpu", n_partitions=3, random_state=0).fit(X, y)
-    Xv, y_idx, sample_C = est._validate_targets(X, y, None)
+    data, solver = _solver(est, X, y, 3)
+    Xv, y_idx = data.X, data.targets
     parts = split(Xv, 3, "random", 0)
     parts.parts = [p[::-1].copy() for p in parts.parts]
-    fits = est._fit_parts(Xv, parts.parts, y_idx, sample_C)
+    fits = solver.solve(CPU, Xv, y_idx, data.weights, parts.parts, [0, 1, 2])
     expected = [dict(zip(rows[f.support].tolist(), f.dual_coef.T.tolist()))
                 for rows, f in zip(parts.parts, fits)]
-    est._assemble_parts(parts, fits, FitData(Xv, len(y_idx), Xv.shape[1], targets=y_idx))
+    est._assemble_parts(parts, fits, data)
     np.testing.assert_array_equal(np.lexsort((est.support_, y_idx[est.support_])),
                                   np.arange(len(est.support_)))
     for p, coef_of_row in enumerate(expected):
@@ -228,9 +239,12 @@ def test_bkrr_subset_fit_and_store_equals_one_batch(diabetes):
     est = BKRRRegressor(device="cpu", n_partitions=4, sigma=3.0, random_state=0).fit(X, y)
     expected = est.X_fit_.copy(), est.dual_coef_.copy()
     parts = est._split(X)
-    fits = (est._fit_parts(CPU, X, y, parts.parts[:3], 3.0, est.lam_)
-            + est._fit_parts(CPU, X, y, parts.parts[3:], 3.0, est.lam_))
-    est._store_fit(CPU, parts, pickle.loads(pickle.dumps(fits)), 3.0, est.lam_)
+    data, solver = _solver(est, X, y, 4)
+    assert (solver.sigma, solver.lam) == (3.0, est.lam_)
+    shipped = pickle.loads(pickle.dumps(solver))
+    fits = (solver.solve(CPU, data.X, data.targets, None, parts.parts[:3], [0, 1, 2])
+            + shipped.solve(CPU, data.X, data.targets, None, parts.parts[3:], [3]))
+    est._store_fit(CPU, parts, pickle.loads(pickle.dumps(fits)), solver.sigma, solver.lam)
     np.testing.assert_array_equal(est.X_fit_, expected[0])
     np.testing.assert_array_equal(est.dual_coef_, expected[1])
 

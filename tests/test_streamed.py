@@ -12,6 +12,8 @@ import gpuml.pipeline.executors as executors
 from gpuml import BKRRRegressor, CASVMClassifier
 from gpuml._backend import cuda_available
 from gpuml._validation import check_memory_bytes
+from gpuml.estimators._cholesky_solver import CholeskyPartSolver
+from gpuml.estimators._smo_solver import SMOPartSolver
 
 
 @pytest.fixture(scope="module")
@@ -27,13 +29,13 @@ def regression():
 
 def _count_solves(monkeypatch, cls):
     calls = []
-    solve = cls._solve_parts
+    solve = cls.solve
 
-    def counted(self, backend, data, X, targets, weights, part_rows, part_ids):
+    def counted(self, backend, X, targets, weights, part_rows, part_ids, progress=None):
         calls.append((X.shape[0], list(part_ids)))
-        return solve(self, backend, data, X, targets, weights, part_rows, part_ids)
+        return solve(self, backend, X, targets, weights, part_rows, part_ids, progress)
 
-    monkeypatch.setattr(cls, "_solve_parts", counted)
+    monkeypatch.setattr(cls, "solve", counted)
     return calls
 
 
@@ -41,7 +43,7 @@ def test_casvm_streamed_in_groups_is_the_unbounded_fit(classification, monkeypat
     X, y = classification
     w = np.random.default_rng(0).uniform(0.5, 2.0, len(y))
     full = CASVMClassifier(random_state=0, device="cpu").fit(X, y, sample_weight=w)
-    calls = _count_solves(monkeypatch, CASVMClassifier)
+    calls = _count_solves(monkeypatch, SMOPartSolver)
     # Each 2,000-row part needs 2000 * 10 * 8 + 2000^2 * 8 bytes (about 31 MiB): two fit.
     streamed = CASVMClassifier(random_state=0, device="cpu", max_device_memory="70MB")
     streamed.fit(X, y, sample_weight=w)
@@ -57,7 +59,7 @@ def test_bkrr_streamed_in_groups_is_the_unbounded_fit(regression, monkeypatch):
     w = np.random.default_rng(1).uniform(0.5, 2.0, len(X))
     for dtype in ("float64", "float32"):
         full = BKRRRegressor(random_state=0, dtype=dtype).fit(X, Y, sample_weight=w)
-        calls = _count_solves(monkeypatch, BKRRRegressor)
+        calls = _count_solves(monkeypatch, CholeskyPartSolver)
         streamed = BKRRRegressor(random_state=0, dtype=dtype, max_device_memory=30 * 2**20)
         streamed.fit(X, Y, sample_weight=w)
         monkeypatch.undo()
@@ -72,23 +74,23 @@ def test_the_next_group_is_copied_while_this_one_is_solved(classification, monke
     X, y = classification
     events, lock = [], threading.Lock()
     upload = executors.Backend.upload_rows
-    solve = CASVMClassifier._solve_parts
+    solve = SMOPartSolver.solve
 
     def logged_upload(self, X, rows):
         with lock:
             events.append(("copy", len(rows)))
         return upload(self, X, rows)
 
-    def slow_solve(self, backend, data, Xg, *args):
+    def slow_solve(self, backend, Xg, *args, **kwargs):
         with lock:
             events.append(("solve", Xg.shape[0]))
         time.sleep(0.3)
         with lock:
             events.append(("solved", Xg.shape[0]))
-        return solve(self, backend, data, Xg, *args)
+        return solve(self, backend, Xg, *args, **kwargs)
 
     monkeypatch.setattr(executors.Backend, "upload_rows", logged_upload)
-    monkeypatch.setattr(CASVMClassifier, "_solve_parts", slow_solve)
+    monkeypatch.setattr(SMOPartSolver, "solve", slow_solve)
     CASVMClassifier(random_state=0, device="cpu", max_device_memory="40MB").fit(X, y)
     # Three groups of one part: the second's copy is made before the first is solved.
     assert events.index(("copy", 2000), 1) < events.index(("solved", 2000))

@@ -6,8 +6,9 @@ r"""What BKRRRegressor and BKRRRegressorCV share (You 2020, chapter 3).
   each part's intercept and diagonal shift ``lam * m_j`` (eq. 3.6);
 * the memory check that refuses, before allocating, a fit or a search whose kernel
   blocks would not fit, naming the ``n_partitions`` that would;
-* the part solves (:class:`KRRPartFit`, one batched Cholesky solve, least squares
-  for a part it refuses) and the fitted attributes assembled from them;
+* the fit of a part (:class:`KRRPartFit`; the solver, one batched Cholesky solve with
+  least squares for a part it refuses, is :mod:`gpuml.estimators._cholesky_solver`) and
+  the fitted attributes assembled from the parts' fits;
 * prediction by the nearest part (BKRR2, KKRR2) or the average of all parts
   (DC-KRR), on one device or on the devices of the fit, and pickling, which
   carries the fitted device arrays as NumPy.
@@ -16,7 +17,6 @@ r"""What BKRRRegressor and BKRRRegressorCV share (You 2020, chapter 3).
 from __future__ import annotations
 
 import math
-import warnings
 from dataclasses import dataclass
 from numbers import Integral, Real
 
@@ -30,7 +30,6 @@ from .._backend import (
     Backend,
     available_bytes,
     float_dtype,
-    is_cupy_array,
     is_dask_collection,
     resolve,
     stack_rows,
@@ -39,20 +38,21 @@ from .._backend import (
 )
 from .._progress import Progress
 from .._validation import check_n_partitions, validate_X, validate_X_y
-from ..kernels import (
-    NotPositiveDefiniteError,
-    gpu_solve_bytes,
-    krr_lstsq_part,
-    krr_solve_parts,
-    part_threads,
-)
-from ..kernels.krr import GPU_HEADROOM_BYTES
+from ..kernels.krr import krr_fit_bytes
 from ..pairwise import HOST_KERNELS, Kernel, PairwiseKernel, resolve_gamma
 from ..partition import fewest_parts_fitting, split
-from ..pipeline import dask_module, predict_on_devices, prediction_group, route_on_devices
+from ..pipeline import (
+    dask_module,
+    host_state,
+    on_device,
+    predict_on_devices,
+    prediction_group,
+    route_on_devices,
+    state_on_device,
+)
 from ..routing import route, rows_by_part
 from ._params import CachedParamNames
-from ._partitioned import PARTITION_CONSTRAINTS, auto_n_partitions, on_device
+from ._partitioned import PARTITION_CONSTRAINTS, auto_n_partitions
 
 #: ``n_partitions="auto"`` makes parts of at most this many samples. Fit time
 #: is ``P (n/P)^3`` and the error grows with P (accuracy and fit time against P:
@@ -119,19 +119,6 @@ def _balanced_sizes(n: int, n_parts: int) -> np.ndarray:
     return np.full(n_parts, n // n_parts, dtype=np.int64) + (np.arange(n_parts) < n % n_parts)
 
 
-def _gpu_search_bytes(sizes, itemsize: int) -> int:
-    """Peak device bytes of :class:`BKRRRegressorCV` for parts of these sizes.
-
-    All parts at once: their squared distances, their kernel blocks at one σ,
-    the eigenvectors of each (``Tridiagonal.Q``) and ``Q * Q`` for the
-    leave-one-out diagonal, four ``m_j^2`` arrays per part; plus ``syevd``'s
-    copy and workspace for the largest block (about two more ``m^2``).
-    """
-    sizes = np.asarray(sizes, dtype=np.int64)
-    blocks = 4 * int((sizes**2).sum()) + 2 * int(sizes.max()) ** 2
-    return blocks * itemsize + GPU_HEADROOM_BYTES
-
-
 @dataclass
 class KRRPartFit:
     """The fitted local model of one part: training rows, dual coefficients, intercept.
@@ -170,6 +157,65 @@ def _part_masses(part_rows, weights=None) -> list:
         return [len(idx) for idx in part_rows]
     masses = [float(np.sum(to_numpy(w), dtype=np.float64)) for w in weights]
     return [m if m > 0 else len(idx) for m, idx in zip(masses, part_rows)]
+
+
+def check_fit_memory(name, n_jobs, sizes, itemsize, backend, *, search=False,
+                     n_samples=None, n_parts=None):
+    """Refuse, before allocating, a fit whose kernel blocks would not fit on ``backend``.
+
+    ``sizes`` are the part sizes, or before partitioning ``[ceil(n / P)]``
+    with ``n_samples=n, n_parts=P`` (no partition of n samples into P parts
+    has a smaller largest part, so its need is a lower bound); the need is
+    :func:`gpuml.kernels.krr.krr_fit_bytes` (``search``: of the σ/λ search). The
+    message, naming the estimator ``name``, says how much is needed and the
+    smallest ``n_partitions`` whose balanced parts fit by the same estimate.
+    """
+    sizes = np.asarray(sizes, dtype=np.int64)
+    n = int(sizes.sum() if n_samples is None else n_samples)
+    n_parts = int(sizes.size if n_parts is None else n_parts)
+    need = krr_fit_bytes(backend, sizes, itemsize, n_jobs, search)
+    avail = available_bytes(backend.xp)
+    if need <= avail:
+        return
+    suggest = fewest_parts_fitting(
+        n, n_parts, lambda P: krr_fit_bytes(backend, _balanced_sizes(n, P), itemsize, n_jobs,
+                                            search) <= avail)
+    if suggest is None:
+        change = ("even one sample per part does not fit: free memory on the device "
+                  "(other arrays, other processes) or fit on another device")
+    else:
+        change = f"use a larger n_partitions (n_partitions>={suggest} should fit)"
+    if itemsize == 8:
+        change += "; dtype='float32' needs about half"
+    what = "its σ/λ search" if search else "its kernel blocks"
+    raise MemoryError(
+        f"{name} needs about {_format_bytes(need)} for {what} "
+        f"({n_parts} part(s), largest {int(sizes.max())} samples) on {backend.device}, "
+        f"but only {_format_bytes(avail)} is available; {change}"
+    )
+
+
+def part_offsets(xp, targets, weights, fit_intercept: bool) -> list:
+    """Each part's intercept: the (weighted) mean of its targets, or zeros.
+
+    Per part rather than one global mean: each local model of BKRR2 then
+    fits the deviation from its own region's mean, and DC-KRR averages the
+    parts' means (the two compared in bench/results/cpu-2core/bkrr_defaults.md;
+    docs/bkrr.md).
+    """
+    if not fit_intercept:
+        return [xp.zeros(t.shape[1:], dtype=t.dtype) for t in targets]
+    return [_weighted_mean(xp, t, None if weights is None else weights[k])
+            for k, t in enumerate(targets)]
+
+
+def part_shifts(sizes, lam, alpha=None) -> list:
+    """Each part's diagonal shift: ``lam * m_j`` (eq. 3.6), or ``alpha`` when given.
+
+    ``sizes`` are the parts' sizes ``m_j``: row counts, or with
+    ``sample_weight`` the parts' weights (:func:`_part_masses`).
+    """
+    return [float(alpha) if alpha is not None else lam * m for m in sizes]
 
 
 class _BKRRBase(CachedParamNames, RegressorMixin, BaseEstimator):
@@ -230,53 +276,11 @@ class _BKRRBase(CachedParamNames, RegressorMixin, BaseEstimator):
             return 1
         return _n_partitions(self.n_partitions, n)
 
-    def _memory_need(self, sizes, itemsize, backend, search=False) -> int:
-        """Peak bytes of the solve (or of the σ/λ search) for parts of these sizes.
-
-        CPU: :func:`~gpuml.kernels.part_threads` blocks of ``m_j^2`` live at once (each factored in
-        place), three times over for the search. GPU: the solve's largest chunk
-        (:func:`gpuml.kernels.gpu_solve_bytes`), or for the search
-        :func:`_gpu_search_bytes`.
-        """
-        sizes = np.asarray(sizes, dtype=np.int64)
-        if backend.is_gpu:
-            return (_gpu_search_bytes if search else gpu_solve_bytes)(sizes, itemsize)
-        blocks = int((np.sort(sizes)[::-1][:part_threads(self.n_jobs, sizes)] ** 2).sum())
-        return blocks * itemsize * (3 if search else 1)
-
     def _check_memory(self, sizes, itemsize, backend, *, search=False, n_samples=None,
                       n_parts=None):
-        """Refuse, before allocating, a fit whose kernel blocks would not fit.
-
-        ``sizes`` are the part sizes, or before partitioning ``[ceil(n / P)]``
-        with ``n_samples=n, n_parts=P`` (no partition of n samples into P parts
-        has a smaller largest part, so its need is a lower bound). The message
-        says how much is needed and the smallest ``n_partitions`` whose balanced
-        parts fit by the same estimate.
-        """
-        sizes = np.asarray(sizes, dtype=np.int64)
-        n = int(sizes.sum() if n_samples is None else n_samples)
-        n_parts = int(sizes.size if n_parts is None else n_parts)
-        need = self._memory_need(sizes, itemsize, backend, search)
-        avail = available_bytes(backend.xp)
-        if need <= avail:
-            return
-        suggest = fewest_parts_fitting(
-            n, n_parts, lambda P: self._memory_need(_balanced_sizes(n, P), itemsize, backend,
-                                                    search) <= avail)
-        if suggest is None:
-            change = ("even one sample per part does not fit: free memory on the device "
-                      "(other arrays, other processes) or fit on another device")
-        else:
-            change = f"use a larger n_partitions (n_partitions>={suggest} should fit)"
-        if itemsize == 8:
-            change += "; dtype='float32' needs about half"
-        what = "its σ/λ search" if search else "its kernel blocks"
-        raise MemoryError(
-            f"{type(self).__name__} needs about {_format_bytes(need)} for {what} "
-            f"({n_parts} part(s), largest {int(sizes.max())} samples) on {backend.device}, "
-            f"but only {_format_bytes(avail)} is available; {change}"
-        )
+        """:func:`check_fit_memory` for this estimator's fit (or, ``search``, σ/λ search)."""
+        check_fit_memory(type(self).__name__, self.n_jobs, sizes, itemsize, backend,
+                         search=search, n_samples=n_samples, n_parts=n_parts)
 
     def _check_before_split(self, n, itemsize, backend, *, search=False):
         """The memory check on the lower bound ``[ceil(n / P)]``, before any partitioning."""
@@ -318,70 +322,12 @@ class _BKRRBase(CachedParamNames, RegressorMixin, BaseEstimator):
         return 1.0 if self.sigma == "scale" else float(self.sigma)
 
     def _part_offsets(self, xp, targets, weights):
-        """Each part's intercept: the (weighted) mean of its targets, or zeros.
-
-        Per part rather than one global mean: each local model of BKRR2 then
-        fits the deviation from its own region's mean, and DC-KRR averages the
-        parts' means (the two compared in bench/results/cpu-2core/bkrr_defaults.md;
-        docs/bkrr.md).
-        """
-        if not getattr(self, "fit_intercept", False):
-            return [xp.zeros(t.shape[1:], dtype=t.dtype) for t in targets]
-        return [_weighted_mean(xp, t, None if weights is None else weights[k])
-                for k, t in enumerate(targets)]
+        """:func:`part_offsets` with this estimator's ``fit_intercept``."""
+        return part_offsets(xp, targets, weights, getattr(self, "fit_intercept", False))
 
     def _shifts(self, sizes, lam):
-        """Each part's diagonal shift: ``lam * m_j`` (eq. 3.6), or ``alpha`` when given.
-
-        ``sizes`` are the parts' sizes ``m_j``: row counts, or with
-        ``sample_weight`` the parts' weights (:func:`_part_masses`).
-        """
-        alpha = getattr(self, "alpha", None)
-        return [float(alpha) if alpha is not None else lam * m for m in sizes]
-
-    def _fit_parts(self, backend, X, y, part_rows, sigma, lam, part_ids=None,
-                   sample_weight=None) -> list[KRRPartFit]:
-        """Step 2 for the given parts: ``(K_j + lam*m_j*I) a_j = y_j`` (eq. 3.6, Alg 10 line 12).
-
-        ``X`` and ``y`` are on the current device, ``part_rows[k]`` the rows of
-        the k-th part (``part_ids[k]`` names it in warnings). One batched solve
-        for all of them; one :class:`KRRPartFit` per part, in order. A part
-        whose system the Cholesky factorisation refuses (``lam=0`` with
-        duplicate samples, the indefinite sigmoid kernel) is solved by least
-        squares instead, with a warning, as ``KernelRidge`` does.
-        """
-        xp = backend.xp
-        precomputed = getattr(self, "kernel", "rbf") == "precomputed"
-        parts = [_take(xp, X, idx) if not precomputed else X[xp.asarray(idx)][:, xp.asarray(idx)]
-                 for idx in part_rows]
-        targets = [_take(xp, y, idx) for idx in part_rows]
-        weights = (None if sample_weight is None else
-                   [_take(xp, sample_weight, idx) for idx in part_rows])
-        offsets = self._part_offsets(xp, targets, weights)
-        targets = [t - b for t, b in zip(targets, offsets)]
-        shifts = self._shifts(_part_masses(part_rows, weights), lam)
-        kernel = self._kernel(self._fit_gamma(sigma, X.shape[1]))
-        try:
-            jobs = part_threads(self.n_jobs, [len(idx) for idx in part_rows])
-            alphas = krr_solve_parts(kernel, parts, targets, shifts, n_jobs=jobs, weights=weights)
-        except NotPositiveDefiniteError:
-            alphas = []
-            for k, (Xj, yj, shift) in enumerate(zip(parts, targets, shifts)):
-                wj = None if weights is None else [weights[k]]
-                try:
-                    alphas += krr_solve_parts(kernel, [Xj], [yj], [shift], weights=wj)
-                except NotPositiveDefiniteError:
-                    which = k if part_ids is None else int(part_ids[k])
-                    warnings.warn(
-                        f"Singular matrix in solving dual problem of part {which}: the system "
-                        f"(K + shift*I) alpha = y is not positive definite (kernel="
-                        f"{self.kernel!r}, shift={shift!r}; with lam=0 duplicate samples do "
-                        "this, and the sigmoid kernel is not positive semi-definite). Using "
-                        "least-squares solution instead, as KernelRidge.",
-                        stacklevel=3)
-                    alphas.append(krr_lstsq_part(kernel, Xj, yj, shift,
-                                                 None if wj is None else wj[0]))
-        return [KRRPartFit(Xj, a, b) for Xj, a, b in zip(parts, alphas, offsets)]
+        """:func:`part_shifts` with this estimator's ``alpha``."""
+        return part_shifts(sizes, lam, getattr(self, "alpha", None))
 
     def _store_fit(self, backend, partitioning, fits, sigma, lam, sample_weight=None, kept=None):
         """The fitted attributes from the per-part fits (in part order) and the centres.
@@ -533,20 +479,9 @@ class _BKRRBase(CachedParamNames, RegressorMixin, BaseEstimator):
             # Parts kept on Dask workers: the model pickles as the in-memory one.
             state["X_fit_"], state["dual_coef_"] = dask_module().gathered(self)
             del state["_kept_parts"]
-        return {k: (to_numpy(v) if is_cupy_array(v) else v) for k, v in state.items()}
+        return host_state(state)
 
     def __setstate__(self, state):
         # Back onto the fitting GPU when it is there; on the CPU otherwise.
-        device = state.get("device_")
-        if device not in (None, "cpu"):
-            try:
-                backend = resolve(device)
-            except RuntimeError:
-                backend = CPU
-            state = dict(state, device_=backend.device)
-            if backend.is_gpu:
-                with backend.use():
-                    state.update({k: backend.asarray(state[k])
-                                  for k in ("X_fit_", "dual_coef_", "centers_", "intercept_")
-                                  if k in state})
-        super().__setstate__(state)
+        super().__setstate__(state_on_device(state, ("X_fit_", "dual_coef_", "centers_",
+                                                     "intercept_")))

@@ -18,18 +18,19 @@ import numpy as np
 
 from .._backend import CPU, resolve, to_numpy
 from .._validation import validate_X
-from ..kernels import map_threads, rbf_from_sq_distances, row_ranges, threads_for
+from ..kernels import map_threads, rbf_from_sq_distances, row_ranges
 from ..kernels.nearest.values import rbf_part_values
-from ..pipeline import predict_on_devices, prediction_group, route_on_devices
-from ..routing import NEIGHBOR_PARTS, PartVectors, neighbor_blocks, part_runs, route, rows_by_part
-from ._partitioned import on_device
-from ._svm import (
-    PAIR_BLOCKS_MIN_CLASSES,
+from ..pipeline import (
+    block_threads,
     gpu_compute_dtype,
-    pair_table,
-    pair_values,
-    unsettled_votes,
+    on_device,
+    on_host,
+    predict_on_devices,
+    prediction_group,
+    route_on_devices,
 )
+from ..routing import NEIGHBOR_PARTS, PartVectors, neighbor_blocks, part_runs, route, rows_by_part
+from ._svm import PAIR_BLOCKS_MIN_CLASSES, pair_table, pair_values, unsettled_votes
 
 #: Rows predicted at a time (``predict``, ``decision_function``).
 PREDICT_BLOCK_ROWS = 16384
@@ -59,7 +60,7 @@ class PartModels:
     of the model's split, made once per fit and device; without (a device holding some of
     the parts) they are gathered from the fitted arrays when the part is first asked for,
     and a GPU keeps them across predictions. The coefficients are gathered once per fit
-    and device (:func:`~gpuml.estimators._partitioned.on_device`). ``columns``: the
+    and device (:func:`~gpuml.pipeline.on_device`). ``columns``: the
     parts' support vectors, :meth:`PartPredictionMixin._part_columns` (when None, the
     model's).
     """
@@ -197,8 +198,8 @@ class PartPredictionMixin:
                     and not precomputed and self._compiled_split(backend, X) is not None)
         if compiled:
             per_thread = PREDICT_THREAD_MIN_ROWS // 4
-        threads = 1 if backend.is_gpu or per_thread > PREDICT_BLOCK_ROWS else threads_for(
-            getattr(self, "n_jobs", None), n, PREDICT_THREAD_MIN_ROWS, n // per_thread)
+        threads = 1 if per_thread > PREDICT_BLOCK_ROWS else block_threads(
+            backend, getattr(self, "n_jobs", None), n, PREDICT_THREAD_MIN_ROWS, n // per_thread)
         with backend.use():
             # the support vectors by part, kept from the first prediction after the fit
             # (made before the threads start when there are several)
@@ -270,7 +271,7 @@ class PartPredictionMixin:
         """The split of the support vectors (:meth:`_part_vectors`) that the compiled loops
         of the parts' values read, or None where they do not apply: they run on the host,
         for the rbf kernel and dense rows of the model's dtype."""
-        if backend.is_gpu or self._kernel.name != "rbf" or not isinstance(Xd, np.ndarray):
+        if not on_host(backend, Xd) or self._kernel.name != "rbf":
             return None
         split = self._part_vectors(backend, Xd)
         return split if split.sorted is not None and split.dtype == Xd.dtype else None
@@ -408,8 +409,8 @@ class PartPredictionMixin:
         """Pairwise decision values of the rows ``Xp`` (on ``backend``) under part ``p``'s model
         (``models``: :class:`PartModels` on ``backend``).
 
-        Kernel values in :func:`gpu_compute_dtype` (float32 on a GPU for float32 rows),
-        summed against the float64 coefficients: float64 accumulation.
+        Kernel values in :func:`~gpuml.pipeline.gpu_compute_dtype` (float32 on a GPU for
+        float32 rows), summed against the float64 coefficients: float64 accumulation.
         """
         dtype = (None if self._kernel.name == "precomputed" else
                  gpu_compute_dtype(backend, Xp, self.support_vectors_.dtype))

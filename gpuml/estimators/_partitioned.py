@@ -1,4 +1,4 @@
-"""What every partitioned estimator shares: split, fit P local models, route predictions.
+"""What every partitioned estimator shares: its parameters, its number of parts, its warnings.
 
 CA-SVM (You 2020, Alg 5) and BKRR2 (Alg 10) have the same shape:
 
@@ -6,21 +6,13 @@ CA-SVM (You 2020, Alg 5) and BKRR2 (Alg 10) have the same shape:
 2. fit one independent local model per part (no communication);
 3. send every new sample to the model of its nearest centre.
 
-Steps 1 and 3 live here; step 2 is each estimator's own, in two halves that
-this module connects:
-
-* ``_fit_parts`` fits the local models of a given list of parts on the current
-  device, as one batch (joblib threads on the CPU, one launch on a GPU), into
-  small per-part results;
-* ``_assemble`` (``_store_fit`` for BKRR) turns the per-part results, in part
-  order, and the centres into the fitted attributes.
-
-On one device ``_fit_parts`` gets every part. With several devices (the
-estimators' ``devices`` parameter) the data is sharded for partitioning
-(:mod:`gpuml.distributed.partition`), the parts are placed on the devices by
-cost (:func:`gpuml.distributed.balance`), each device fits its parts in its
-own host thread (:func:`fit_on_devices`), and prediction sends each row to its
-part's device (:func:`route_on_devices`, :func:`predict_on_devices`).
+The fit is :func:`gpuml.pipeline.fit_partitioned` (the steps, on one device, a
+device group or a Dask cluster) with each estimator's part solver
+(:mod:`gpuml.estimators._smo_solver`, :mod:`gpuml.estimators._cholesky_solver`);
+prediction on the devices of the fit is :mod:`gpuml.pipeline.predict`'s. This
+module holds what the estimators share besides: the parameter constraints of
+partitioning and devices, ``n_partitions="auto"``, and the warnings about parts
+that make a partitioned classifier's accuracy unpredictable.
 """
 
 from __future__ import annotations
@@ -138,24 +130,3 @@ def warn_stopped_parts(converged, max_iter):
 def _some(items, limit=8):
     head = ", ".join(str(i) for i in items[:limit])
     return head + (", ..." if len(items) > limit else "")
-
-
-def on_device(estimator, backend, key, make, *args, host: bool = False):
-    """``make(*args)`` run with ``backend`` current and cached on the estimator per device.
-
-    For fitted arrays copied to a GPU for prediction, and (``host=True``) for arrays
-    derived from the fitted ones that every prediction on the CPU would otherwise make
-    again (the support vectors split by part): a cache, not part of the model (the
-    estimators drop ``_device_cache`` when pickled or refitted). Otherwise on the CPU the
-    result of ``make(*args)`` is returned as is.
-    """
-    if not backend.is_gpu and not host:
-        return make(*args)
-    cache = estimator.__dict__.setdefault("_device_cache", {})
-    key = (backend.device,) + tuple(key)
-    if key not in cache:
-        with backend.use():
-            cache[key] = make(*args)
-    return cache[key]
-
-

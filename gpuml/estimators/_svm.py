@@ -1,32 +1,25 @@
 """What the kernel SVM classifiers share (CASVMClassifier, AsyGCDSVC).
 
-* targets and per-sample C: LIBSVM's ``C_i = C * class_weight[y_i] * sample_weight_i``,
-  rows with ``C_i <= 0`` left out as SVC leaves them out;
+* targets and per-sample C: LIBSVM's ``C_i = C * class_weight[y_i] * sample_weight_i``
+  (:func:`row_C`), rows with ``C_i <= 0`` left out as SVC leaves them out;
 * callable kernels, turned into a precomputed kernel matrix as SVC does;
 * ``decision_function`` and ``predict``: one-vs-one voting and SVC's "ovr"-shaped
   decision values over the pairwise values each estimator computes;
 * SVC's packed ``dual_coef_`` layout and ``coef_`` for the linear kernel;
 * fitted arrays kept on the host, with device copies cached for prediction but
   never pickled, so a model fitted on a GPU loads where there is none;
-* SVC's ``probability=True`` for code written for SVC: Platt scaling by
-  ``CalibratedClassifierCV(..., ensemble=False)``, which is what scikit-learn
-  recommends since it deprecated the parameter (1.9, removed in 1.11).
+* the fit of one part of a partitioned SVM (:class:`SVMPartFit`).
+
+SVC's ``probability=True`` is :mod:`gpuml.estimators._probability`'s.
 """
 
 from __future__ import annotations
 
-import copy
-import warnings
 from dataclasses import dataclass
 
 import numpy as np
 import scipy.sparse as sp
-from sklearn.base import clone
-from sklearn.exceptions import NotFittedError
-from sklearn.utils import _safe_indexing, check_random_state
-from sklearn.utils._available_if import available_if
 from sklearn.utils.class_weight import compute_class_weight
-from sklearn.utils.deprecation import deprecated
 from sklearn.utils.validation import (
     _check_sample_weight,
     check_consistent_length,
@@ -36,7 +29,7 @@ from sklearn.utils.validation import (
 from .._backend import is_dask_collection, namespace_of, to_numpy, to_output
 from .._validation import check_class_labels, validate_X_y
 from ..pairwise import make_kernel, squared_norms, widened_dot
-from ..pipeline import dask_module
+from ..pipeline import dask_module, on_device
 
 
 def value_dtype(X):
@@ -54,18 +47,9 @@ def value_dtype(X):
     return np.dtype(np.float32) if str(dtype) == "float32" else np.dtype(np.float64)
 
 
-def gpu_compute_dtype(backend, X, model_dtype):
-    """The dtype kernel values are computed in for prediction on ``backend``.
-
-    On a GPU, float32 input is computed in float32 (the kernel GEMM, the bulk of
-    the work, at float32 speed) even for a model fitted on float64; the decision
-    values are still accumulated in float64 (``K @ dual_coef`` against the
-    float64 coefficients). float64 input is the way to ask for float64. On the
-    CPU the model's dtype is kept, so the CPU result is the float64 oracle.
-    """
-    if backend.is_gpu and X.dtype == np.float32:
-        return np.dtype(np.float32)
-    return np.dtype(model_dtype)
+def row_C(C, class_weight, y_idx, sample_weight):
+    """LIBSVM's per-row ``C_i = C * class_weight[y_i] * sample_weight_i``."""
+    return C * class_weight[y_idx] * sample_weight
 
 
 def class_pairs(n_classes: int) -> list[tuple[int, int]]:
@@ -256,13 +240,6 @@ def primal_coef(ovo_coef, support_vectors, binary: bool):
     return coef
 
 
-#: Folds of the cross-validated decision values Platt scaling is fitted on (LIBSVM's 5).
-PROBABILITY_FOLDS = 5
-
-_PROBABILITY_DOC = ("as the `probability=True` option of SVC, which gpuml keeps for code "
-                    "written for SVC, was deprecated in scikit-learn 1.9 and is removed in 1.11")
-
-
 @dataclass
 class SVMPartFit:
     """The fitted local model of one part: small host arrays, picklable.
@@ -309,102 +286,6 @@ class KernelSVMMixin:
         # As SVC: a precomputed kernel matrix must be dense.
         tags.input_tags.sparse = self.kernel != "precomputed"
         return tags
-
-    # -- SVC's probability=True (deprecated there; CalibratedClassifierCV underneath) --------
-    def _warn_probability(self):
-        """SVC's FutureWarning whenever ``probability`` is given, pointing to the replacement."""
-        if self.probability != "deprecated":
-            name = type(self).__name__
-            warnings.warn(f"The `probability` parameter was deprecated in 1.9 and will be "
-                          f"removed in version 1.11 (as SVC's). Use "
-                          f"`CalibratedClassifierCV({name}(), ensemble=False)` instead of "
-                          f"`{name}(probability=True)`", FutureWarning, stacklevel=3)
-
-    def _fit_probability(self, X, y, y_idx, sample_C, sample_weight):
-        """Platt scaling on cross-validated decision values, as SVC's ``probability=True``.
-
-        ``CalibratedClassifierCV(clone, method="sigmoid", ensemble=False)`` on the
-        rows the fit kept (positive C), with stratified folds seeded by
-        ``random_state``; a class with a single sample leaves no folds, and the
-        sigmoid is then fitted on the model's own decision values.
-        """
-        from sklearn.calibration import CalibratedClassifierCV
-        from sklearn.model_selection import StratifiedKFold
-
-        self._calibrated = None
-        if self.probability in ("deprecated", False):
-            return
-        kept = np.flatnonzero(sample_C > 0)
-        if callable(self.kernel):
-            X = self._X_fit
-        X, y = _safe_indexing(X, kept), _safe_indexing(np.asarray(to_numpy(y)), kept)
-        weight = None if sample_weight is None else \
-            _safe_indexing(np.asarray(to_numpy(sample_weight), dtype=np.float64), kept)
-        folds = min(PROBABILITY_FOLDS, int(np.bincount(y_idx[kept]).min()))
-        base = clone(self).set_params(probability="deprecated")
-        if folds >= 2:
-            seed = check_random_state(self.random_state).randint(np.iinfo(np.int32).max)
-            cv = StratifiedKFold(folds, shuffle=True, random_state=seed)
-            calibrated = CalibratedClassifierCV(base, method="sigmoid", cv=cv, ensemble=False)
-        else:
-            from sklearn.frozen import FrozenEstimator
-
-            frozen = copy.copy(self)
-            frozen.__dict__.pop("_calibrated", None)
-            # One "fold" holding every row: the frozen model predicts its own training set.
-            every_row = np.arange(len(y))
-            calibrated = CalibratedClassifierCV(FrozenEstimator(frozen), method="sigmoid",
-                                                cv=[(every_row, every_row)], ensemble=False)
-        self._calibrated = calibrated.fit(X, y, sample_weight=weight)
-
-    def _check_proba(self):
-        if self.probability in ("deprecated", False):
-            raise AttributeError("predict_proba is not available when probability=False")
-        return True
-
-    @available_if(_check_proba)
-    def predict_proba(self, X):
-        """Class probabilities by Platt scaling, with ``probability=True`` (deprecated, as SVC).
-
-        Parameters
-        ----------
-        X : array-like or sparse matrix of shape (n_samples, n_features)
-
-        Returns
-        -------
-        ndarray of shape (n_samples, n_classes)
-        """
-        if getattr(self, "_calibrated", None) is None:
-            raise NotFittedError("predict_proba is not available when fitted with "
-                                 "probability=False")
-        proba = self._calibrated.predict_proba(X)
-        return to_output(proba.astype(value_dtype(X), copy=False), X)
-
-    @available_if(_check_proba)
-    def predict_log_proba(self, X):
-        """Logarithm of :meth:`predict_proba`."""
-        return np.log(self.predict_proba(X))
-
-    def _platt(self, name):
-        calibrated = getattr(self, "_calibrated", None)
-        if calibrated is None:
-            return np.array([])
-        sigmoids = calibrated.calibrated_classifiers_[0].calibrators
-        return np.array([getattr(c, name) for c in sigmoids])
-
-    @deprecated(f"Attribute `probA_` was deprecated in version 1.9 and will be removed in 1.11 "
-                f"{_PROBABILITY_DOC}.")
-    @property
-    def probA_(self):
-        """Slopes of the Platt sigmoids (one per class, or one for two classes; SVC: per pair)."""
-        return self._platt("a_")
-
-    @deprecated(f"Attribute `probB_` was deprecated in version 1.9 and will be removed in 1.11 "
-                f"{_PROBABILITY_DOC}.")
-    @property
-    def probB_(self):
-        """Offsets of the Platt sigmoids (as ``probA_``)."""
-        return self._platt("b_")
 
     def _validate_targets(self, X, y, sample_weight):
         """Validate ``X`` and ``y``; set ``classes_`` and the kernel; return per-sample C.
@@ -471,15 +352,11 @@ class KernelSVMMixin:
         self._kernel = make_kernel(self._kernel_name, self.gamma, self.degree, self.coef0, stats)
         self._gamma = self._kernel.gamma
 
-    def _row_weights(self, y_idx, sample_weight):
-        """LIBSVM's per-row ``C_i = C * class_weight[y_i] * sample_weight_i``."""
-        return self.C * self.class_weight_[y_idx] * sample_weight
-
     def _row_C(self, y_idx, sample_weight):
-        """LIBSVM's per-row ``C_i = C * class_weight[y_i] * sample_weight_i``; rows with
-        ``C_i <= 0`` are left out, as SVC leaves them out (refused when no row, or one
-        class, is left)."""
-        sample_C = self._row_weights(y_idx, sample_weight)
+        """LIBSVM's per-row ``C_i = C * class_weight[y_i] * sample_weight_i`` (:func:`row_C`);
+        rows with ``C_i <= 0`` are left out, as SVC leaves them out (refused when no row, or
+        one class, is left)."""
+        sample_C = row_C(self.C, self.class_weight_, y_idx, sample_weight)
         kept = sample_C > 0
         if not kept.any():
             raise ValueError("Invalid input - all samples have zero or negative weights.")
@@ -643,12 +520,4 @@ class KernelSVMMixin:
 
     def _on_device(self, backend, name):
         """The fitted host array ``name`` on the predicting device (copied once, cached)."""
-        value = getattr(self, name)
-        if not backend.is_gpu:
-            return value
-        cache = self.__dict__.setdefault("_device_cache", {})
-        key = (backend.device, name)
-        if key not in cache:
-            with backend.use():
-                cache[key] = backend.asarray(value)
-        return cache[key]
+        return on_device(self, backend, (name,), backend.asarray, getattr(self, name))

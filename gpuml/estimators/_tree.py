@@ -31,6 +31,21 @@ from ._svm import class_pairs
 
 
 @dataclass
+class TreeFit:
+    """The record of a tree fit (:attr:`gpuml.pipeline.FitResult.layers`).
+
+    ``root``: the model's one part (the last node's rows, centred on the mean of
+    X); ``n_iter``, ``layer_sizes``, ``layer_n_iter``: as :func:`fit_tree`
+    returns them.
+    """
+
+    root: object
+    n_iter: np.ndarray
+    layer_sizes: list
+    layer_n_iter: np.ndarray
+
+
+@dataclass
 class _TreeNode:
     """A node of a layer: its rows and what its children passed up.
 

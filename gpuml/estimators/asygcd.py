@@ -18,16 +18,11 @@ from .._progress import Progress
 from .._validation import refuse_dask, validate_X
 from ..kernels import GCDProblem, compile_after_fit, gcd_plan, gcd_solve_batch
 from ..partition import assign_nearest, kmeans, partition
+from ..pipeline import gpu_compute_dtype
 from ._params import CachedParamNames
 from ._partitioned import KERNEL_CONSTRAINTS
-from ._svm import (
-    KernelSVMMixin,
-    class_pairs,
-    gpu_compute_dtype,
-    pack_dual_coef,
-    pair_values,
-    primal_coef,
-)
+from ._probability import PlattProbabilityMixin
+from ._svm import KernelSVMMixin, class_pairs, pack_dual_coef, pair_values, primal_coef
 
 #: k-means for the variable blocks runs on at most this many samples (§4.4).
 KMEANS_SUBSAMPLE = 20_000
@@ -35,7 +30,8 @@ KMEANS_SUBSAMPLE = 20_000
 MIN_BLOCK_SIZE = 256
 
 
-class AsyGCDSVC(CachedParamNames, KernelSVMMixin, ClassifierMixin, BaseEstimator):
+class AsyGCDSVC(CachedParamNames, KernelSVMMixin, PlattProbabilityMixin, ClassifierMixin,
+                BaseEstimator):
     r"""Bias-free kernel SVM solved by asynchronous parallel greedy coordinate descent.
 
     Solves the dual of the SVM without intercept (You 2020, eq. 4.9)

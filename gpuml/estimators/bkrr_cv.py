@@ -24,6 +24,7 @@ from ..kernels import (
     rbf_from_sq_distances,
     tridiagonal_batch,
 )
+from ..kernels.krr import tridiagonal_form
 from ..pairwise import Kernel, sq_distances
 from ..routing import route
 from ._krr import _COMMON_CONSTRAINTS, _BKRRBase, _take
@@ -185,11 +186,11 @@ class BKRRRegressorCV(_BKRRBase):
     def _kernel(self, gamma: float) -> Kernel:
         return Kernel("rbf", gamma)
 
-    def _search_kind(self, n_lams: int, loo: bool, gpu: bool) -> str:
-        """``"reduction"`` or ``"cholesky"``: the cheaper for this many λ (cost model above)."""
+    def _search_kind(self, n_lams: int, loo: bool, form: str) -> str:
+        """``"reduction"`` or ``"cholesky"``: the cheaper for this many λ (cost model above),
+        ``form`` the reduction's on the device (:func:`gpuml.kernels.krr.tridiagonal_form`)."""
         if self.search != "auto":
             return self.search
-        form = "eigen" if loo or gpu else "householder"
         per_lam = CHOLESKY_COST["eigen" if loo else "householder"]
         return "reduction" if n_lams * per_lam > REDUCTION_COST[form] else "cholesky"
 
@@ -355,7 +356,8 @@ class BKRRRegressorCV(_BKRRBase):
             splits = list(cv.split(np.zeros((n, 1)), to_numpy(y)))
         scores = np.empty((sigmas.size, lams.size, len(splits)))
         xp = backend.xp
-        self.search_ = self._search_kind(lams.size, self.cv is None, backend.is_gpu)
+        loo = self.cv is None
+        self.search_ = self._search_kind(lams.size, loo, tridiagonal_form(backend, eigen=loo))
         with backend.use():
             for f, (train, test) in enumerate(splits):
                 Xtr, ytr = _take(xp, X, train), _take(xp, y, train)

@@ -3,9 +3,10 @@ r"""BKRRRegressor: balanced kernel ridge regression and its family, as settings
 
 Split the training set into P parts, solve one kernel ridge system per part, and
 predict with the part whose centre is nearest (BKRR2, KKRR2) or with the average of
-all parts (DC-KRR). The fit is :class:`gpuml.pipeline.PartitionedFit`'s, through the
-steps defined here; ``lam="auto"`` picks λ by closed-form leave-one-out on a
-subsample (:data:`AUTO_LAMS`, :data:`AUTO_LAM_SAMPLES`).
+all parts (DC-KRR). The fit is :func:`gpuml.pipeline.fit_partitioned`, with the
+Cholesky part solver of :mod:`gpuml.estimators._cholesky_solver`; ``lam="auto"``
+picks λ by closed-form leave-one-out on a subsample (:data:`AUTO_LAMS`,
+:data:`AUTO_LAM_SAMPLES`).
 """
 
 from __future__ import annotations
@@ -16,13 +17,14 @@ import numpy as np
 from sklearn.utils._param_validation import Interval, StrOptions
 from sklearn.utils.validation import check_is_fitted
 
-from .._backend import CPU, is_cupy_array, is_dask_collection, to_numpy
-from ..distributed import cholesky_cost
-from ..kernels import compile_after_fit, part_threads, tridiagonal_batch
+from .._backend import CPU, from_device, is_dask_collection, to_numpy
+from ..kernels import compile_after_fit, tridiagonal_batch
 from ..pairwise import HOST_KERNELS
-from ..pipeline import FitData, PartitionedFit, dask_module
-from ._krr import _COMMON_CONSTRAINTS, KRRPartFit, _BKRRBase, _take
-from ._partitioned import PARTITION_CONSTRAINTS, on_device
+from ..pipeline import Capability, FitData, Need, PartitionedEstimator, dask_module, on_device
+from ..pipeline.fit import fit_partitioned
+from ._cholesky_solver import CholeskyCost, CholeskyPartSolver
+from ._krr import _COMMON_CONSTRAINTS, _BKRRBase, _take
+from ._partitioned import PARTITION_CONSTRAINTS
 
 #: ``lam="auto"`` picks λ from this grid (1e-6 ... 1, half decades) by the closed-form
 #: leave-one-out error of kernel ridge on a subsample of the training set. Below 1e-6 the
@@ -47,7 +49,7 @@ def auto_lam_rows(n: int, sample_weight=None) -> np.ndarray:
 
 
 
-class BKRRRegressor(PartitionedFit, _BKRRBase):
+class BKRRRegressor(_BKRRBase, PartitionedEstimator):
     r"""Balanced kernel ridge regression (BKRR2) and its family, as settings.
 
     The training set is split into P parts; part ``j`` (``m_j`` samples)
@@ -369,40 +371,27 @@ class BKRRRegressor(PartitionedFit, _BKRRBase):
         self
         """
         self._validate_params()
-        return self._fit_partitioned(X, y, sample_weight)
+        return fit_partitioned(self, X, y, sample_weight)
 
-    # -- the steps of the partitioned fit (gpuml.pipeline.PartitionedFit) ---------------
-    def _fit_device(self):
-        return "cpu" if self._host_only() else self.device
+    # -- what the partitioned fit asks (gpuml.pipeline.PartitionedEstimator) ---------------
+    _solve_params = ("sigma", "lam", "alpha", "gamma", "degree", "coef0", "kernel_params",
+                     "fit_intercept", "combine", "verbose")
 
-    def _check_fit(self, executor, sample_weight=None):
-        """Settings that some executors cannot run, refused before any work."""
+    def _fit_needs(self, sample_weight=None) -> tuple:
+        """A kernel matrix, a kernel computed on the CPU, weighted settings: what not every
+        executor runs."""
         if self.kernel == "precomputed" and self.n_partitions not in (1, "auto"):
             raise ValueError("kernel='precomputed' needs n_partitions=1 (or 'auto'): "
                              "partitioning and nearest-centre routing need the samples' "
                              "features")
-        if executor.streams and self.kernel == "precomputed":
-            raise ValueError("max_device_memory streams parts of rows with features: "
-                             "kernel='precomputed' cannot be streamed")
-        if executor.where == "devices" and self.kernel == "precomputed":
-            raise ValueError("kernel='precomputed' fits on one device: use devices=None")
-        if self._host_only() and (executor.where == "devices"
-                                  or self.device not in ("auto", "cpu")):
-            raise ValueError(f"kernel={self.kernel!r} is computed by scikit-learn's "
-                             "pairwise_kernels on the CPU: use device='cpu' (or 'auto') and "
-                             "devices=None")
-        if executor.where == "dask":
-            if sample_weight is not None:
-                raise ValueError("sample_weight is not supported on Dask input for "
-                                 "BKRRRegressor yet: fit on in-memory data, or without "
-                                 "weights")
-            if self.kernel == "precomputed":
-                raise ValueError("kernel='precomputed' does not run on Dask input: "
-                                 "partitioning and routing need the samples' features")
-            if self.devices is not None:
-                raise ValueError("devices= is for several devices of one process; on Dask "
-                                 "each worker fits its parts on its own device: leave "
-                                 "devices=None")
+        needs = []
+        if sample_weight is not None:
+            needs.append(Need(Capability.WEIGHTED_SETTINGS, "sample_weight"))
+        if self.kernel == "precomputed":
+            needs.append(Need(Capability.KERNEL_MATRIX, "kernel='precomputed'"))
+        if self._host_only():
+            needs.append(Need(Capability.HOST_KERNEL, f"kernel={self.kernel!r}"))
+        return tuple(needs)
 
     def _validate(self, X, y, sample_weight, backend) -> FitData:
         """KernelRidge's checks of in-memory input; X, y and the weights on ``backend``."""
@@ -410,87 +399,46 @@ class BKRRRegressor(PartitionedFit, _BKRRBase):
         sample_weight = self._sample_weight(backend, sample_weight, X)
         precomputed = self.kernel == "precomputed"
 
-        def take(rows):
+        def sample(rows):
             idx = backend.xp.asarray(rows)
             return (X[idx][:, idx] if precomputed else _take(backend.xp, X, rows),
                     _take(backend.xp, y, rows),
                     None if sample_weight is None else _take(backend.xp, sample_weight, rows))
 
         return FitData(X, int(X.shape[0]), int(X.shape[1]), targets=y, weights=sample_weight,
-                       stats=X, backend=backend, extra={"_take": take,
-                                                        "itemsize": X.dtype.itemsize})
+                       stats=X, backend=backend, itemsize=X.dtype.itemsize, sample=sample)
 
-    def _part_bytes(self, sizes, data, backend):
-        """Device bytes of each part solved alone: its rows, targets and kernel block."""
-        sizes = np.asarray(sizes, dtype=np.int64)
-        return sizes * (data.n_features + sizes + 2) * data.extra["itemsize"]
-
-    def _check_fit_memory(self, sizes, data, backend, n_samples=None, n_parts=None):
-        self._check_memory(sizes, data.extra["itemsize"], backend, n_samples=n_samples,
-                           n_parts=n_parts)
-
-    def _setup(self, data):
-        """σ (``"scale"``: from the data) and λ (``"auto"``: searched on a subsample)."""
-        sigma = self._resolve_sigma(data.stats, data.weights)
-        rows = auto_lam_rows(data.n, data.weights)
-        X, y, w = data.extra["_take"](rows) if self.lam == "auto" else (None, None, None)
-        backend = data.backend or CPU
-        with backend.use():
-            lam = self._resolve_lam(backend, X, y, w, sigma)
-        data.extra["sigma"], data.extra["lam"] = sigma, lam
+    def _fit_dtype(self, X):
+        return self._dtype(X)
 
     def _split_method(self) -> str:
         return self.partition
 
-    #: what the part solver reads of the fitted attributes (none: σ and λ travel with the data)
-    _part_solver_reads = ()
+    def _part_cost(self) -> CholeskyCost:
+        return CholeskyCost(type(self).__name__, self.n_jobs)
 
-    def _chunk_dtype(self, X):
-        return self._dtype(X)
-
-    def _chunk_targets(self, y, sample_weight):
-        return y, sample_weight
-
-    def _worker_memory_need(self, n_features, dtype):
-        """Bytes a worker holds to fit parts of given sizes: rows and targets, and the
-        solve's kernel blocks (:func:`~gpuml.kernels.part_threads` at a time)."""
-        itemsize = np.dtype(dtype).itemsize
-
-        def need(sizes):
-            concurrent = part_threads(self.n_jobs, sizes)
-            blocks = int((np.sort(sizes)[::-1][:concurrent].astype(np.float64) ** 2).sum())
-            return int(itemsize * (sizes.sum() * (n_features + 2) + blocks))
-
-        return need
-
-    def _part_costs(self, sizes, n_features):
-        return cholesky_cost(sizes, n_features)
-
-    def _solve_parts(self, backend, data, X, targets, weights, part_rows, part_ids):
-        return self._fit_parts(backend, backend.asarray(X), backend.asarray(targets), part_rows,
-                               data.extra["sigma"], data.extra["lam"], part_ids=part_ids,
-                               sample_weight=None if weights is None
-                               else backend.asarray(weights))
-
-    def _part_to_host(self, fit, X_part):
-        # Only the coefficients come back: the training rows are on the host already.
-        return KRRPartFit(X_part, to_numpy(fit.dual_coef), to_numpy(fit.intercept))
-
-    #: on Dask the parts (every training row) stay on the workers that fitted them
-    _keeps_parts_on_workers = True
-
-    def _part_summary(self, fit):
-        # What the client keeps of a part fitted on a Dask worker: its intercept, and its
-        # arrays without rows (their dtypes and trailing shapes).
-        return KRRPartFit(fit.X[:0], fit.dual_coef[:0], fit.intercept)
-
-    def _keep_on_device(self, backend, j, fit):
-        # The part's arrays are on its device already: keep them for prediction there.
-        on_device(self, backend, ("part", j), lambda: (fit.X, fit.dual_coef))
+    def _part_solver(self, data) -> CholeskyPartSolver:
+        """σ (``"scale"``: from the data) and λ (``"auto"``: searched on a subsample); the
+        Cholesky solver with them."""
+        sigma = self._resolve_sigma(data.stats, data.weights)
+        rows = auto_lam_rows(data.n, data.weights)
+        X, y, w = data.sample(rows) if self.lam == "auto" else (None, None, None)
+        backend = data.backend or CPU
+        with backend.use():
+            lam = self._resolve_lam(backend, X, y, w, sigma)
+        return CholeskyPartSolver(
+            self._kernel(self._fit_gamma(sigma, data.n_features)), sigma, lam,
+            None if self.alpha is None else float(self.alpha), self.fit_intercept,
+            self.kernel == "precomputed", self.kernel, self.n_jobs, self._part_cost())
 
     def _assemble(self, partitioning, result, data):
-        self._store_fit(result.backend, partitioning, result.fits, data.extra["sigma"],
-                        data.extra["lam"], data.weights, kept=result.kept)
+        solver = result.solver
+        if result.device_fits is not None:
+            # A device group's parts are on their devices already: kept for prediction there.
+            for j, (backend, fit) in enumerate(result.device_fits):
+                on_device(self, backend, ("part", j), lambda fit=fit: (fit.X, fit.dual_coef))
+        self._store_fit(result.backend, partitioning, result.fits, solver.sigma, solver.lam,
+                        data.weights, kept=result.kept)
 
     def _resolve_lam(self, backend, X, y, sample_weight, sigma) -> float:
         """λ as a number: ``lam="auto"`` by leave-one-out on a subsample (else ``lam``).
@@ -589,8 +537,7 @@ class BKRRRegressor(PartitionedFit, _BKRRBase):
             return None
         from sklearn.utils.validation import _check_sample_weight
 
-        host = _check_sample_weight(to_numpy(sample_weight) if is_cupy_array(sample_weight)
-                                    else sample_weight, np.empty((X.shape[0], 0)),
+        host = _check_sample_weight(from_device(sample_weight), np.empty((X.shape[0], 0)),
                                     dtype=np.float64, ensure_non_negative=True)
         with backend.use():
             return backend.asarray(host, X.dtype)

@@ -10,13 +10,12 @@ from sklearn.base import BaseEstimator, ClassifierMixin, _fit_context
 from sklearn.utils._param_validation import Interval, StrOptions
 from sklearn.utils.validation import check_is_fitted
 
-from .._backend import namespace_of, stack_rows, to_numpy, to_output
+from .._backend import stack_rows, to_numpy
 from .._progress import Progress
 from .._validation import check_n_partitions
-from ..distributed import smo_cost
-from ..kernels import SMOProblem, compile_after_fit, part_threads, smo_solve_batch
-from ..partition import Partitioning, split
-from ..pipeline import FitData, FitResult, PartitionedFit
+from ..kernels import compile_after_fit
+from ..pipeline import Capability, FitData, Need, PartitionedEstimator
+from ..pipeline.fit import fit_partitioned
 from ._params import CachedParamNames
 from ._part_prediction import PartPredictionMixin
 from ._partitioned import (
@@ -26,8 +25,9 @@ from ._partitioned import (
     warn_poor_parts,
     warn_stopped_parts,
 )
-from ._svm import KernelSVMMixin, SVMPartFit, class_pairs, pack_dual_coef, primal_coef
-from ._tree import fit_tree
+from ._probability import PlattProbabilityMixin
+from ._smo_solver import PART_C_SCALES, SMOCost, SMOPartSolver, part_line
+from ._svm import KernelSVMMixin, pack_dual_coef, primal_coef
 
 #: Default number of parts: ``ceil(n / AUTO_PART_ROWS)`` (docs/casvm.md, "How many parts").
 DEFAULT_N_PARTITIONS = "auto"
@@ -45,9 +45,6 @@ METHODS = ("casvm", "cascade", "dcsvm", "dcfilter")
 #: (Cascade splits evenly, DC-SVM and DC-Filter cluster with k-means).
 METHOD_PARTITION = {"casvm": "fcfs", "cascade": "random", "dcsvm": "kmeans",
                     "dcfilter": "kmeans"}
-#: How C grows in a part of m of the n training rows (``part_C=``): the factor on C.
-PART_C_SCALES = {"sqrt": lambda n, m: np.sqrt(n / m), "linear": lambda n, m: n / m,
-                 "none": lambda n, m: 1.0}
 #: Default number of nearest support vectors that weigh the parts (``combine="neighbors"``;
 #: values compared in bench/results/cpu-2core/casvm_prediction_explore.md).
 DEFAULT_N_NEIGHBORS = 20
@@ -57,14 +54,8 @@ DEFAULT_N_NEIGHBORS = 20
 DEFAULT_BLEND_MARGIN = 0.6
 
 
-def _part_line(rows, n_problems, n_iter, converged):
-    """The ``verbose`` line of one fitted part."""
-    return (f"{rows} rows, {n_problems} SMO problem{'s' if n_problems != 1 else ''}, "
-            f"{n_iter} iterations" + ("" if converged else ", stopped at max_iter"))
-
-
-class CASVMClassifier(CachedParamNames, PartitionedFit, PartPredictionMixin, KernelSVMMixin,
-                      ClassifierMixin, BaseEstimator):
+class CASVMClassifier(CachedParamNames, PartitionedEstimator, PartPredictionMixin,
+                      KernelSVMMixin, PlattProbabilityMixin, ClassifierMixin, BaseEstimator):
     """Communication-avoiding kernel SVM: P independent SMO solvers, samples judged by their parts.
 
     ``fit`` splits the training set into ``n_partitions`` parts with the
@@ -429,47 +420,30 @@ default="auto"
         self
         """
         self._warn_probability()
-        return self._fit_partitioned(X, y, sample_weight)
+        return fit_partitioned(self, X, y, sample_weight)
 
-    # -- the steps of the partitioned fit (gpuml.pipeline.PartitionedFit) ---------------
+    # -- what the partitioned fit asks (gpuml.pipeline.PartitionedEstimator) ---------------
+    _solve_params = ("C", "gamma", "degree", "coef0", "class_weight", "tol", "max_iter",
+                     "cache_size", "shrinking", "part_C", "combine", "n_neighbors",
+                     "blend_margin", "decision_function_shape", "break_ties", "verbose")
     _refit_drops = ("layer_sizes_", "layer_n_iter_")
 
-    def _fit_device(self):
-        return self.device
-
-    def _check_fit(self, executor, sample_weight=None):
-        """Settings that some executors cannot run, refused before any work."""
+    def _fit_needs(self, sample_weight=None) -> tuple:
+        """A kernel matrix, the tree's layers, calibration: what not every executor runs."""
         precomputed = self._kernel_name == "precomputed"
         if precomputed and self.n_partitions not in (1, "auto"):
             raise ValueError(f"kernel={self.kernel!r} needs n_partitions=1 (or 'auto'): "
                              "partitioning and nearest-centre routing need the samples' "
                              "features")
-        if executor.streams and (precomputed or self.method != "casvm"):
-            raise ValueError("max_device_memory streams the parts of method='casvm' with "
-                             f"features (got method={self.method!r}, kernel={self.kernel!r})")
-        if executor.where == "devices":
-            if precomputed:
-                raise ValueError(f"kernel={self.kernel!r} fits on one device: use "
-                                 "devices=None")
-            if self.method != "casvm":
-                raise ValueError(f"method={self.method!r} fits on one device (its layers "
-                                 "depend on each other): use devices=None")
-        if executor.where == "dask":
-            if self.kernel == "precomputed" or callable(self.kernel):
-                raise ValueError(f"kernel={self.kernel!r} does not run on Dask input: "
-                                 "partitioning and routing need the samples' features")
-            if self.probability not in ("deprecated", False):
-                raise ValueError("probability=True does not run on Dask input: fit "
-                                 "CalibratedClassifierCV(CASVMClassifier(...)) on in-memory "
-                                 "data, or leave probability unset")
-            if self.devices is not None:
-                raise ValueError("devices= is for several devices of one process; on Dask "
-                                 "each worker fits its parts on its own device: leave "
-                                 "devices=None")
-            if self.method != "casvm":
-                raise ValueError(f"method={self.method!r} does not run on Dask input (its "
-                                 "layers depend on each other): use method='casvm' or "
-                                 "in-memory data")
+        needs = []
+        if precomputed:
+            needs.append(Need(Capability.KERNEL_MATRIX, f"kernel={self.kernel!r}"))
+        if self.probability not in ("deprecated", False):
+            needs.append(Need(Capability.PROBABILITY, "probability=True"))
+        if self.method != "casvm":
+            needs.append(Need(Capability.LAYERS, f"method={self.method!r}",
+                              instead="method='casvm'"))
+        return tuple(needs)
 
     def _validate(self, X, y, sample_weight, backend) -> FitData:
         """SVC's checks of in-memory input; the rows on ``backend``, the classes indexed."""
@@ -477,21 +451,9 @@ default="auto"
         with backend.use():
             Xd = backend.asarray(X)
         return FitData(Xd, int(X.shape[0]), int(X.shape[1]), targets=y_idx, weights=weights,
-                       stats=X, classes=classes, class_counts=counts,
-                       extra={"sparse": sp.issparse(X) or hasattr(X, "tocsr")})
-
-    def _setup(self, data):
-        """Classes, class weights, the kernel and every row's C, from the validated data."""
-        self._set_classes(data.classes, data.class_counts)
-        self._set_kernel(data.stats)
-        self._sparse = data.extra.get("sparse", False)
-        self.shape_fit_ = (data.n, data.n_features)
-        self.partition_ = self._split_method()
-        if data.targets is not None:  # in memory (on Dask the chunks' tasks weigh their rows)
-            data.weights = self._row_C(data.targets, data.weights)
-        # The tree's layers report as a whole (its parts are not the model's).
-        data.extra["_progress"] = Progress("CASVM", data.n_parts if self.method == "casvm"
-                                          else 0, self.verbose)
+                       stats=X, classes=classes, class_counts=counts, class_index=y_idx,
+                       itemsize=Xd.dtype.itemsize,
+                       sparse=sp.issparse(X) or hasattr(X, "tocsr"))
 
     def _n_parts(self, n: int, gpu: bool = False) -> int:
         if self.n_partitions == "auto":
@@ -499,239 +461,58 @@ default="auto"
                 n, AUTO_PART_ROWS_GPU if gpu else AUTO_PART_ROWS)
         return check_n_partitions(self.n_partitions, n)
 
-    #: what the part solver reads of the fitted attributes (``shape_fit_``: the parts' C scale)
-    _part_solver_reads = ("classes_", "class_weight_", "n_features_in_", "shape_fit_")
-
-    def _chunk_dtype(self, X):
-        return np.float64
-
-    def _chunk_targets(self, y, sample_weight):
-        """A chunk's class indices and per-row C (LIBSVM: C * class_weight[y] * weight)."""
-        y_idx = np.searchsorted(self.classes_, y)
-        return y_idx, np.asarray(self._row_weights(y_idx, 1.0 if sample_weight is None
-                                                   else sample_weight), dtype=np.float64)
-
-    def _worker_memory_need(self, n_features, dtype):
-        """Bytes a worker holds to fit parts of given sizes: rows, and each part's kernel.
-
-        The CPU SMO keeps a part's whole kernel matrix when it fits in ``cache_size``,
-        else a row cache of at most ``cache_size``, one part per solver thread at a time
-        (:func:`~gpuml.kernels.part_threads`); a GPU worker's device memory is checked by
-        the solver itself.
-        """
-        cache = float(self.cache_size) * 2**20
-
-        def need(sizes):
-            m = sizes.astype(np.float64)
-            # one matrix per solver thread at a time (gpuml.kernels.smo_solve_batch)
-            blocks = np.sort(np.minimum(8.0 * m**2, cache))[::-1][:part_threads(self.n_jobs, m)]
-            return int((8.0 * m * (n_features + 2)).sum() + blocks.sum())
-
-        return need
-
-    def _part_costs(self, sizes, n_features):
-        return smo_cost(sizes)
-
-    def _part_bytes(self, sizes, data, backend):
-        """Device bytes of each part solved alone: its rows and its kernel matrix (at most
-        ``cache_size``)."""
-        sizes = np.asarray(sizes, dtype=np.int64)
-        itemsize = getattr(data.X, "dtype", np.dtype(np.float64)).itemsize
-        return (sizes * data.n_features * itemsize
-                + np.minimum(sizes ** 2 * 8, int(self.cache_size * 2**20)))
-
-    def _solve_parts(self, backend, data, X, targets, weights, part_rows, part_ids):
-        """The one-vs-one SMO problems of the given parts, as one batch on ``backend``."""
-        progress = data.extra.get("_progress") if data.extra.get("_reports", True) else None
-        return self._fit_parts(backend.asarray(X), part_rows, targets, weights, progress)
-
-    def _fit_split(self, executor, data, partitioning):
-        if self.method == "casvm":
-            data.extra["_reports"] = executor.reports_parts
-            return executor.fit_parts(self, data, partitioning)
-
-        def fit_nodes(node_rows, members, warm):
-            return self._fit_parts(data.X, node_rows, data.targets, data.weights,
-                                   members=members, warm=warm)
-
-        with executor.backend.use():
-            rows, fit, n_iter, self.layer_sizes_, self.layer_n_iter_ = fit_tree(
-                fit_nodes, partitioning.parts, data.targets, data.weights,
-                len(self.classes_), pass_every_row=self.method == "dcsvm")
-            # The model is the root's SVM alone: one part, centred on the mean, no routing.
-            one = split(data.X, 1, "random", None)
-        data.extra["_tree"] = (partitioning, Partitioning(one.labels, one.centers, [rows]),
-                               n_iter)
-        return FitResult([fit], backend=executor.backend)
-
-    def _assemble(self, partitioning, result, data):
-        """The fitted attributes (:meth:`_assemble_parts`); for the tree methods, the last
-        layer's model with the whole tree's work and split."""
-        progress = data.extra["_progress"]
-        if not data.extra.get("_reports", True):
-            # The devices' threads (or the workers) fitted the parts: their lines from here,
-            # in part order.
-            for p, (rows, f) in enumerate(zip(partitioning.parts, result.fits)):
-                progress.update(p, _part_line(len(rows), f.n_problems, int(f.n_iter.sum()),
-                                              f.converged))
-        tree = data.extra.get("_tree")
-        if tree is None:
-            self._assemble_parts(partitioning, result.fits, data, progress)
-            return
-        split_parts, final, n_iter = tree
-        self._assemble_parts(final, result.fits, data, progress)
-        # The model is the last layer's; the work and the split are the whole tree's
-        # (the steps of each pair the model trained, summed over every layer).
-        self.n_iter_ = n_iter[self.pair_status_[0] == 2].astype(np.int32)
-        self.partition_sizes_ = split_parts.sizes
-        self.n_partitions_ = len(split_parts.sizes)
-
-    def _finish_fit(self, data, X, y, sample_weight):
-        if data.targets is not None:
-            self._fit_probability(data.X, y, data.targets, data.weights, sample_weight)
-
-    def _fit_parts(self, X, part_rows, y_idx, sample_C, progress=None, members=None,
-                   warm=None) -> list[SVMPartFit]:
-        """Step 2 for the given parts: their one-vs-one SMO problems, solved as one batch.
-
-        ``X`` is on the current device; ``part_rows[k]`` are the rows of X of the
-        k-th part, ``y_idx`` and ``sample_C`` (host) are aligned with X's rows.
-        The layers of the tree methods pass, per part, ``members[k]`` (bool,
-        ``(n_pairs, len(part_rows[k]))``: the rows that take part in each pair's
-        problem; None: every row of the pair's two classes) and ``warm[k]``
-        (the same shape: each pair's starting alphas; None: zeros).
-        Returns one :class:`SVMPartFit` per part, in order. ``progress`` (a
-        :class:`gpuml._progress.Progress`, only when called from the fitting
-        thread) gets one line per part as the part's last problem is solved.
-        """
-        n_classes = len(self.classes_)
-        pairs = class_pairs(n_classes)
-        n_pairs = len(pairs)
-        # Per pair its first class's run, then its second's: labels +1, then -1.
-        runs = np.array(pairs, dtype=np.int64).reshape(-1)
-        sign = np.where(np.arange(2 * n_pairs) % 2 == 0, 1.0, -1.0)
-        problems, layout, Xs = [], [], []
-        for k, rows in enumerate(part_rows):
-            rows = np.asarray(rows, dtype=np.int64)
-            pos = np.flatnonzero(sample_C[rows] > 0)
-            # Grouped by class, as LIBSVM does: every one-vs-one problem is then
-            # two index runs whose kernel blocks the solver can share.
-            pos = pos[np.argsort(y_idx[rows[pos]], kind="stable")]
-            sel = to_output(rows[pos], X)
-            Xs.append(self._solver_rows(X[sel]) if self._kernel.name != "precomputed"
-                      else X[sel][:, sel])
-            # Class c holds the part's rows bounds[c]:bounds[c + 1].
-            bounds = np.searchsorted(y_idx[rows[pos]], np.arange(n_classes + 1))
-            # Every pair's candidate rows are its two class runs, laid end to end
-            # for all pairs of the part at once (entry e: pair pair_of[e]).
-            lengths = np.diff(bounds)[runs]
-            starts = np.repeat(bounds[runs] - np.concatenate([[0], np.cumsum(lengths)[:-1]]),
-                               lengths)
-            idx = starts + np.arange(starts.size)
-            labels = np.repeat(sign, lengths)
-            pair_of = np.repeat(np.arange(n_pairs), lengths[0::2] + lengths[1::2])
-            if members is not None and members[k] is not None:
-                keep = members[k][pair_of, pos[idx]]
-                idx, labels, pair_of = idx[keep], labels[keep], pair_of[keep]
-            has_first = np.bincount(pair_of[labels > 0], minlength=n_pairs) > 0
-            has_second = np.bincount(pair_of[labels < 0], minlength=n_pairs) > 0
-            # A pair with both classes present is one problem; the others are left out.
-            q = np.flatnonzero(has_first & has_second)
-            trained = (has_first & has_second)[pair_of]
-            idx, labels, pair_of = idx[trained], labels[trained], pair_of[trained]
-            C_part = sample_C[rows[pos][idx]] * self._part_C_factor(len(rows))
-            start = (warm[k][pair_of, pos[idx]] if warm is not None and warm[k] is not None
-                     else None)
-            ends = np.cumsum(np.bincount(pair_of, minlength=n_pairs)[q]).tolist()
-            problems += [SMOProblem(k, idx[lo:hi], labels[lo:hi], C_part[lo:hi],
-                                    None if start is None else start[lo:hi])
-                         for lo, hi in zip([0] + ends[:-1], ends)]
-            layout.append((has_first, has_second, q, pos[idx], labels))
-        report = None
-        if progress:
-            for k, (_, _, q, _, _) in enumerate(layout):
-                if not len(q):  # one class (or none) in the part: nothing to solve
-                    progress.update(k, _part_line(len(part_rows[k]), 0, 0, True))
-
-            def report(k, res):
-                progress.update(k, _part_line(len(part_rows[k]), len(res),
-                                              sum(int(r.n_iter) for r in res),
-                                              all(bool(r.converged) for r in res)))
-        partitioned = max(map(len, part_rows), default=0) < self.shape_fit_[0]  # P > 1
-        results = smo_solve_batch(self._kernel, Xs, problems, tol=self.tol,
-                                  max_iter=self.max_iter, cache_size=self.cache_size,
-                                  shrinking=self.shrinking, n_jobs=self.n_jobs, progress=report,
-                                  partitioned=partitioned)
-        # One copy to the host: the GPU solver's alphas are joined on the device first.
-        alphas = [res.alpha for res in results]
-        alpha = (to_numpy(namespace_of(alphas[0]).concatenate(alphas)) if alphas
-                 else np.zeros(0))
-        fits, supports = [], []
-        first_problem = first_alpha = 0
-        for rows, (has_first, has_second, q, owner, labels) in zip(part_rows, layout):
-            mine = results[first_problem: first_problem + len(q)]
-            first_problem += len(q)
-            # 2: trained; 1: one class of the pair in the part (constant vote); 0: none.
-            status = (has_first.astype(np.int8) + has_second).astype(np.int8)
-            intercept = np.where(status == 1, has_first * 1.0 - has_second, 0.0)
-            intercept[q] = [res.intercept for res in mine]
-            n_iter = np.zeros(n_pairs, dtype=np.int64)
-            n_iter[q] = [res.n_iter for res in mine]
-            objective = np.full(n_pairs, np.nan)
-            objective[q] = [res.objective for res in mine]
-            part_alpha = alpha[first_alpha: first_alpha + len(owner)]
-            first_alpha += len(owner)
-            sv = part_alpha > 0
-            # A row may be a support vector of several pairs: one column per row,
-            # rows ascending.
-            used = np.zeros(len(rows), dtype=bool)
-            used[owner[sv]] = True
-            support = np.flatnonzero(used)
-            column = (np.cumsum(used) - 1)[owner[sv]]
-            dual_coef = np.zeros((n_pairs, len(support)))
-            sizes = [len(res.alpha) for res in mine]
-            dual_coef[np.repeat(q, sizes)[sv], column] = (part_alpha * labels)[sv]
-            supports.append(np.asarray(rows, dtype=np.int64)[support])
-            fits.append(SVMPartFit(support, None, dual_coef, intercept, status, n_iter,
-                                   objective, all(bool(res.converged) for res in mine), len(q)))
-        # The support vectors of all parts in one gather and one copy to the host.
-        sv_rows = np.concatenate(supports + [np.zeros(0, np.int64)])
-        if self._kernel.name == "precomputed":
-            vectors = [np.empty((0, 0))] * len(fits)
-        else:
-            stacked = to_numpy(X[to_output(sv_rows, X)])
-            ends = np.cumsum([len(s) for s in supports]).tolist()
-            vectors = [stacked[lo:hi] for lo, hi in zip([0] + ends[:-1], ends)]
-        for fit, block in zip(fits, vectors):
-            fit.support_vectors = block
-        return fits
-
-    def _part_C_factor(self, m) -> float:
-        """The factor on C in a part of ``m`` rows (``part_C``; 1 for the tree methods)."""
-        if self.method != "casvm" or m == 0:
-            return 1.0
-        return float(PART_C_SCALES[self.part_C](self.shape_fit_[0], m))
-
     def _split_method(self) -> str:
         """The partitioner: ``partition``, or the method's own for ``"auto"``."""
         return METHOD_PARTITION[self.method] if self.partition == "auto" else self.partition
 
-    def _solver_rows(self, Xp):
-        """A part's rows as the solver gets them: sparse ones dense when that costs little.
+    def _part_cost(self) -> SMOCost:
+        return SMOCost(type(self).__name__, self.cache_size, self.n_jobs)
 
-        A sparse part with no more features than rows is no larger dense than the kernel
-        matrix its solver holds anyway. Densified, its kernel values come from the same GEMM
-        as a dense fit's, bit for bit, so the sparse fit takes the same SMO steps and gives
-        the same model (as SVC's dense and sparse LIBSVM agree); a product of sparse matrices
-        sums in another order, and rounding differences then steer the working-set selection
-        elsewhere (differences of the order of ``tol``). Wide sparse data (text) stays sparse.
-        """
-        if not hasattr(Xp, "tocsr"):
-            return Xp
-        m, d = Xp.shape
-        if d <= m and m * d * Xp.dtype.itemsize <= self.cache_size * (1 << 20):
-            return Xp.toarray()
-        return Xp
+    def _part_solver(self, data) -> SMOPartSolver:
+        """Classes, class weights and the kernel from the validated data; the SMO solver."""
+        self._set_classes(data.classes, data.class_counts)
+        self._set_kernel(data.stats)
+        self._sparse = data.sparse
+        self.shape_fit_ = (data.n, data.n_features)
+        self.partition_ = self._split_method()
+        if data.targets is not None:
+            # in memory: refuse weights that leave no row, or one class (on Dask the chunks'
+            # tasks weigh their rows)
+            self._row_C(data.targets, data.weights)
+        return SMOPartSolver(
+            self._kernel, len(self.classes_), self.C, self.class_weight_, data.n, self.part_C,
+            self.method, self.tol, self.max_iter, self.cache_size, self.shrinking, self.n_jobs,
+            self._part_cost(),
+            # The tree's layers report as a whole (its parts are not the model's).
+            progress=Progress("CASVM", data.n_parts if self.method == "casvm" else 0,
+                              self.verbose))
+
+    def _assemble(self, partitioning, result, data):
+        """The fitted attributes (:meth:`_assemble_parts`); for the tree methods, the last
+        layer's model with the whole tree's work and split."""
+        progress = result.solver.progress
+        if not result.reported:
+            # The devices' threads (or the workers) fitted the parts: their lines from here,
+            # in part order.
+            for p, (rows, f) in enumerate(zip(partitioning.parts, result.fits)):
+                progress.update(p, part_line(len(rows), f.n_problems, int(f.n_iter.sum()),
+                                             f.converged))
+        tree = result.layers
+        if tree is None:
+            self._assemble_parts(partitioning, result.fits, data, progress)
+            return
+        self.layer_sizes_, self.layer_n_iter_ = tree.layer_sizes, tree.layer_n_iter
+        self._assemble_parts(tree.root, result.fits, data, progress)
+        # The model is the last layer's; the work and the split are the whole tree's
+        # (the steps of each pair the model trained, summed over every layer).
+        self.n_iter_ = tree.n_iter[self.pair_status_[0] == 2].astype(np.int32)
+        self.partition_sizes_ = partitioning.sizes
+        self.n_partitions_ = len(partitioning.sizes)
+
+    def _finish_fit(self, data, y, sample_weight):
+        if data.targets is not None:
+            self._fit_probability(data.X, y, data.targets,
+                                  self._row_C(data.targets, data.weights), sample_weight)
 
     def _assemble_parts(self, parts, fits, data, progress=None):
         """The fitted attributes from the per-part models (in part order) and the centres.
@@ -741,7 +522,7 @@ default="auto"
         packed one (``dual_coef_``) are both kept, in that order.
         """
         n_classes = len(self.classes_)
-        y_idx = data.targets if data.targets is not None else data.extra["_y_idx"]
+        y_idx = data.class_index
         rows = [np.asarray(r, dtype=np.int64)[f.support] for r, f in zip(parts.parts, fits)]
         support = np.concatenate(rows + [np.zeros(0, np.int64)])
         support_part = np.repeat(np.arange(len(fits)), [len(r) for r in rows])

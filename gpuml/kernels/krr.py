@@ -31,7 +31,7 @@ import scipy.linalg
 
 from .._backend import is_cupy_array, namespace_of
 from ..pairwise import Kernel
-from ._threads import map_threads
+from ._threads import map_threads, part_threads
 
 __all__ = [
     "NotPositiveDefiniteError",
@@ -141,6 +141,41 @@ def gpu_solve_bytes(sizes, itemsize: int) -> int:
         m = int(sizes[chunk[0]])
         peak = max(peak, (2 if batched else 1) * chunk.size * m * m * itemsize)
     return int(peak) + GPU_HEADROOM_BYTES
+
+
+def gpu_search_bytes(sizes, itemsize: int) -> int:
+    """Peak device bytes of the σ/λ search of :class:`~gpuml.estimators.bkrr_cv.BKRRRegressorCV`
+    for parts of these sizes.
+
+    All parts at once: their squared distances, their kernel blocks at one σ,
+    the eigenvectors of each (``Tridiagonal.Q``) and ``Q * Q`` for the
+    leave-one-out diagonal, four ``m_j^2`` arrays per part; plus ``syevd``'s
+    copy and workspace for the largest block (about two more ``m^2``).
+    """
+    sizes = np.asarray(sizes, dtype=np.int64)
+    blocks = 4 * int((sizes**2).sum()) + 2 * int(sizes.max()) ** 2
+    return blocks * itemsize + GPU_HEADROOM_BYTES
+
+
+def krr_fit_bytes(backend, sizes, itemsize: int, n_jobs=None, search=False) -> int:
+    """Peak bytes on ``backend`` of :func:`krr_solve_parts` (or, ``search``, of the σ/λ
+    search) for parts of these sizes.
+
+    CPU: :func:`~gpuml.kernels.part_threads` blocks of ``m_j^2`` live at once (each
+    factored in place), three times over for the search. GPU: the solve's largest chunk
+    (:func:`gpu_solve_bytes`), or for the search :func:`gpu_search_bytes`.
+    """
+    sizes = np.asarray(sizes, dtype=np.int64)
+    if backend.is_gpu:
+        return (gpu_search_bytes if search else gpu_solve_bytes)(sizes, itemsize)
+    blocks = int((np.sort(sizes)[::-1][:part_threads(n_jobs, sizes)] ** 2).sum())
+    return blocks * itemsize * (3 if search else 1)
+
+
+def tridiagonal_form(backend, eigen=False) -> str:
+    """The representation :func:`tridiagonal_batch` gives on ``backend``: ``"eigen"`` when
+    asked (``eigen``) and always on a GPU, else ``"householder"``."""
+    return "eigen" if eigen or backend.is_gpu else "householder"
 
 
 def _is_sparse(X) -> bool:

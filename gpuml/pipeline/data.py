@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -13,17 +14,22 @@ from .._backend import CPU, Backend
 class FitData:
     """The validated training data of one fit, as its executor holds it.
 
-    ``X`` the rows (on the fitting device in process, on the host for a device
-    group, the workers' chunks on Dask); ``targets`` and ``weights`` per row
-    (the estimator's own: class indices and C for an SVM, y and
-    ``sample_weight`` for kernel ridge; on Dask the chunks hold them).
-    ``stats`` is what data-driven defaults read (``shape`` and ``var()``: X
-    itself in memory). A classifier's ``classes`` (sorted) and their
-    ``class_counts``. ``n_parts``: the number of parts P (set once chosen).
-    ``features``: where scikit-learn reads the feature names
-    and count of chunked input (its metadata); None when the estimator's own
-    validation did. ``extra``: the estimator's and the executor's values for
-    this fit; those whose key starts with ``_`` stay in this process.
+    ``X``: the rows (on the fitting device in process, on the host for a device
+    group or a stream of parts, the workers' chunks on Dask); ``n`` rows of
+    ``n_features``, stored ``itemsize`` bytes a value. ``targets`` and
+    ``weights``: per row, in this process (None on Dask: the chunks hold them);
+    a classifier's targets are the class index of each row, and ``weights`` the
+    sample weights (None: none given). ``stats``: what data-driven defaults read
+    (``shape`` and ``var()``: X itself in memory, the chunks' summaries on Dask).
+    A classifier's sorted ``classes``, the rows of each (``class_counts``) and
+    ``class_index``, the class of every row in this process (the targets in
+    memory; on Dask, gathered from the chunks). ``backend``: where in-memory rows
+    live. ``features``: where scikit-learn reads the feature names and count of
+    chunked input (its metadata); None when the estimator's own validation did.
+    ``n_parts``: the number of parts P (set once chosen). ``sparse``: the rows
+    are a sparse matrix. ``sample(rows)``: rows ``rows`` of X, the targets and
+    the weights as arrays of the fitting device (a small subsample: a search of
+    λ on it), where the estimator's validation provides it.
     """
 
     X: object
@@ -34,35 +40,41 @@ class FitData:
     stats: object = None
     classes: np.ndarray | None = None
     class_counts: np.ndarray | None = None
+    class_index: np.ndarray | None = None
     backend: Backend | None = None
     features: object = None
     n_parts: int | None = None
-    extra: dict = field(default_factory=dict)
-
-    def for_workers(self) -> FitData:
-        """What a part solver on another process reads: the sizes and the shareable
-        ``extra`` values, without the rows."""
-        return FitData(None, self.n, self.n_features,
-                       extra={k: v for k, v in self.extra.items() if not k.startswith("_")})
+    itemsize: int = 8
+    sparse: bool = False
+    sample: Callable | None = None
 
 
 @dataclass
 class FitResult:
-    """The parts' fits in part order, on ``backend``, and where each part was fitted.
+    """The parts' fits of one solver in part order, on ``backend``, and where each was fitted.
 
-    ``part_device``/``devices``: a device group's index of each part and its
-    devices; ``part_worker``: the Dask worker that fitted each part.
-    ``centers``: the parts' centres when the fit computed them (on Dask, the
-    fit tasks sum their parts' rows); None when the split gave them.
-    ``kept``: on Dask, for an estimator that keeps its parts on the workers, one
-    ``(part_ids, future)`` per group fitted there (``fits`` then holds each part's
-    summary, without its rows).
+    ``solver``: the :class:`~gpuml.pipeline.PartSolver` that fitted them (its
+    settings). ``part_device``/``devices``: a device group's index of each part
+    and its devices; ``device_fits``: there, each part's ``(backend, fit)`` as
+    its device holds it (before :meth:`~gpuml.pipeline.PartSolver.to_host`: an
+    estimator may keep its arrays for prediction there). ``part_worker``: the
+    Dask worker that fitted each part. ``centers``: the parts' centres when the
+    fit computed them (on Dask, the fit tasks sum their parts' rows); None when
+    the split gave them. ``kept``: on Dask, for a solver that keeps its parts on
+    the workers, one ``(part_ids, future)`` per group fitted there (``fits`` then
+    holds each part's summary). ``reported``: the solver reported each part to
+    its progress as the part ended. ``layers``: a layered fit's record (the
+    solver's own type; ``fits`` then holds the last layer's).
     """
 
     fits: list
+    solver: object = None
     backend: Backend = CPU
     part_device: np.ndarray | None = None
     devices: list | None = None
+    device_fits: list | None = None
     part_worker: np.ndarray | None = None
     centers: object = None
     kept: list | None = None
+    reported: bool = False
+    layers: object = None

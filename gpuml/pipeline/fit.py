@@ -1,114 +1,140 @@
-"""The fit of a partitioned estimator: validate, split, place, fit the parts, assemble."""
+"""The partitioned fit, written once: validate, split, place, fit the parts, assemble.
+
+:func:`fit_partitioned` is ``fit`` for the partitioned estimators (You 2020,
+Alg 5 and Alg 10); :func:`fit_settings` is the same fit for several settings
+of one estimator on one split ("one split, many solves": a search over C and
+γ, or σ and λ, splits and places the data once and solves the parts once per
+setting). Both run the steps of :func:`fit_split` on the executor
+:func:`~gpuml.pipeline.fit_executor` picks.
+"""
 
 from __future__ import annotations
 
+from sklearn.base import clone
 from sklearn.utils.validation import validate_data
 
-from .executors import fit_executor
+from .data import FitData, FitResult
+from .executors import fit_executor, placement_needs
 
 #: Fitted attributes that say where the parts were fitted; a refit sets the ones that apply.
 PLACEMENT_ATTRIBUTES = ("devices_", "part_device_", "part_worker_")
 
 
-class PartitionedFit:
-    """``fit`` for the partitioned estimators (You 2020, Alg 5 and Alg 10), written once.
+def fit_partitioned(estimator, X, y, sample_weight=None):
+    """Fit a :class:`~gpuml.pipeline.PartitionedEstimator` on ``X``, ``y``: ``estimator``,
+    fitted."""
+    fit_split([estimator], X, y, sample_weight)
+    return estimator
 
-    :meth:`_fit_partitioned` runs the steps below on the executor
-    :func:`~gpuml.pipeline.fit_executor` picks; the estimator supplies:
 
-    ``_check_fit(executor, sample_weight)``
-        refuse settings the executor cannot run, before any work;
-    ``_validate(X, y, sample_weight, backend)``
-        in-memory input checked and placed on ``backend``: a
-        :class:`~gpuml.pipeline.FitData` (a Dask executor validates its chunks
-        itself and summarises them into the same fields);
-    ``_chunk_dtype(X)``, ``_chunk_targets(y, w)``, ``_worker_memory_need(d, dtype)``,
-    ``_part_solver_reads``
-        for chunked input: the dtype its rows are fitted in, a chunk's targets
-        and weights as the part solver takes them, the bytes a worker holds for
-        parts of given sizes, and the fitted attributes the part solver reads;
-    ``_setup(data)``
-        the fitted settings that come from the data before the split (classes,
-        kernel width, λ, ...), set on the estimator;
-    ``_n_parts(n, gpu)``, ``_split_method()``
-        how many parts, split how;
-    ``_check_fit_memory(sizes, data, backend, n_samples=, n_parts=)``
-        refuse, before allocating, parts too large for a device;
-    ``_part_costs(sizes, n_features)``
-        the cost model that places the parts;
-    ``_solve_parts(backend, data, X, targets, weights, part_rows, part_ids)``
-        the local models of the given parts, fitted on ``backend`` (``X``,
-        ``targets`` and ``weights``: the rows those parts index);
-    ``_part_to_host(fit, X_part)``, ``_keep_on_device(backend, j, fit)``
-        a part's fit as the host keeps it, and a device copy kept for
-        prediction where the part was fitted (device groups);
-    ``_keeps_parts_on_workers``, ``_part_summary(fit)``
-        on Dask: whether the fitted parts stay on the workers that fitted them,
-        and then what the client gets of each (``FitResult.kept`` holds the rest);
-    ``_fit_split(executor, data, partitioning)``
-        optional: the parts' fits from the split (default: the executor's
-        :meth:`fit_parts`; CA-SVM's tree methods layer their parts instead);
-    ``_assemble(partitioning, result, data)``
-        the fitted attributes from the parts' fits, in part order;
-    ``_finish_fit(data, X, y, sample_weight)``
-        anything after the model (SVC's ``probability=True``).
+def fit_settings(estimator, settings, X, y, sample_weight=None) -> list:
+    """One split, many solves: ``estimator`` fitted once per setting, on one split of ``X``.
+
+    Each setting (a dict of parameters among the estimator's ``_solve_params``:
+    C and γ for CA-SVM, σ and λ for BKRR, ...) gives
+    ``clone(estimator).set_params(**setting)`` fitted; each equals the ordinary
+    fit of that clone, bit for bit, but the data are validated, split and
+    placed once, and the parts' rows gathered once for every setting (a
+    ``random_state`` left to chance draws the one split of them all).
+
+    >>> import numpy as np
+    >>> from gpuml.estimators.bkrr import BKRRRegressor
+    >>> X = np.random.default_rng(0).normal(size=(200, 3))
+    >>> y = X.sum(axis=1)
+    >>> base = BKRRRegressor(n_partitions=2, sigma=2.0, random_state=0, device="cpu")
+    >>> fits = fit_settings(base, [{"lam": 1e-3}, {"lam": 1e-1}], X, y)
+    >>> [f.lam_ for f in fits]
+    [0.001, 0.1]
+    >>> one = base.set_params(lam=1e-1).fit(X, y)
+    >>> bool((fits[1].dual_coef_ == one.dual_coef_).all())
+    True
     """
+    settings = [dict(setting) for setting in settings]
+    if not settings:
+        raise ValueError("fit_settings needs at least one setting")
+    allowed = set(estimator._solve_params)
+    for setting in settings:
+        other = sorted(set(setting) - allowed)
+        if other:
+            raise ValueError(
+                f"fit_settings varies the parameters of {type(estimator).__name__}'s solve "
+                f"({', '.join(sorted(allowed))}), which leave its validation and its split "
+                f"as they are: not {', '.join(other)}")
+    estimators = [clone(estimator).set_params(**setting) for setting in settings]
+    for fitted in estimators:
+        fitted._validate_params()
+    return fit_split(estimators, X, y, sample_weight)
 
-    def _fit_partitioned(self, X, y, sample_weight=None):
-        executor = fit_executor(self, X, y, sample_weight)
-        self._check_fit(executor, sample_weight)
-        self._forget_fit()
-        data = executor.load(self, X, y, sample_weight)
-        if data.features is not None:  # chunked input: its metadata, scikit-learn's rules
-            validate_data(self, data.features, skip_check_array=True, reset=True)
-        n_parts = self._n_parts(data.n, executor.gpu)
-        # No partition of n rows into P parts has a smaller largest part: refuse before work.
-        executor.check_memory(self, data, [-(-data.n // n_parts)], n_parts)
-        data = executor.summarise(self, data, n_parts)
-        data.n_parts = n_parts
-        self._setup(data)
-        partitioning = executor.split(data, n_parts, self._split_method(), self.random_state)
-        result = self._fit_split(executor, data, partitioning)
-        if result.centers is not None:
-            partitioning.centers = result.centers
-        self._assemble(partitioning, result, data)
-        for name, value in (("devices_", result.devices), ("part_device_", result.part_device),
-                            ("part_worker_", result.part_worker)):
-            if value is not None:
-                setattr(self, name, value)
-        self._finish_fit(data, X, y, sample_weight)
-        return self
 
-    def _fit_split(self, executor, data, partitioning):
-        return executor.fit_parts(self, data, partitioning)
+def fit_split(estimators, X, y, sample_weight=None) -> list:
+    """The steps, for estimators that differ in their solve only: ``estimators``, fitted.
 
-    def _forget_fit(self):
-        """A refit drops the previous model's placement and its device copies; the new
-        model's go to a fresh, empty cache (:func:`gpuml.estimators._partitioned.on_device`)."""
-        for name in (*PLACEMENT_ATTRIBUTES, *self._refit_drops):
-            self.__dict__.pop(name, None)
-        self._device_cache = {}
+    1. **validate** (:func:`validate`) the input once, and refuse what the
+       executor cannot run before any work;
+    2. **split** the rows into P parts, one centre per part;
+    3. **place** the parts on the executor's devices or workers, by the
+       solvers' cost model;
+    4. **fit** each part's local model, once per estimator's solver;
+    5. **assemble** each estimator's fitted attributes from its solver's fits
+       (:func:`assemble`).
+    """
+    first = estimators[0]
+    needs = placement_needs(first) + tuple(first._fit_needs(sample_weight))
+    executor = fit_executor(first, needs, X, y, sample_weight)
+    executor.refuse(first, needs)
+    data = validate(executor, estimators, X, y, sample_weight)
+    n_parts = first._n_parts(data.n, executor.gpu)
+    # No partition of n rows into P parts has a smaller largest part: refuse before work.
+    executor.check_memory([fitted._part_cost() for fitted in estimators], data,
+                          [-(-data.n // n_parts)], n_parts)
+    data = executor.summarise(first, data, n_parts)
+    data.n_parts = n_parts
+    solvers = [fitted._part_solver(data) for fitted in estimators]
+    partitioning = executor.split(data, n_parts, first._split_method(), first.random_state)
+    placement = executor.place(solvers, data, partitioning)
+    results = executor.fit_parts(solvers, data, partitioning, placement)
+    for fitted, result in zip(estimators, results):
+        assemble(fitted, partitioning, result, data)
+        fitted._finish_fit(data, y, sample_weight)
+    return estimators
 
-    #: further attributes a refit drops (those not every fit sets)
-    _refit_drops: tuple = ()
 
-    def _check_fit(self, executor, sample_weight=None):
-        return None
+def validate(executor, estimators, X, y, sample_weight) -> FitData:
+    """The input checked once, by the first estimator (chunked input: its metadata by
+    scikit-learn's rules); what that check set on it (``n_features_in_``,
+    ``feature_names_in_``, ...) is set on the others. A refit first drops the previous
+    model's placement and device copies (:func:`forget_fit`)."""
+    for fitted in estimators:
+        forget_fit(fitted)
+    first = estimators[0]
+    before = dict(vars(first))
+    data = executor.load(first, X, y, sample_weight)
+    if data.features is not None:
+        validate_data(first, data.features, skip_check_array=True, reset=True)
+    after = vars(first)
+    changed = {k: v for k, v in after.items() if k not in before or before[k] is not v}
+    dropped = [k for k in before if k not in after]
+    for other in estimators[1:]:
+        for name in dropped:
+            other.__dict__.pop(name, None)
+        other.__dict__.update(changed)
+    return data
 
-    def _check_fit_memory(self, sizes, data, backend, n_samples=None, n_parts=None):
-        return None
 
-    def _keep_on_device(self, backend, j, fit):
-        return None
+def assemble(estimator, partitioning, result: FitResult, data: FitData) -> None:
+    """The estimator's fitted attributes from its solver's fits, and where they were fitted."""
+    if result.centers is not None:
+        partitioning.centers = result.centers
+    estimator._assemble(partitioning, result, data)
+    for name, value in (("devices_", result.devices), ("part_device_", result.part_device),
+                        ("part_worker_", result.part_worker)):
+        if value is not None:
+            setattr(estimator, name, value)
 
-    #: on Dask, the fitted parts stay on the workers (:meth:`_part_summary` comes back)
-    _keeps_parts_on_workers = False
 
-    def _part_summary(self, fit):
-        return fit
-
-    def _part_to_host(self, fit, X_part):
-        return fit
-
-    def _finish_fit(self, data, X, y, sample_weight):
-        return None
+def forget_fit(estimator) -> None:
+    """A refit drops the previous model's placement and its device copies; the new model's
+    go to a fresh, empty cache (:func:`gpuml.pipeline.on_device`)."""
+    for name in (*PLACEMENT_ATTRIBUTES, *estimator._refit_drops):
+        estimator.__dict__.pop(name, None)
+    estimator._device_cache = {}

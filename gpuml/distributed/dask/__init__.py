@@ -42,16 +42,18 @@ The steps, each a set of Dask tasks run from the client (the "driver",
    rows with the same seed (the tests check the labels).
 3. **Ship each part's rows** to the worker it is placed on: each part starts on
    the worker holding most of its rows and parts move only to balance the
-   estimator's cost model (:func:`gpuml.distributed.placement.balance_local`;
+   solver's cost model (:func:`gpuml.distributed.placement.balance_local`;
    Graham's LPT rule when that balances better by over 2 %), one group of parts
    per worker; the group's fit task cuts the rows of its parts out of its worker's chunks,
    and a task on each other worker holding some of them out of that worker's (a
-   classifier's ``y`` as class indices, its per-row C): the only time rows
+   classifier's ``y`` as class indices, with the sample weights): the only time rows
    move, once. With ``partition="contiguous"`` (You 2020's casvm2: each part the
    rows as they lie) and parts that do not straddle workers, no row moves and
    there is no partitioning step at all (:mod:`.fit`).
-4. **Fit** each group on its worker with the estimator's own part solver
-   (one batch: one SMO launch or one batched Cholesky; on a GPU under
+4. **Fit** each group on its worker with the estimator's part solver, shipped
+   there (:class:`gpuml.pipeline.PartSolver`; one per setting of
+   :func:`gpuml.pipeline.fit_settings`, each fitting the rows gathered once), in
+   one batch: one SMO launch or one batched Cholesky (on a GPU under
    dask-cuda, where each worker sees one GPU, ``device="auto"`` resolves to it).
 5. **Gather** the small per-part fits (picklable ``SVMPartFit`` /
    ``KRRPartFit``), with each group's sums and counts of its parts' rows (the
@@ -85,7 +87,7 @@ from .driver import (
     live_workers,
     workers_and_budget,
 )
-from .fit import check_budget, check_group_budget, ship_and_fit
+from .fit import check_budget, check_group_budget, place_parts, ship_and_fit
 from .kept import check_reachable, gathered, kept_arrays, predict_kept, predict_kept_in_memory
 from .predict import predict_blocks, score
 from .steps import (
@@ -125,6 +127,7 @@ __all__ = [
     "live_workers",
     "load_rows",
     "partition_chunks",
+    "place_parts",
     "predict_blocks",
     "predict_kept",
     "predict_kept_in_memory",

@@ -1,9 +1,9 @@
 """The placement and the fit of a Dask fit: parts placed by cost, rows shipped once, fitted.
 
 Each part is placed on the worker holding most of its rows and parts move only
-to balance the estimator's cost model (:func:`gpuml.distributed.placement.balance_local`);
+to balance the solver's cost model (:func:`gpuml.distributed.placement.balance_local`);
 each group's rows move at most once, to the worker fitting it, where the
-estimator's own part solver fits them.
+estimator's part solvers (a :class:`gpuml.pipeline.PartSolver` per setting) fit them.
 """
 
 from __future__ import annotations
@@ -19,11 +19,12 @@ from .driver import BUDGET_RULE, _in_order_sum, _on, fmt_bytes
 from .steps import _pack, _unpack
 
 
-def _take_parts(chunk, labels, part_ids, estimator):
+def _take_parts(chunk, labels, part_ids, classes):
     """The rows of each of ``part_ids`` in this chunk, ascending: ``[(X, y, w), ...]``,
-    ``y`` and ``w`` as the estimator's part solver takes them (``_chunk_targets``: a
-    classifier's class indices and per-row C)."""
-    y, w = estimator._chunk_targets(chunk.y, chunk.w)
+    ``y`` and ``w`` as the part solvers take them: a classifier's (``classes`` given)
+    class indices, and the sample weights (None without)."""
+    y = chunk.y if classes is None else np.searchsorted(classes, chunk.y)
+    w = chunk.w
     out = []
     for p in part_ids:
         sel = np.flatnonzero(labels == p)
@@ -59,21 +60,21 @@ def _group_sums(pieces, n_parts):
     return _in_order_sum(packs)
 
 
-def _cut(chunks, labels, part_ids, estimator):
+def _cut(chunks, labels, part_ids, classes):
     """:func:`_take_parts` for each of a worker's chunks; ``labels``: theirs, end to end."""
     ends = np.cumsum([c.X.shape[0] for c in chunks])
-    return [_take_parts(c, labels[e - c.X.shape[0]: e], part_ids, estimator)
+    return [_take_parts(c, labels[e - c.X.shape[0]: e], part_ids, classes)
             for c, e in zip(chunks, ends.tolist())]
 
 
-def _take(chunks, labels, part_ids, estimator):
+def _take(chunks, labels, part_ids, classes):
     """The rows a group of parts takes from this worker's chunks, packed to travel.
 
     :func:`_cut`'s pieces laid end to end, chunk after chunk and part after part,
     as ``(X, y, w, counts)`` with ``counts[i, j]`` the rows of part j in chunk i:
     three arrays on the wire however many chunks and parts (:func:`_unpack_take`).
     """
-    pieces = _cut(chunks, labels, part_ids, estimator)
+    pieces = _cut(chunks, labels, part_ids, classes)
     flat = [b for piece in pieces for b in piece]
     counts = np.array([[b[0].shape[0] for b in piece] for piece in pieces], dtype=np.int64)
     w = None if flat[0][2] is None else np.concatenate([b[2] for b in flat])
@@ -91,7 +92,7 @@ def _unpack_take(packed):
     return [flat[i * P: (i + 1) * P] for i in range(counts.shape[0])]
 
 
-def _pieces(part_ids, estimator, sources):
+def _pieces(part_ids, classes, sources):
     """A group's rows, per chunk in chunk order (:func:`_take_parts`' pieces).
 
     ``sources``: one ``(ks, chunks, labels, taken)`` per worker holding chunks:
@@ -100,7 +101,7 @@ def _pieces(part_ids, estimator, sources):
     """
     pieces = {}
     for ks, chunks, labels, taken in sources:
-        pieces.update(zip(ks, _cut(chunks, labels, part_ids, estimator) if taken is None
+        pieces.update(zip(ks, _cut(chunks, labels, part_ids, classes) if taken is None
                           else _unpack_take(taken)))
     return [pieces[k] for k in sorted(pieces)]
 
@@ -124,35 +125,48 @@ def _waves(sizes, row_bytes, wave_bytes):
     return waves + ([current] if current else [])
 
 
-def _fit_group(estimator, data, part_ids, sources, wave_bytes):
-    """The parts ``part_ids`` fitted on this worker (its GPU when it has one) by the
-    estimator's own part solver, in waves of at most ``wave_bytes`` of rows
-    (:data:`FIT_WAVE_BYTES`, sent by the client): their fits as the host keeps them, their
-    rows' sums and counts (the parts' means) and this worker's address."""
-    pieces = _pieces(part_ids, estimator, sources)
+def _fit_group(solvers, device, classes, part_ids, sources, wave_bytes):
+    """The parts ``part_ids`` fitted on this worker (its GPU when it has one: ``device``
+    resolved here) by each solver, in waves of at most ``wave_bytes`` of rows
+    (:data:`FIT_WAVE_BYTES`, sent by the client), each wave's rows gathered once for every
+    solver: each solver's fits as the host keeps them, their rows' sums and counts (the
+    parts' means) and this worker's address."""
+    pieces = _pieces(part_ids, classes, sources)
     sums = _group_sums(pieces, len(part_ids))
     sizes = np.array([sum(piece[j][0].shape[0] for piece in pieces)
                       for j in range(len(part_ids))], dtype=np.int64)
-    row_bytes = pieces[0][0][0].shape[1] * pieces[0][0][0].dtype.itemsize
-    backend = resolve(estimator.device)
+    itemsize = pieces[0][0][0].dtype.itemsize
+    row_bytes = pieces[0][0][0].shape[1] * itemsize
+    backend = resolve(device)
     ids = np.asarray(part_ids)
-    host = []
+    host = [[] for _ in solvers]
     with backend.use():
-        estimator._check_fit_memory(sizes, data, backend)
+        for solver in solvers:
+            solver.cost.check_device(sizes, itemsize, backend)
         for wave in _waves(sizes, row_bytes, wave_bytes):
             X, y, w, local = _group_rows([[piece[j] for j in wave] for piece in pieces],
                                          len(wave))
-            fits = estimator._solve_parts(backend, data, X, y, w, local, ids[wave])
-            host += [estimator._part_to_host(fit, X[rows]) for fit, rows in zip(fits, local)]
-            del X, y, w, fits
+            for k, solver in enumerate(solvers):
+                fits = solver.solve(backend, X, y, w, local, ids[wave])
+                host[k] += [solver.to_host(fit, X[rows]) for fit, rows in zip(fits, local)]
+                del fits
+            del X, y, w
     return host, sums, get_worker().address
 
 
-def _kept_summaries(result, estimator):
-    """What the client gathers of a group fitted with its parts kept on the worker: each
-    part's :meth:`_part_summary` (no rows), the group's sums and the worker's address."""
+def _setting(result, k):
+    """Solver ``k``'s part of a group's result (:func:`_fit_group`): ``(fits, sums,
+    address)``, what a group kept on its worker holds."""
     host, sums, address = result
-    return [estimator._part_summary(fit) for fit in host], sums, address
+    return host[k], sums, address
+
+
+def _kept_summaries(result, solver):
+    """What the client gathers of a group fitted with its parts kept on the worker: each
+    part's :meth:`~gpuml.pipeline.PartSolver.summary` (no rows), the group's sums and the
+    worker's address."""
+    host, sums, address = result
+    return [solver.summary(fit) for fit in host], sums, address
 
 
 def check_budget(need, sizes, n, budget, what):
@@ -213,78 +227,103 @@ def _candidates(P, n):
     yield n
 
 
-def ship_and_fit(rows, labels, sizes, costs, estimator, data, addresses, centers, check=None,
-                 keep=False):
-    """Steps 3-4: parts placed on workers by cost; each group's rows shipped and fitted there.
+def _held_labels(rows, labels):
+    """Each worker group's labels, its chunks' laid end to end (``rows.groups`` order)."""
+    return [np.concatenate([labels[k] for k in ks]) for _, ks, _ in rows.groups]
 
-    ``estimator`` is the one the tasks get (:func:`_shipped`), ``data`` what its
-    part solver reads besides the rows. Returns the per-part fits in part order
-    (gathered), the worker each part was fitted on (where its task ran, which is
-    not the planned one when that worker was lost), the centres: ``centers``
-    as given, or when None the parts' means from the sums the fit tasks return
-    with the fits (no pass of their own), and the groups kept on the workers.
-    ``check(address, part_sizes, held_rows)``, when given, is called for every worker
-    with the sizes of the parts placed on it and the input rows its chunks hold, before
-    any row moves (a refusal raises there).
 
-    ``keep``: the fitted parts stay on the workers that fitted them; the client gathers
-    each part's ``estimator._part_summary(fit)`` in place of its fit, and the last value
-    returned is one ``(part_ids, future)`` per group, the future holding the group's fit
-    (:func:`_fit_group`'s value). Otherwise that value is None.
+def place_parts(rows, labels, sizes, costs, addresses, check=None) -> list[np.ndarray]:
+    """Step 3: the parts placed on the workers, ``placement[a]`` the parts of worker ``a``.
+
+    Each part starts on the worker holding most of its rows and parts move only to
+    balance ``costs`` (:func:`gpuml.distributed.placement.balance_local`); the rows
+    that will move are counted in the driver's traffic. ``check(address, part_sizes,
+    held_rows)``, when given, is called for every worker with the sizes of the parts
+    placed on it and the input rows its chunks hold, before any row moves (a refusal
+    raises there).
     """
-    driver = rows.driver
     P = len(sizes)
     # held[p, a]: the rows of part p that worker a holds already
     held_rows = np.zeros((P, len(addresses)), dtype=np.int64)
-    group_labels = []
-    for holder, ks, _ in rows.groups:
-        mine = np.concatenate([labels[k] for k in ks])
-        group_labels.append(mine)
+    for (holder, _, _), mine in zip(rows.groups, _held_labels(rows, labels)):
         if holder in addresses:
             held_rows[:, addresses.index(holder)] += np.bincount(mine, minlength=P)
     placement = balance_local(costs, held_rows)
     if check is not None:
         for a, ids in enumerate(placement):
             check(addresses[a], np.asarray(sizes)[ids], int(held_rows[:, a].sum()))
-    driver.traffic.rows_moved = int(sum(held_rows[ids].sum() - held_rows[ids, a].sum()
-                                        for a, ids in enumerate(placement)))
+    rows.driver.traffic.rows_moved = int(sum(held_rows[ids].sum() - held_rows[ids, a].sum()
+                                             for a, ids in enumerate(placement)))
+    return placement
+
+
+def ship_and_fit(rows, labels, placement, solvers, classes, device, addresses, centers):
+    """Step 4: each group's rows shipped to the worker it is placed on and fitted there.
+
+    ``placement[a]`` are the parts of worker ``addresses[a]`` (:func:`place_parts`);
+    ``solvers`` the part solvers the tasks get (one per setting: each fits every
+    part, from rows shipped and gathered once), ``classes`` a classifier's (its
+    targets travel as class indices; None otherwise), ``device`` what each worker
+    resolves to solve on. Returns each solver's per-part fits in part order
+    (gathered), the worker each part was fitted on (where its task ran, which is
+    not the planned one when that worker was lost), the centres: ``centers``
+    as given, or when None the parts' means from the sums the fit tasks return
+    with the fits (no pass of their own), and each solver's groups kept on the workers.
+
+    Solvers that keep their parts on the workers
+    (:attr:`~gpuml.pipeline.PartSolver.keeps_parts_on_workers`): the fitted parts stay
+    on the workers that fitted them; the client gathers each part's
+    ``solver.summary(fit)`` in place of its fit, and each solver's kept groups are one
+    ``(part_ids, future)`` per group, the future holding that solver's fits of the group
+    (:func:`_setting`). Otherwise they are None.
+    """
+    driver = rows.driver
+    P = sum(len(ids) for ids in placement)
     # The fit task cuts the group's rows out of its own worker's chunks; a take task on
     # each other worker holding some of them cuts them out of its chunks. Every take is
     # submitted before any fit, and ahead of them in each worker's queue: a worker that
     # starts its own fit first keeps the other waiting for its rows until that fit ends.
     groups = []
+    held = _held_labels(rows, labels)
     for address, ids in zip(addresses, placement):
         if ids.size == 0:
             continue
         ids_list = ids.tolist()
         sources = []
-        for (holder, ks, held), mine in zip(rows.groups, group_labels):
+        for (holder, ks, chunks), mine in zip(rows.groups, held):
             if holder == address:
-                sources.append((ks, held, mine, None))
+                sources.append((ks, chunks, mine, None))
             elif np.isin(mine, ids).any():
-                take = driver.submit("take", _take, held, mine, ids_list, estimator,
+                take = driver.submit("take", _take, chunks, mine, ids_list, classes,
                                      priority=1, **_on(holder))
                 sources.append((ks, None, None, take))
         groups.append((ids_list, address, sources))
-    futures = [driver.submit("fit-parts", _fit_group, estimator, data, ids, sources,
+    futures = [driver.submit("fit-parts", _fit_group, solvers, device, classes, ids, sources,
                              FIT_WAVE_BYTES, **_on(address))
                for ids, address, sources in groups]
-    kept = None
-    if keep:
-        kept = [(ids, future) for (ids, _, _), future in zip(groups, futures)]
-        futures = [driver.submit("fit-summary", _kept_summaries, future, estimator)
-                   for future in futures]
-    results = driver.gather(futures, as_they_finish=True)
-    fits = [None] * len(sizes)
-    part_worker = [None] * len(sizes)
-    sums = None
-    for (ids, _, _), (group, pack, address) in zip(groups, results):
-        if sums is None:
-            sums = np.zeros((len(sizes), pack.shape[1]), dtype=np.float64)
-        sums[ids] = pack
-        for p, fit in zip(ids, group):
-            fits[p] = fit
-            part_worker[p] = address
+    kept = [None] * len(solvers)
+    if solvers[0].keeps_parts_on_workers:
+        kept = [[(ids, driver.submit("fit-setting", _setting, future, k))
+                 for (ids, _, _), future in zip(groups, futures)]
+                for k in range(len(solvers))]
+        summaries = [driver.submit("fit-summary", _kept_summaries, future, solver)
+                     for solver, groups_k in zip(solvers, kept) for _, future in groups_k]
+        results = driver.gather(summaries, as_they_finish=True)
+        per_setting = [results[k * len(groups):(k + 1) * len(groups)]
+                       for k in range(len(solvers))]
+    else:
+        results = driver.gather(futures, as_they_finish=True)
+        per_setting = [[(host[k], pack, address) for host, pack, address in results]
+                       for k in range(len(solvers))]
+    fits = [[None] * P for _ in solvers]
+    part_worker = [None] * P
+    sums = np.zeros((P, rows.n_features + 1), dtype=np.float64)
+    for k, setting in enumerate(per_setting):
+        for (ids, _, _), (group, pack, address) in zip(groups, setting):
+            sums[ids] = pack
+            for p, fit in zip(ids, group):
+                fits[k][p] = fit
+                part_worker[p] = address
     if centers is None:
         centers = divide(*_unpack(sums, rows.dtype))
     return fits, part_worker, centers, kept
