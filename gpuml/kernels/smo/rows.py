@@ -1,0 +1,263 @@
+"""SMO with kernel rows computed as its working sets need them, the whole matrix when that pays.
+
+A problem of more than :data:`WHOLE_MATRIX_MAX_ROWS` variables starts with no kernel
+value: the compiled iteration (:func:`~.loop._run`) returns to :class:`RowCache` when a
+step needs a row it does not hold, which computes it (one matrix-vector product and the
+kernel's map, :meth:`~.values.Values.row`) and re-enters. Its cost follows the work: an
+easy problem touches a few hundred rows of a 10,000-row problem (LIBSVM keeps the rows
+its working sets touch in an LRU cache the same way; Chang & Lin, "LIBSVM: a library for
+support vector machines", 2011, section 4.3).
+
+When the matrix fits in the cache (``n * n`` values of the problem's precision at most
+``cache_bytes``), rows are kept in the matrix's own storage in the order computed, never
+evicted, and once they have cost :data:`SWITCH_FRACTION` of what the whole matrix costs
+(:func:`rows_before_matrix`, a cost model measured in ``bench/bench_exact_work.py``) the
+rest of the matrix is computed at once: the variables are reordered so that the rows
+already computed come first, the remaining block ``K[T, T]`` comes from matrix products
+(:meth:`~.values.Values.fill_lower`), the cross block ``K[T, S]`` is the mirror of the
+rows computed, and the solve goes on without leaving compiled code
+(:func:`~.loop._continue_dense`). A hard problem (most rows touched: most variables
+support vectors) thus pays at most that fraction more than computing the matrix first,
+and usually less, since the rows computed are not computed again; an easy one pays only
+for its rows. The gradient stays exact through the reorder: every value the steps used is
+where the dense loop reads it.
+
+Past the cache the rows live in an LRU cache of ``cache_bytes`` over the active
+(unshrunk) variables, as LIBSVM's, and the matrix is never made.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .._threads import blas_controller
+from . import iteration_limit
+from .loop import (
+    _ACTIVE,
+    _CLOCK,
+    _COUNTER,
+    _ITER,
+    _MAX,
+    _MAX_ITER,
+    _NEED,
+    _NEED_ROWS,
+    _PAIR_I,
+    _PAIR_J,
+    _UNSHRINK,
+    _VERSION,
+    STATE_SIZE,
+    _continue_dense,
+    _gradient_from_rows,
+    _run,
+    _solve_dense,
+)
+
+#: Problems of at most this many variables get their whole matrix first: it costs
+#: little (a million values), a row's round trip through Python would cost a fair share
+#: of a row, and a small fit's solve then never depends on whether numba has compiled
+#: (the NumPy twin of the dense solver serves it bit for bit, :mod:`gpuml.kernels._jit`).
+WHOLE_MATRIX_MAX_ROWS = 1024
+
+#: Rows are computed one by one until they have cost this fraction of the whole matrix;
+#: then the rest of the matrix is made at once. A hard problem then pays at most this
+#: much more for its kernel values than computing the matrix first (less, as the rows
+#: computed are kept), an easy one only its rows.
+SWITCH_FRACTION = 0.15
+
+#: The cost model of :func:`rows_before_matrix`, in nanoseconds on the 2-core reference
+#: machine (``python -m bench.run exact_work``, table ``exact_work_costs``): per value of a
+#: row computed alone (a matrix-vector product and the map: ``fixed + per_feature * d``),
+#: per entry of the whole matrix (matrix products over its lower triangle and the map),
+#: by bytes per value (float32 and float64), and Python's share of one row.
+ROW_VALUE_NS = {4: (3.5, 0.1), 8: (8.0, 0.3)}
+MATRIX_ENTRY_NS = {4: (4.0, 0.02), 8: (11.0, 0.03)}
+ROW_CALL_NS = 10_000.0
+
+
+def rows_before_matrix(n, d, itemsize) -> int:
+    """Rows of an ``n``-variable problem with ``d`` features per row computed one by one
+    before the rest of its matrix is made at once (:data:`SWITCH_FRACTION` of the
+    matrix's cost, by the cost model :data:`ROW_VALUE_NS`, :data:`MATRIX_ENTRY_NS`)."""
+    row_fixed, row_feature = ROW_VALUE_NS[itemsize]
+    entry_fixed, entry_feature = MATRIX_ENTRY_NS[itemsize]
+    row = ROW_CALL_NS + n * (row_fixed + row_feature * d)
+    matrix = float(n) * n * (entry_fixed + entry_feature * d)
+    return int(SWITCH_FRACTION * matrix / row)
+
+
+class RowCache:
+    """The kernel rows of one problem (:class:`~.values.Values`), kept across solves.
+
+    :meth:`solve` may be called several times (other bounds, warm starts: the C path of
+    :mod:`.path`); the rows computed, and the whole matrix once made, serve every call.
+    ``switch=False`` never makes the whole matrix (rows until the end).
+    """
+
+    def __init__(self, values, cache_bytes, switch=True):
+        self.values = values
+        n = values.rows.shape[0]
+        itemsize = values.dtype.itemsize
+        self.grow = n * n * itemsize <= cache_bytes
+        n_slots = n if self.grow else int(min(n, max(2, cache_bytes // (itemsize * n))))
+        self.cache = np.empty((n_slots, n), dtype=values.dtype)
+        self.slot_of = np.full(n, -1, dtype=np.int64)
+        self.slot_row = np.full(n_slots, -1, dtype=np.int64)
+        self.slot_full = np.zeros(n_slots, dtype=bool)
+        self.slot_time = np.zeros(n_slots, dtype=np.int64)
+        self.limit = (rows_before_matrix(n, values.n_features, itemsize) if self.grow and switch
+                      else n + 1)
+        self.n_rows = 0
+        self.clock = 0
+        #: The variables in the order of the whole matrix's rows, once it is made.
+        self.order = None
+        # workspaces of the compiled calls
+        self._nz = np.empty(n, dtype=np.int64)
+        self._v = np.empty(n)
+
+    @property
+    def n(self) -> int:
+        return self.slot_of.shape[0]
+
+    def solve(self, y, C, alpha, tol, max_iter, shrinking):
+        """SMO from ``alpha`` (updated in place); returns ``(status, n_iter, G)``."""
+        n = self.n
+        G = np.empty(n)
+        state = np.zeros(STATE_SIZE, dtype=np.int64)
+        state[_MAX] = iteration_limit(max_iter, n)
+        state[_CLOCK] = self.clock
+        shrink = True if shrinking else None
+        if self.order is None and self.grow:
+            missing = np.flatnonzero((alpha > 0) & (self.slot_of < 0))
+            if self.n_rows + missing.size > self.limit:
+                self._complete()
+            else:
+                for r in missing.tolist():
+                    self._fill(r)
+        if self.order is not None:
+            return self._whole(y, C, alpha, G, state, tol, shrink, fresh=True)
+        active = np.arange(n, dtype=np.int64)
+        state[_ACTIVE] = n
+        state[_COUNTER] = min(n, 1000)
+        self._gradient(y, alpha, G, active)
+        blas = blas_controller().limit(limits=1, user_api="blas")
+        try:
+            while True:
+                status = _run(y, C, self.values.QD, alpha, G, active, self.cache, self.slot_of,
+                              self.slot_time, state, float(tol), shrink)
+                if status == _NEED_ROWS:
+                    if self.n_rows >= self.limit:
+                        if state[_ACTIVE] < n:
+                            self._unshrink(y, alpha, G, active, state)
+                        blas.restore_original_limits()
+                        self._complete()
+                        return self._whole(y, C, alpha, G, state, tol, shrink, fresh=False)
+                    self._request(int(state[_NEED]), active, state)
+                    continue
+                if state[_ACTIVE] < n:
+                    self._unshrink(y, alpha, G, active, state)
+                    if status != _MAX_ITER:
+                        continue
+                elif status == _UNSHRINK:
+                    continue
+                self.clock = int(state[_CLOCK])
+                return status, int(state[_ITER]), G
+        finally:
+            blas.restore_original_limits()
+
+    def _gradient(self, y, alpha, G, ks):
+        """``G_k`` for the variables ``ks`` from ``alpha``: along the cached rows of the
+        non-zero variables (all cached while rows grow), else by kernel products."""
+        nz = np.flatnonzero(alpha > 0)
+        if self.grow:
+            _gradient_from_rows(self.cache, self.slot_of, y, alpha, G, ks, self._nz, self._v)
+            return
+        G[ks] = -1.0
+        if nz.size:
+            G[ks] += y[ks] * self.values.dot(ks, nz, alpha[nz] * y[nz])
+
+    def _fill(self, r):
+        """Row ``r`` into the next slot (rows grow, never evicted); its values at the rows
+        already computed are theirs at ``r``, so that the rows agree to the bit (a product
+        summed alone may differ in its last bit)."""
+        slot = self.n_rows
+        self.values.row(r, self.cache, slot)
+        if slot:
+            self.cache[slot, self.slot_row[:slot]] = self.cache[:slot, r]
+        self.slot_of[r] = slot
+        self.slot_row[slot] = r
+        self.n_rows += 1
+
+    def _request(self, r, active, state):
+        """The row the iteration asked for: the next slot while rows grow, else the least
+        recently used slot, over the active variables (as LIBSVM)."""
+        if self.grow:
+            self._fill(r)
+            return
+        slot = int(np.argmin(self.slot_time))  # never the row just looked up: it is newest
+        old = self.slot_row[slot]
+        if old >= 0:
+            self.slot_of[old] = -1
+        state[_CLOCK] += 1
+        self.slot_time[slot] = state[_CLOCK]
+        n_active = int(state[_ACTIVE])
+        if n_active == self.n:
+            self.values.row(r, self.cache, slot)
+        else:
+            cols = active[:n_active]
+            self.cache[slot, cols] = self.values.active_row(r, cols, int(state[_VERSION]))
+            self.cache[slot, r] = self.values.diag[r]
+        self.slot_of[r] = slot
+        self.slot_row[slot] = r
+        self.slot_full[slot] = n_active == self.n
+
+    def _unshrink(self, y, alpha, G, active, state):
+        """The exact gradient of the shrunk variables, then all of them active again; rows
+        computed over fewer variables than all are dropped (the LRU cache's)."""
+        inactive = np.sort(active[state[_ACTIVE]:])
+        if inactive.size:
+            self._gradient(y, alpha, G, inactive)
+        active[:] = np.arange(self.n)
+        state[_ACTIVE] = self.n
+        state[_VERSION] += 1
+        state[_COUNTER] = 1
+        if not self.grow:
+            stale = (self.slot_row >= 0) & ~self.slot_full
+            self.slot_of[self.slot_row[stale]] = -1
+            self.slot_row[stale] = -1
+
+    def _complete(self):
+        """The whole matrix in the cache's storage: the computed rows first (their columns
+        reordered), the rest by matrix products, the cross block their mirror."""
+        done = self.n_rows
+        rest = np.flatnonzero(self.slot_of < 0)
+        order = np.concatenate([self.slot_row[:done], rest])
+        K = self.cache
+        if done:
+            K[:done] = K[:done][:, order]
+        self.values.fill_lower(K, start=done, order=rest)
+        if done:
+            K[done:, :done] = K[:done, done:].T
+        self.order = order
+
+    def _whole(self, y, C, alpha, G, state, tol, shrink, fresh):
+        """SMO on the whole matrix, in its order: from ``alpha`` (``fresh``: the gradient
+        computed from it) or going on from the state the rows left (every variable active,
+        ``G`` exact)."""
+        order = self.order
+        n = self.n
+        ya, Ca, aa, Ga = y[order], C[order], alpha[order], G[order]
+        QD = self.values.QD[order]
+        active = np.arange(n, dtype=np.int64)
+        if fresh:
+            status = _solve_dense(self.cache, ya, Ca, aa, Ga, state, float(tol), shrink, QD,
+                                  active, self._nz, self._v)
+        else:
+            state[_ACTIVE] = n
+            state[_COUNTER] = min(n, 1000)
+            state[_PAIR_I] = state[_PAIR_J] = 0  # a pair of the old order
+            status = _continue_dense(self.cache, ya, Ca, aa, Ga, state, float(tol), shrink, QD,
+                                     active, self._nz, self._v)
+        alpha[order] = aa
+        G[order] = Ga
+        self.clock = int(state[_CLOCK])
+        return status, int(state[_ITER]), G
