@@ -363,7 +363,7 @@ def _make_matrix(kernel, X, plan, cache_bytes):
         return np.ascontiguousarray(_dense(X))
     if plan == "sgemm":
         return sgemm_matrix(kernel, X, max_bytes=max(cache_bytes, 1))
-    return Values(kernel, X).matrix()
+    return np.ascontiguousarray(kernel.matrix(X, max_bytes=max(cache_bytes, 1)))
 
 
 def _runs(idx):

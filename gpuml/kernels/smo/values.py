@@ -123,24 +123,28 @@ class Values:
             self.rows = X.tocsr()
         else:
             self.rows = np.ascontiguousarray(X)
-        # A row's products as x_r @ rows.T with rows.T stored (features, rows): BLAS sweeps
-        # it a feature at a time over all rows, several times faster than a product per
-        # row when rows have few features.
-        self._columns = None if hasattr(self.rows, "tocsr") else np.ascontiguousarray(
-            self.rows.T)
         self.dtype = np.dtype(self.rows.dtype)
         self.rbf = kernel.name == "rbf"
         self.norms = (np.asarray(squared_norms(self.rows), dtype=self.dtype) if self.rbf
                       else None)
         self.diag = np.asarray(kernel.diag(self.rows), dtype=self.dtype)
         self.QD = self.diag.astype(np.float64)
-        n = self.rows.shape[0]
         self._map = _rbf_map_f32 if self.dtype == np.float32 else _rbf_map_f64
-        self._arg = np.empty(n, self.dtype)
-        self._scratch = np.empty(n, np.int32 if self.dtype == np.float32 else np.int64)
+        self._columns = self._products = None
+        self._version = -1
+
+    def _workspaces(self):
+        """The workspaces of single rows, made at the first: a row's products as
+        ``x_r @ rows.T`` with ``rows.T`` stored (features, rows), which BLAS sweeps a
+        feature at a time over all rows, several times faster than a product per row
+        when rows have few features."""
+        n = self.rows.shape[0]
+        if not hasattr(self.rows, "tocsr"):
+            self._columns = np.ascontiguousarray(self.rows.T)
         self._products = np.empty(n, self.dtype)
         self._row = np.empty((1, n), self.dtype)
-        self._version = -1
+        self._arg = np.empty(n, self.dtype)
+        self._scratch = np.empty(n, np.int32 if self.dtype == np.float32 else np.int64)
 
     @property
     def n_features(self) -> int:
@@ -151,6 +155,8 @@ class Values:
 
     def row(self, r, out, slot):
         """Row ``r`` over every column into ``out[slot]`` (one matrix-vector product)."""
+        if self._products is None:
+            self._workspaces()
         products = self._dot(self.rows, self._columns, r, self.rows.shape[0])
         self._to_values(products, r, self.norms, out, slot)
         out[slot, r] = self.diag[r]
@@ -158,6 +164,8 @@ class Values:
     def active_row(self, r, active, version):
         """Row ``r`` over the columns ``active`` (the unshrunk variables), their rows
         gathered once per ``version`` of the active set; a view of a workspace."""
+        if self._products is None:
+            self._workspaces()
         if version != self._version:
             self._active = self.rows[active]
             self._active_columns = (None if self._columns is None
@@ -193,13 +201,15 @@ class Values:
                                                  else self.norms[order])
         diag = self.diag if order is None else self.diag[order]
         k = rows.shape[0]
+        arg = np.empty(k, self.dtype)
+        scratch = np.empty(k, np.int32 if self.dtype == np.float32 else np.int64)
         step = max(32, BLOCK_BYTES // max(1, k * self.dtype.itemsize))
         for a in range(0, k, step):
             b = min(a + step, k)
             products = np.asarray(gram(rows[a:b], rows[:b]), dtype=self.dtype)
             if self.rbf:
                 self._map(products, norms[a:b], norms, self.kernel.gamma, out, start + a,
-                          start, a, self._arg, self._scratch)
+                          start, a, arg, scratch)
             else:
                 out[start + a:start + b, start:start + b] = self.kernel._from_gram(products)
         _mirror_lower(out, start, diag)
