@@ -109,16 +109,18 @@ def test_warm_start_on_rows_from_a_solution_takes_no_step():
     kernel = make_kernel("rbf", "scale", X=X)
     cold = smo_solve(kernel, X, y, 1.0, tol=1e-5)
     n_sv = np.count_nonzero(cold.alpha)
-    # Rows alone: the start's gradient along the rows of its support vectors. With the
-    # switch: more support vectors than rows_before_matrix, so the matrix first.
-    for switch in (False, True):
-        warm, cache = _on_rows(kernel, X, y, 1.0, alpha0=cold.alpha, switch=switch)
-        assert warm.n_iter == 0 and warm.converged
-        if switch:
-            assert cache.limit < n_sv and cache.order is not None and cache.n_rows == 0
-        else:
-            assert cache.n_rows == n_sv and cache.order is None
-        np.testing.assert_allclose(warm.gradient, cold.gradient, atol=1e-8)
+    # the start's gradient along the rows of its support vectors (cheaper than the matrix)
+    warm, cache = _on_rows(kernel, X, y, 1.0, alpha0=cold.alpha)
+    assert warm.n_iter == 0 and warm.converged
+    assert cache.n_rows == n_sv and cache.order is None
+    np.testing.assert_allclose(warm.gradient, cold.gradient, atol=1e-8)
+    # a start with more rows than the rest of the matrix costs: the matrix first
+    cache = rows.RowCache(values_of(kernel, X), 1 << 30)
+    cache.matrix_cost = n_sv * cache.row_cost
+    checked = check_flat([y], [1.0], [cold.alpha])
+    status, n_iter, G = cache.solve(checked.y, checked.C, checked.alpha, 1e-3, -1, False)
+    assert n_iter == 0 and cache.order is not None and cache.n_rows == 0
+    np.testing.assert_allclose(G, cold.gradient, atol=1e-8)
 
 
 def test_max_iter_counts_the_steps_before_and_after_the_matrix(monkeypatch):
@@ -159,14 +161,31 @@ def test_sparse_and_dense_rows_reach_the_same_optimum():
     np.testing.assert_allclose(sparse.alpha, dense.alpha, atol=1e-6)
 
 
-def test_rows_before_matrix_follows_the_cost_model():
+def test_rows_before_asking_follow_the_cost_model():
     """Few features: a row costs about a row of the matrix, so more rows come before the
-    matrix than with many features, where a row alone is far dearer than in a block."""
-    few = rows.rows_before_matrix(10_000, 10, 4)
-    many = rows.rows_before_matrix(10_000, 784, 4)
-    assert 0.05 * 10_000 < few < 0.25 * 10_000
+    first question than with many features, where a row alone is far dearer than in a
+    block."""
+    few = rows.rows_before_asking(10_000, 10, 4)
+    many = rows.rows_before_asking(10_000, 784, 4)
+    assert 0.02 * 10_000 < few < 0.25 * 10_000
     assert many < few / 2
-    assert rows.rows_before_matrix(2_000, 10, 8) < rows.rows_before_matrix(20_000, 10, 8)
+    assert rows.rows_before_asking(2_000, 10, 8) < rows.rows_before_asking(20_000, 10, 8)
+
+
+def test_the_rows_to_come_are_the_violators_not_yet_touched():
+    """An easy problem has few variables left that violate the optimality conditions once
+    its support vectors are found: the matrix never pays. A hard one (a third of the labels
+    flipped) has most of them left at the first question: the matrix is made there."""
+    X, y = _problem(n=4000, class_sep=2.0, flip_y=0.0, seed=1)
+    kernel = make_kernel("rbf", "scale", X=X)
+    res, cache = _on_rows(kernel, X, y)
+    assert cache.order is None and cache.next_ask <= cache.n_rows + cache.ask_every
+    assert not cache.matrix_pays(y, np.ones_like(y), res.alpha, res.gradient, 1e-3)
+    X, y = _problem(n=4000, flip_y=0.3, seed=2)
+    kernel = make_kernel("rbf", "scale", X=X)
+    res, cache = _on_rows(kernel, X, y)
+    assert cache.order is not None
+    assert cache.n_rows == rows.rows_before_asking(4000, 10, cache.values.dtype.itemsize)
 
 
 @pytest.mark.parametrize("binary", [False, True])

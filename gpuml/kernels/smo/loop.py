@@ -45,10 +45,12 @@ TAU = 1e-12
 _CONVERGED, _NEED_ROWS, _MAX_ITER, _UNSHRINK = 0, 1, 2, 3
 # Slots of the integer state vector shared by Python and the numba loop; _PAIR_I and
 # _PAIR_J hold 1 + the indices of a working pair chosen before a missing row stopped its
-# step (0: none).
-_ITER, _MAX, _ACTIVE, _CLOCK, _COUNTER, _UNSHRUNK, _NEED, _VERSION, _PAIR_I, _PAIR_J = range(10)
+# step (0: none), _FILL 1 + the slot the products of the missing row go to on re-entry
+# (:mod:`.values`' ``fill_and_run``; 0: none).
+(_ITER, _MAX, _ACTIVE, _CLOCK, _COUNTER, _UNSHRUNK, _NEED, _VERSION, _PAIR_I, _PAIR_J,
+ _FILL) = range(11)
 #: Length of the state vector.
-STATE_SIZE = 10
+STATE_SIZE = 11
 
 
 @njit(nogil=True, cache=True, inline="always", _nrt=False)

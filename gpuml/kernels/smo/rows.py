@@ -36,6 +36,7 @@ from .loop import (
     _ACTIVE,
     _CLOCK,
     _COUNTER,
+    _FILL,
     _ITER,
     _MAX,
     _MAX_ITER,
@@ -58,35 +59,51 @@ from .loop import (
 #: (the NumPy twin of the dense solver serves it bit for bit, :mod:`gpuml.kernels._jit`).
 WHOLE_MATRIX_MAX_ROWS = 1024
 
-#: Rows are computed one by one until they have cost this fraction of the whole matrix;
-#: then the rest of the matrix is made at once. A hard problem then pays at most this
-#: much more for its kernel values than computing the matrix first (less, as the rows
-#: computed are kept), an easy one only its rows.
-SWITCH_FRACTION = 0.15
+#: Rows are computed one by one, with no question asked, until they have cost this
+#: fraction of the whole matrix (:func:`rows_before_asking`); from there the matrix is
+#: made once the rows still to come (:meth:`RowCache.matrix_pays`) would cost more.
+SWITCH_FRACTION = 0.1
 
-#: The cost model of :func:`rows_before_matrix`, in nanoseconds on the 2-core reference
-#: machine (``python -m bench.run exact_work``, table ``exact_work_costs``): per value of a
-#: row computed alone (a matrix-vector product and the map: ``fixed + per_feature * d``),
-#: per entry of the whole matrix (matrix products over its lower triangle and the map),
-#: by bytes per value (float32 and float64), and Python's share of one row.
+#: The cost model of :func:`row_cost` and :func:`matrix_cost`, in nanoseconds on the
+#: 2-core reference machine (``python -m bench.run exact_work``, table
+#: ``exact_work_costs``), by bytes per value (float32, float64): per value of a row
+#: computed alone (a matrix-vector product and the map), ``fixed + per_feature * d``; per
+#: entry of the whole matrix (matrix products over its lower triangle, the map, the
+#: mirror), the same; and Python's share of one row.
 ROW_VALUE_NS = {4: (3.5, 0.1), 8: (8.0, 0.3)}
 MATRIX_ENTRY_NS = {4: (4.0, 0.02), 8: (11.0, 0.03)}
 ROW_CALL_NS = 10_000.0
 
 
-def rows_before_matrix(n, d, itemsize) -> int:
-    """Rows of an ``n``-variable problem with ``d`` features per row computed one by one
-    before the rest of its matrix is made at once (:data:`SWITCH_FRACTION` of the
-    matrix's cost, by the cost model :data:`ROW_VALUE_NS`, :data:`MATRIX_ENTRY_NS`)."""
-    row_fixed, row_feature = ROW_VALUE_NS[itemsize]
-    entry_fixed, entry_feature = MATRIX_ENTRY_NS[itemsize]
-    row = ROW_CALL_NS + n * (row_fixed + row_feature * d)
-    matrix = float(n) * n * (entry_fixed + entry_feature * d)
-    return int(SWITCH_FRACTION * matrix / row)
+def row_cost(n, d, itemsize) -> float:
+    """Nanoseconds of one row of ``n`` values with ``d`` features per row (the model)."""
+    fixed, per_feature = ROW_VALUE_NS[itemsize]
+    return ROW_CALL_NS + n * (fixed + per_feature * d)
+
+
+def matrix_cost(n, d, itemsize) -> float:
+    """Nanoseconds of the whole ``n`` x ``n`` matrix (the model)."""
+    fixed, per_feature = MATRIX_ENTRY_NS[itemsize]
+    return float(n) * n * (fixed + per_feature * d)
+
+
+def rows_before_asking(n, d, itemsize) -> int:
+    """Rows computed before :meth:`RowCache.matrix_pays` is first asked:
+    :data:`SWITCH_FRACTION` of the whole matrix's cost."""
+    return int(SWITCH_FRACTION * matrix_cost(n, d, itemsize) / row_cost(n, d, itemsize))
 
 
 class RowCache:
     """The kernel rows of one problem (:class:`~.values.Values`), kept across solves.
+
+    While the matrix fits in ``cache_bytes``, rows grow in its storage: the first
+    :func:`rows_before_asking` unasked, then, every quarter of that many rows, the rows
+    still to come are estimated (the variables not yet touched that violate the
+    optimality conditions: an easy problem has a few left once its support vectors are
+    found, a hard one most of its variables) and the rest of the matrix is made when they
+    would cost more (:meth:`matrix_pays`). A hard problem so pays about
+    :data:`SWITCH_FRACTION` of its matrix more than computing it first, less the rows it
+    keeps; an easy one only its rows.
 
     :meth:`solve` may be called several times (other bounds, warm starts: the C path of
     :mod:`.path`); the rows computed, and the whole matrix once made, serve every call.
@@ -104,8 +121,13 @@ class RowCache:
         self.slot_row = np.full(n_slots, -1, dtype=np.int64)
         self.slot_full = np.zeros(n_slots, dtype=bool)
         self.slot_time = np.zeros(n_slots, dtype=np.int64)
-        self.limit = (rows_before_matrix(n, values.n_features, itemsize) if self.grow and switch
-                      else n + 1)
+        d = values.n_features
+        self.row_cost = row_cost(n, d, itemsize)
+        self.matrix_cost = matrix_cost(n, d, itemsize)
+        first = rows_before_asking(n, d, itemsize)
+        #: Rows computed when :meth:`matrix_pays` is asked next, and the rows between asks.
+        self.next_ask = first if self.grow and switch else n + 1
+        self.ask_every = max(1, first // 4)
         self.n_rows = 0
         self.clock = 0
         #: The variables in the order of the whole matrix's rows, once it is made.
@@ -127,8 +149,9 @@ class RowCache:
         state[_CLOCK] = self.clock
         shrink = True if shrinking else None
         if self.order is None and self.grow:
+            # a start's gradient reads the rows of its non-zero variables
             missing = np.flatnonzero((alpha > 0) & (self.slot_of < 0))
-            if self.n_rows + missing.size > self.limit:
+            if missing.size * self.row_cost >= self._rest_cost():
                 self._complete()
             else:
                 for r in missing.tolist():
@@ -139,19 +162,32 @@ class RowCache:
         state[_ACTIVE] = n
         state[_COUNTER] = min(n, 1000)
         self._gradient(y, alpha, G, active)
+        tol = float(tol)
         blas = blas_controller().limit(limits=1, user_api="blas")
         try:
             while True:
-                status = _run(y, C, self.values.QD, alpha, G, active, self.cache, self.slot_of,
-                              self.slot_time, state, float(tol), shrink)
+                if self.grow:
+                    status = self.values.fill_and_run(self.cache, self.slot_of, self.slot_time,
+                                                      self.slot_row, y, C, alpha, G, active,
+                                                      state, tol, shrink)
+                else:
+                    status = _run(y, C, self.values.QD, alpha, G, active, self.cache,
+                                  self.slot_of, self.slot_time, state, tol, shrink)
                 if status == _NEED_ROWS:
-                    if self.n_rows >= self.limit:
-                        if state[_ACTIVE] < n:
-                            self._unshrink(y, alpha, G, active, state)
-                        blas.restore_original_limits()
-                        self._complete()
-                        return self._whole(y, C, alpha, G, state, tol, shrink, fresh=False)
-                    self._request(int(state[_NEED]), active, state)
+                    if not self.grow:
+                        self._request(int(state[_NEED]), active, state)
+                        continue
+                    if self.n_rows >= self.next_ask:
+                        self.next_ask = self.n_rows + self.ask_every
+                        if self.matrix_pays(y, C, alpha, G, tol):
+                            if state[_ACTIVE] < n:
+                                self._unshrink(y, alpha, G, active, state)
+                            blas.restore_original_limits()
+                            self._complete()
+                            return self._whole(y, C, alpha, G, state, tol, shrink, fresh=False)
+                    self.values.products(int(state[_NEED]))
+                    self.n_rows += 1
+                    state[_FILL] = self.n_rows
                     continue
                 if state[_ACTIVE] < n:
                     self._unshrink(y, alpha, G, active, state)
@@ -163,6 +199,24 @@ class RowCache:
                 return status, int(state[_ITER]), G
         finally:
             blas.restore_original_limits()
+
+    def matrix_pays(self, y, C, alpha, G, tol) -> bool:
+        """Whether the rest of the matrix costs less than the rows still to come, estimated
+        as the variables not yet touched that violate the optimality conditions by more
+        than ``tol`` (at ``alpha = 0``: ``y_k f(x_k) < 1`` for the current intercept)."""
+        minus_yG = -y * G
+        up = np.where(y > 0, alpha < C, alpha > 0)
+        low = np.where(y > 0, alpha > 0, alpha < C)
+        if not up.any() or not low.any():
+            return False
+        rho = 0.5 * (minus_yG[up].max() + minus_yG[low].min())
+        untouched = self.slot_of < 0
+        violating = np.where(y > 0, minus_yG > rho + tol, minus_yG < rho - tol)
+        return np.count_nonzero(untouched & violating) * self.row_cost >= self._rest_cost()
+
+    def _rest_cost(self) -> float:
+        """The model's cost of the rest of the matrix (the rows computed are kept)."""
+        return (1.0 - self.n_rows / self.n) ** 2 * self.matrix_cost
 
     def _gradient(self, y, alpha, G, ks):
         """``G_k`` for the variables ``ks`` from ``alpha``: along the cached rows of the
@@ -176,23 +230,14 @@ class RowCache:
             G[ks] += y[ks] * self.values.dot(ks, nz, alpha[nz] * y[nz])
 
     def _fill(self, r):
-        """Row ``r`` into the next slot (rows grow, never evicted); its values at the rows
-        already computed are theirs at ``r``, so that the rows agree to the bit (a product
-        summed alone may differ in its last bit)."""
-        slot = self.n_rows
-        self.values.row(r, self.cache, slot)
-        if slot:
-            self.cache[slot, self.slot_row[:slot]] = self.cache[:slot, r]
-        self.slot_of[r] = slot
-        self.slot_row[slot] = r
+        """Row ``r`` into the next slot (rows grow, never evicted)."""
+        self.values.products(r)
+        self.values.fill(self.cache, self.slot_of, self.slot_row, r, self.n_rows)
         self.n_rows += 1
 
     def _request(self, r, active, state):
-        """The row the iteration asked for: the next slot while rows grow, else the least
-        recently used slot, over the active variables (as LIBSVM)."""
-        if self.grow:
-            self._fill(r)
-            return
+        """The row the iteration asked for, past the cache: into the least recently used
+        slot, over the active variables (as LIBSVM)."""
         slot = int(np.argmin(self.slot_time))  # never the row just looked up: it is newest
         old = self.slot_row[slot]
         if old >= 0:

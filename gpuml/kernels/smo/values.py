@@ -26,6 +26,7 @@ from numba import njit
 
 from ...pairwise import gram, squared_norms
 from ..vexp import exp_nonpositive_f32, exp_nonpositive_f64, rbf_exponent
+from .loop import _FILL, _NEED, _run
 
 #: Largest bound on the float32 rounding error of an rbf exponent that
 #: :func:`sgemm_matrix` accepts: 10x below SMO's default tolerance for the
@@ -129,7 +130,10 @@ class Values:
                       else None)
         self.diag = np.asarray(kernel.diag(self.rows), dtype=self.dtype)
         self.QD = self.diag.astype(np.float64)
-        self._map = _rbf_map_f32 if self.dtype == np.float32 else _rbf_map_f64
+        single = self.dtype == np.float32
+        self._map = _rbf_map_f32 if single else _rbf_map_f64
+        self._fill_row = _fill_row_f32 if single else _fill_row_f64
+        self._fill_and_run = _fill_and_run_f32 if single else _fill_and_run_f64
         self._columns = self._products = None
         self._version = -1
 
@@ -155,11 +159,38 @@ class Values:
 
     def row(self, r, out, slot):
         """Row ``r`` over every column into ``out[slot]`` (one matrix-vector product)."""
+        products = self.products(r)
+        if self.rbf:
+            self._map(products[None, :], self.norms[r:r + 1], self.norms, self.kernel.gamma,
+                      out, slot, 0, -1, self._arg, self._scratch)
+        else:
+            out[slot] = products
+        out[slot, r] = self.diag[r]
+
+    def products(self, r):
+        """Row ``r``'s inner products with every row (rbf), or its kernel values (the
+        other kernels), in a workspace: what :meth:`fill_and_run` turns into a row."""
         if self._products is None:
             self._workspaces()
         products = self._dot(self.rows, self._columns, r, self.rows.shape[0])
-        self._to_values(products, r, self.norms, out, slot)
-        out[slot, r] = self.diag[r]
+        return products if self.rbf else self.kernel._from_gram(products)
+
+    def fill(self, cache, slot_of, slot_row, r, slot):
+        """Row ``r`` of :meth:`products` into ``cache[slot]`` (:func:`_fill_row`)."""
+        self._fill_row(self._products, self.norms, self.kernel.gamma, self.diag, slot_row,
+                       self._arg, self._scratch, cache, slot_of, r, slot)
+
+    def fill_and_run(self, cache, slot_of, slot_time, slot_row, y, C, alpha, G, active, state,
+                     tol, shrinking):
+        """The iteration (:func:`~.loop._run`) after the row ``state[_NEED]`` of
+        :meth:`products` is put in the slot ``state[_FILL] - 1`` (when set), in one
+        compiled call: its values, its diagonal, and its values at the rows in the slots
+        before it taken from theirs, so that the rows agree to the bit."""
+        if self._products is None:
+            self._workspaces()
+        return self._fill_and_run(self._products, self.norms, self.kernel.gamma, self.diag,
+                                  slot_row, self._arg, self._scratch, y, C, self.QD, alpha, G,
+                                  active, cache, slot_of, slot_time, state, tol, shrinking)
 
     def active_row(self, r, active, version):
         """Row ``r`` over the columns ``active`` (the unshrunk variables), their rows
@@ -174,23 +205,20 @@ class Values:
             self._version = version
         n = len(active)
         products = self._dot(self._active, self._active_columns, r, n)
-        self._to_values(products, r, self._active_norms, self._row, 0)
+        if not self.rbf:
+            return self.kernel._from_gram(products)
+        self._map(products[None, :], self.norms[r:r + 1], self._active_norms, self.kernel.gamma,
+                  self._row, 0, 0, -1, self._arg, self._scratch)
         return self._row[0, :n]
 
     def _dot(self, rows, columns, r, n):
-        if columns is None:  # CSR
-            return np.asarray(rows @ self.rows[r].toarray().ravel(), dtype=self.dtype)
         products = self._products[:n]
-        np.dot(self.rows[r], columns, out=products)
+        if columns is None:  # CSR
+            products[:] = rows @ self.rows[r].toarray().ravel()
+        else:
+            np.dot(self.rows[r], columns, out=products)
         return products
 
-    def _to_values(self, products, r, norms, out, slot):
-        n = products.shape[0]
-        if self.rbf:
-            self._map(products[None, :], self.norms[r:r + 1], norms, self.kernel.gamma, out,
-                      slot, 0, -1, self._arg, self._scratch)
-        else:
-            out[slot, :n] = self.kernel._from_gram(products)
 
     def fill_lower(self, out, start=0, order=None):
         """``out[start:, start:] = K(rows[order], rows[order])`` (all rows by default): the
@@ -230,7 +258,8 @@ class Values:
         return self.kernel.dot(self.X[rows], self.X[cols], coef)
 
 
-#: The exponential :func:`_rbf_map` calls; each compiled variant binds its own (:func:`_with_exp`).
+#: The exponential :func:`_rbf_map` and :func:`_fill_and_run` call; each compiled variant
+#: binds its own (:func:`_with_exp`).
 _exp = exp_nonpositive_f64
 
 
@@ -246,17 +275,53 @@ def _rbf_map(P, x_terms, y_terms, gamma, out, row0, col0, first, arg, scratch):
         _exp(arg[:w], out[row0 + a, col0:col0 + w], scratch)
 
 
-def _with_exp(exp, name):
-    """:func:`_rbf_map` compiled with ``exp`` as its exponential, under its own name (numba's
-    disk cache is per qualified name)."""
-    fn = types.FunctionType(_rbf_map.__code__, dict(_rbf_map.__globals__, _exp=exp), name)
+def _fill_row(products, norms, gamma, diag, slot_row, arg, scratch, cache, slot_of, r, f):
+    """Row ``r`` into slot ``f``: the rbf values of ``products`` (or ``products`` as they
+    are when ``norms`` is None: the other kernels' values), ``cache[f, r] = diag[r]``, and
+    ``cache[f, slot_row[t]] = cache[t, r]`` for the slots ``t < f`` (their values, so that
+    the rows agree to the bit)."""
+    row = cache[f]
+    if norms is not None:
+        rbf_exponent(products, -2.0, norms[r], norms, gamma, arg)
+        _exp(arg, row, scratch)
+    else:
+        for k in range(row.shape[0]):
+            row[k] = products[k]
+    row[r] = diag[r]
+    for t in range(f):
+        row[slot_row[t]] = cache[t, r]
+    slot_of[r] = f
+    slot_row[f] = r
+
+
+def _fill_and_run(products, norms, gamma, diag, slot_row, arg, scratch, y, C, QD, alpha, G,
+                  active, cache, slot_of, slot_time, state, tol, shrinking):
+    """Row ``state[_NEED]`` into slot ``state[_FILL] - 1`` when set (:func:`_fill_row`),
+    then :func:`~.loop._run`: one compiled call per row missed."""
+    f = state[_FILL] - 1
+    if f >= 0:
+        _fill_row(products, norms, gamma, diag, slot_row, arg, scratch, cache, slot_of,
+                  state[_NEED], f)
+        state[_FILL] = 0
+    return _run(y, C, QD, alpha, G, active, cache, slot_of, slot_time, state, tol, shrinking)
+
+
+def _with_exp(py_func, name, **bound):
+    """``py_func`` compiled with the globals ``bound`` (its exponential ``_exp``, the
+    variant of :func:`_fill_row` it calls), under its own name (numba's disk cache is per
+    qualified name)."""
+    fn = types.FunctionType(py_func.__code__, dict(py_func.__globals__, **bound), name)
     fn.__qualname__ = name
-    fn.__doc__ = _rbf_map.__doc__
+    fn.__doc__ = py_func.__doc__
     return njit(nogil=True, cache=True)(fn)
 
 
-_rbf_map_f32 = _with_exp(exp_nonpositive_f32, "_rbf_map_f32")
-_rbf_map_f64 = _with_exp(exp_nonpositive_f64, "_rbf_map_f64")
+_rbf_map_f32 = _with_exp(_rbf_map, "_rbf_map_f32", _exp=exp_nonpositive_f32)
+_rbf_map_f64 = _with_exp(_rbf_map, "_rbf_map_f64", _exp=exp_nonpositive_f64)
+_fill_row_f32 = _with_exp(_fill_row, "_fill_row_f32", _exp=exp_nonpositive_f32)
+_fill_row_f64 = _with_exp(_fill_row, "_fill_row_f64", _exp=exp_nonpositive_f64)
+_fill_and_run_f32 = _with_exp(_fill_and_run, "_fill_and_run_f32", _fill_row=_fill_row_f32)
+_fill_and_run_f64 = _with_exp(_fill_and_run, "_fill_and_run_f64", _fill_row=_fill_row_f64)
 
 
 @njit(nogil=True, cache=True, _nrt=False)
