@@ -35,6 +35,7 @@ from .values import (  # noqa: F401  (the float32 matrices' rule and builder, na
     SGEMM_EXPONENT_ERROR,
     SGEMM_MIN_ROWS,
     Values,
+    matrix_threads,
     sgemm_applies,
     sgemm_matrix,
     sgemm_rows,
@@ -73,9 +74,10 @@ def solve(kernel, X, idx, y, C, *, tol=1e-3, max_iter=-1, cache_bytes=1 << 30,
 
 
 def _solve_checked(kernel, X, idx, y, C, alpha, tol, max_iter, cache_bytes, shrinking, K,
-                   sgemm_min_rows=None):
+                   sgemm_min_rows=None, threads=1):
     """One validated problem: the dense solver on its whole matrix when given, precomputed,
-    or small enough to compute first; else its rows on demand."""
+    or small enough to compute first; else its rows on demand (a matrix made midway in
+    ``threads`` threads)."""
     n = y.shape[0]
     if K is None and kernel.name == "precomputed":
         K = _dense(X)[np.ix_(idx, idx)]
@@ -90,8 +92,8 @@ def _solve_checked(kernel, X, idx, y, C, alpha, tol, max_iter, cache_bytes, shri
                         tol, max_iter, shrinking)
         one(np.ascontiguousarray(K), np.zeros(1, np.int64))
         return one.results()[0]
-    status, n_iter, G = RowCache(values, cache_bytes).solve(y, C, alpha, tol, max_iter,
-                                                            shrinking)
+    status, n_iter, G = RowCache(values, cache_bytes, threads=threads).solve(
+        y, C, alpha, tol, max_iter, shrinking)
     return result_of(y, C, alpha, G, n_iter, status)
 
 
@@ -289,7 +291,7 @@ def solve_batch(kernel, Xs, problems, *, tol=1e-3, max_iter=-1, cache_bytes=1 <<
             K = _assemble(kernel, Xs[g], idxs[w], diagonal, g)
         return w, _solve_checked(kernel, Xs[g], idxs[w], checked.y[a:b], checked.C[a:b],
                                  checked.alpha[a:b], tol, max_iter, cache_bytes, shrinking, K,
-                                 sgemm_min_rows)
+                                 sgemm_min_rows, matrix_threads(b - a) if jobs == 1 else 1)
 
     # Many problems: the threads are the parallelism; BLAS threads inside each
     # would only oversubscribe the cores.
@@ -324,7 +326,8 @@ def solve_batch(kernel, Xs, problems, *, tol=1e-3, max_iter=-1, cache_bytes=1 <<
     if jobs == 1:
         done = solve([t for t in tasks if t[0] == "alone"]) if row_cached else []
         for g in dense_groups.tolist():
-            mats[g] = _make_matrix(kernel, Xs[g], planned[g], cache_bytes)
+            mats[g] = _make_matrix(kernel, Xs[g], planned[g], cache_bytes,
+                                   matrix_threads(Xs[g].shape[0]))
             done += solve([t for t in tasks if t[0] == "dense" and t[1][0] == g])
             del mats[g]
     else:
@@ -357,12 +360,13 @@ def _matrix_plan(kernel, X, cache_bytes, sgemm_min_rows=None):
     return "exact"
 
 
-def _make_matrix(kernel, X, plan, cache_bytes):
-    """The group's kernel matrix as :func:`_matrix_plan` planned it."""
+def _make_matrix(kernel, X, plan, cache_bytes, threads=1):
+    """The group's kernel matrix as :func:`_matrix_plan` planned it (float32 values in
+    ``threads`` threads)."""
     if plan == "precomputed":
         return np.ascontiguousarray(_dense(X))
     if plan == "sgemm":
-        return sgemm_matrix(kernel, X, max_bytes=max(cache_bytes, 1))
+        return sgemm_matrix(kernel, X, max_bytes=max(cache_bytes, 1), threads=threads)
     return np.ascontiguousarray(kernel.matrix(X, max_bytes=max(cache_bytes, 1)))
 
 

@@ -30,7 +30,7 @@ from .cpu import (
     solved_alone,
 )
 from .rows import WHOLE_MATRIX_MAX_ROWS, RowCache
-from .values import values_of
+from .values import matrix_threads, values_of
 
 
 def check_Cs(Cs) -> np.ndarray:
@@ -98,20 +98,22 @@ def solve_path(kernel, Xs, problems, Cs, *, tol=1e-3, max_iter=-1, cache_bytes=1
         mine = np.flatnonzero(group == g).tolist()
         X = Xs[g]
         plan = None if alone[mine[0]] else _matrix_plan(kernel, X, cache_bytes, sgemm_min_rows)
+        threads = matrix_threads(X.shape[0]) if jobs == 1 else 1
         if plan is not None:
-            K = _make_matrix(kernel, X, plan, cache_bytes)
+            K = _make_matrix(kernel, X, plan, cache_bytes, threads)
             return mine, _dense_path(K, [idxs[w] for w in mine], [ys[w] for w in mine],
                                      [weights[w] for w in mine], [starts[w] for w in mine],
                                      Cs, X.shape[0], settings)
         out = []
         for w in mine:
             out.append(_alone_path(kernel, X, idxs[w], ys[w], weights[w], starts[w], Cs,
-                                   cache_bytes, sgemm_min_rows, settings))
+                                   cache_bytes, sgemm_min_rows, settings, threads))
         return mine, [list(col) for col in zip(*out)]
 
     results = [[None] * len(problems) for _ in Cs]
     groups = np.unique(group).tolist()
-    for mine, by_C in _in_threads(one_group, groups, part_threads(n_jobs, sizes)):
+    jobs = part_threads(n_jobs, sizes)
+    for mine, by_C in _in_threads(one_group, groups, jobs):
         for c, row in enumerate(by_C):
             for w, res in zip(mine, row):
                 results[c][w] = res
@@ -142,7 +144,8 @@ def _dense_path(K, idxs, ys, weights, starts, Cs, n_rows, settings):
     return by_C
 
 
-def _alone_path(kernel, X, idx, y, weights, start, Cs, cache_bytes, sgemm_min_rows, settings):
+def _alone_path(kernel, X, idx, y, weights, start, Cs, cache_bytes, sgemm_min_rows, settings,
+                threads):
     """One problem alone along the path: its whole matrix when it is given or small, else
     its rows on demand, one :class:`~.rows.RowCache` for every C."""
     tol, max_iter, shrinking = settings
@@ -153,9 +156,9 @@ def _alone_path(kernel, X, idx, y, weights, start, Cs, cache_bytes, sgemm_min_ro
     else:
         values = values_of(kernel, X[idx], sgemm_min_rows)
         if n <= WHOLE_MATRIX_MAX_ROWS and n * n * values.dtype.itemsize <= cache_bytes:
-            K = values.matrix()
+            K = values.matrix(threads)
         else:
-            rows = RowCache(values, cache_bytes)
+            rows = RowCache(values, cache_bytes, threads=threads)
     if K is not None:
         by_C = _dense_path(K, [np.arange(n)], [y], [weights], [start], Cs, n, settings)
         return [row[0] for row in by_C]

@@ -59,10 +59,17 @@ from .loop import (
 #: (the NumPy twin of the dense solver serves it bit for bit, :mod:`gpuml.kernels._jit`).
 WHOLE_MATRIX_MAX_ROWS = 1024
 
-#: Rows are computed one by one, with no question asked, until they have cost this
-#: fraction of the whole matrix (:func:`rows_before_asking`); from there the matrix is
-#: made once the rows still to come (:meth:`RowCache.matrix_pays`) would cost more.
+#: The rows still to come are counted (:meth:`RowCache.matrix_pays`) from when the rows
+#: computed have cost a quarter of this fraction of the whole matrix (and are at least
+#: :data:`FIRST_ASK_SHARE` of all), every quarter of it after; the count is trusted for a
+#: comparison of costs from this fraction on (:func:`rows_before_asking`).
 SWITCH_FRACTION = 0.1
+#: ... the fewest rows, as a share of all, before the first count: before that few
+#: variables have moved and nearly all still violate, in any problem.
+FIRST_ASK_SHARE = 0.02
+#: A count finds the problem hard, and the matrix is made, when at least this share of
+#: the variables not yet touched still violate: the solve will touch most rows.
+HARD_SHARE = 0.95
 
 #: The cost model of :func:`row_cost` and :func:`matrix_cost`, in nanoseconds on the
 #: 2-core reference machine (``python -m bench.run exact_work``, table
@@ -107,11 +114,13 @@ class RowCache:
 
     :meth:`solve` may be called several times (other bounds, warm starts: the C path of
     :mod:`.path`); the rows computed, and the whole matrix once made, serve every call.
-    ``switch=False`` never makes the whole matrix (rows until the end).
+    ``switch=False`` never makes the whole matrix (rows until the end); ``threads``: the
+    threads that make it.
     """
 
-    def __init__(self, values, cache_bytes, switch=True):
+    def __init__(self, values, cache_bytes, switch=True, threads=1):
         self.values = values
+        self.threads = threads
         n = values.rows.shape[0]
         itemsize = values.dtype.itemsize
         self.grow = n * n * itemsize <= cache_bytes
@@ -124,10 +133,12 @@ class RowCache:
         d = values.n_features
         self.row_cost = row_cost(n, d, itemsize)
         self.matrix_cost = matrix_cost(n, d, itemsize)
-        first = rows_before_asking(n, d, itemsize)
-        #: Rows computed when :meth:`matrix_pays` is asked next, and the rows between asks.
-        self.next_ask = first if self.grow and switch else n + 1
-        self.ask_every = max(1, first // 4)
+        #: Rows computed when the cost comparison of :meth:`matrix_pays` starts, when it is
+        #: asked next, and the rows between asks.
+        self.trusted = rows_before_asking(n, d, itemsize)
+        self.ask_every = max(1, self.trusted // 4)
+        self.next_ask = (max(self.ask_every, int(FIRST_ASK_SHARE * n)) if self.grow and switch
+                         else n + 1)
         self.n_rows = 0
         self.clock = 0
         #: The variables in the order of the whole matrix's rows, once it is made.
@@ -200,19 +211,29 @@ class RowCache:
         finally:
             blas.restore_original_limits()
 
-    def matrix_pays(self, y, C, alpha, G, tol) -> bool:
-        """Whether the rest of the matrix costs less than the rows still to come, estimated
-        as the variables not yet touched that violate the optimality conditions by more
-        than ``tol`` (at ``alpha = 0``: ``y_k f(x_k) < 1`` for the current intercept)."""
+    def rows_to_come(self, y, C, alpha, G, tol) -> int:
+        """The rows a solve is still expected to ask for: the variables not yet touched
+        that violate the optimality conditions by more than ``tol`` (at ``alpha = 0``:
+        ``y_k f(x_k) < 1`` for the current intercept)."""
         minus_yG = -y * G
         up = np.where(y > 0, alpha < C, alpha > 0)
         low = np.where(y > 0, alpha > 0, alpha < C)
         if not up.any() or not low.any():
-            return False
+            return 0
         rho = 0.5 * (minus_yG[up].max() + minus_yG[low].min())
-        untouched = self.slot_of < 0
         violating = np.where(y > 0, minus_yG > rho + tol, minus_yG < rho - tol)
-        return np.count_nonzero(untouched & violating) * self.row_cost >= self._rest_cost()
+        return int(np.count_nonzero((self.slot_of < 0) & violating))
+
+    def matrix_pays(self, y, C, alpha, G, tol) -> bool:
+        """Whether to make the rest of the matrix now: when nearly all the variables not
+        yet touched are rows to come (:meth:`rows_to_come`, :data:`HARD_SHARE`: a hard
+        problem, most variables support vectors), or, once :attr:`trusted`, when those
+        rows would cost more than the rest of the matrix."""
+        to_come = self.rows_to_come(y, C, alpha, G, tol)
+        if to_come >= HARD_SHARE * (self.n - self.n_rows):
+            return True
+        return (self.n_rows >= self.trusted
+                and to_come * self.row_cost >= self._rest_cost())
 
     def _rest_cost(self) -> float:
         """The model's cost of the rest of the matrix (the rows computed are kept)."""
@@ -279,7 +300,7 @@ class RowCache:
         K = self.cache
         if done:
             K[:done] = K[:done][:, order]
-        self.values.fill_lower(K, start=done, order=rest)
+        self.values.fill_lower(K, start=done, order=rest, threads=self.threads)
         if done:
             K[done:, :done] = K[:done, done:].T
         self.order = order

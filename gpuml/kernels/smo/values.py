@@ -25,6 +25,7 @@ import numpy as np
 from numba import njit
 
 from ...pairwise import gram, squared_norms
+from .._threads import blas_controller, threads_for
 from ..vexp import exp_nonpositive_f32, exp_nonpositive_f64, rbf_exponent
 from .loop import _FILL, _NEED, _run
 
@@ -46,6 +47,8 @@ PART_SGEMM_MIN_ROWS = 1024
 #: Bytes of the products of one block of :meth:`Values.fill_lower` (a few rows against
 #: all before them): small enough to stay in the core's cache while they are mapped.
 BLOCK_BYTES = 4 << 20
+#: A matrix made alone takes a thread per this many values (:func:`matrix_threads`).
+MATRIX_THREAD_MIN_VALUES = 2048 ** 2
 
 
 def _centred(X):
@@ -77,7 +80,7 @@ def sgemm_applies(kernel, X, min_rows=None) -> bool:
     return sgemm_rows(kernel, X, min_rows) is not None
 
 
-def sgemm_matrix(kernel, X, *, max_bytes, centred=None):
+def sgemm_matrix(kernel, X, *, max_bytes, centred=None, threads=1):
     """``K(X, X)`` for rbf in float32, as LIBSVM caches its values (``Qfloat``).
 
     Half the memory of float64, and faster: matrix products over the lower triangle of
@@ -98,7 +101,7 @@ def sgemm_matrix(kernel, X, *, max_bytes, centred=None):
         raise MemoryError(f"the {n} x {n} float32 kernel matrix would take "
                           f"{n * n * 4 / 2**30:.1f} GiB, more than max_bytes="
                           f"{max_bytes / 2**30:.1f} GiB")
-    return Values(kernel, X, centred).matrix()
+    return Values(kernel, X, centred).matrix(threads)
 
 
 def values_of(kernel, X, min_rows=None):
@@ -220,38 +223,53 @@ class Values:
         return products
 
 
-    def fill_lower(self, out, start=0, order=None):
+    def fill_lower(self, out, start=0, order=None, threads=1):
         """``out[start:, start:] = K(rows[order], rows[order])`` (all rows by default): the
-        products of the lower triangle by blocks of rows (one matrix product each), their
-        values, then the diagonal and the upper triangle as its mirror."""
+        products of the lower triangle by blocks of rows (one matrix product each, BLAS on
+        one thread: on these small products its threads cost more than they save, as every
+        product waits for all of them), their values, then the diagonal and the upper
+        triangle as its mirror. The blocks run in ``threads`` threads."""
         rows = self.rows if order is None else self.rows[order]
         norms = None if self.norms is None else (self.norms if order is None
                                                  else self.norms[order])
         diag = self.diag if order is None else self.diag[order]
         k = rows.shape[0]
-        arg = np.empty(k, self.dtype)
-        scratch = np.empty(k, np.int32 if self.dtype == np.float32 else np.int64)
         step = max(32, BLOCK_BYTES // max(1, k * self.dtype.itemsize))
-        for a in range(0, k, step):
-            b = min(a + step, k)
+        blocks = [(a, min(a + step, k)) for a in range(0, k, step)]
+
+        def block(bounds):
+            a, b = bounds
             products = np.asarray(gram(rows[a:b], rows[:b]), dtype=self.dtype)
             if self.rbf:
+                arg = np.empty(b, self.dtype)
+                scratch = np.empty(b, np.int32 if self.dtype == np.float32 else np.int64)
                 self._map(products, norms[a:b], norms, self.kernel.gamma, out, start + a,
                           start, a, arg, scratch)
             else:
                 out[start + a:start + b, start:start + b] = self.kernel._from_gram(products)
+
+        with blas_controller().limit(limits=1, user_api="blas"):
+            if threads > 1 and len(blocks) > 1:
+                from joblib import Parallel, delayed
+
+                Parallel(n_jobs=threads, prefer="threads")(delayed(block)(b) for b in blocks)
+            else:
+                for bounds in blocks:
+                    block(bounds)
         _mirror_lower(out, start, diag)
         return out
 
-    def matrix(self):
+    def matrix(self, threads=1):
         """The whole kernel matrix: float32 values by :meth:`fill_lower` (exactly
-        symmetric); values in the rows' dtype as :meth:`gpuml.pairwise.Kernel.matrix`
-        computes them (one product of all rows), so that they equal a precomputed Gram
-        matrix ``X @ X.T`` to the bit, as the GPU solver's do."""
+        symmetric, its blocks in ``threads`` threads); values in the rows' dtype as
+        :meth:`gpuml.pairwise.Kernel.matrix` computes them (one product of all rows), so
+        that they equal a precomputed Gram matrix ``X @ X.T`` to the bit, as the GPU
+        solver's do."""
         if self.from_centred:
             n = self.rows.shape[0]
-            return self.fill_lower(np.empty((n, n), dtype=self.dtype))
+            return self.fill_lower(np.empty((n, n), dtype=self.dtype), threads=threads)
         return np.ascontiguousarray(self.kernel.matrix(self.rows, max_bytes=1 << 62))
+
 
     def dot(self, rows, cols, coef):
         """``K[rows][:, cols] @ coef`` from the original rows, in float64, blocked."""
@@ -337,3 +355,10 @@ def _mirror_lower(K, start, diag):
             for i in range(a, min(a + step, n)):
                 for j in range(b, min(b + step, i)):
                     K[start + j, start + i] = K[start + i, start + j]
+
+
+def matrix_threads(n) -> int:
+    """Threads that build an ``n``-row matrix made alone (no other work beside it): one per
+    :data:`MATRIX_THREAD_MIN_VALUES` of its values, at most the threads BLAS may use
+    (:func:`~gpuml.kernels.threads_for`)."""
+    return threads_for(None, n * n, MATRIX_THREAD_MIN_VALUES, most=64)
