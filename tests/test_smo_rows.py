@@ -186,7 +186,8 @@ def test_the_rows_to_come_are_the_violators_not_yet_touched():
     kernel = make_kernel("rbf", "scale", X=X)
     res, cache = _on_rows(kernel, X, y)
     assert cache.order is not None  # found hard at the first count
-    assert cache.n_rows == max(cache.ask_every, int(rows.FIRST_ASK_SHARE * 4000))
+    assert cache.n_rows == max(cache.ask_every, int(rows.FIRST_ASK_SHARE * 4000),
+                               rows.FIRST_ASK_ROWS)
 
 
 @pytest.mark.parametrize("binary", [False, True])
@@ -208,3 +209,31 @@ def test_sparse_and_dense_fits_agree_to_rounding(binary):
     np.testing.assert_array_equal(fits[0].n_iter_, fits[1].n_iter_)
     dense, sparse = (f.decision_function(X) for f in fits)
     np.testing.assert_allclose(sparse, dense, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("hard", [False, True])
+def test_the_first_problems_alone_tell_the_others_how_to_start(monkeypatch, hard):
+    """The binary parts of one fit are alike: when the first FIRST_ALONE of them made their
+    matrix midway (hard), the others make it first; else they start on rows. The same
+    optimum either way."""
+    from gpuml.kernels import SMOProblem, smo_solve_batch
+    from gpuml.kernels.smo import cpu
+
+    X, y = _problem(n=5 * 1100, class_sep=1.0 if hard else 2.0, flip_y=0.3 if hard else 0.0,
+                    seed=3)
+    Xs = [X[p * 1100:(p + 1) * 1100] for p in range(5)]
+    problems = [SMOProblem(p, np.arange(1100), y[p * 1100:(p + 1) * 1100]) for p in range(5)]
+    kernel = make_kernel("rbf", "scale", X=X)
+    caches = []
+    real = cpu.RowCache
+    monkeypatch.setattr(cpu, "RowCache", lambda *a, **kw: caches.append(real(*a, **kw))
+                        or caches[-1])
+    for n_jobs in (1, 2):
+        caches.clear()
+        batch = smo_solve_batch(kernel, Xs, problems, n_jobs=n_jobs)
+        assert len(caches) == (cpu.FIRST_ALONE if hard else 5)
+        assert all((c.order is not None) == hard for c in caches)
+        for prob, res in zip(problems, batch):
+            alone = smo_solve(kernel, Xs[prob.group], prob.y, 1.0)
+            assert res.converged
+            assert res.objective == pytest.approx(alone.objective, rel=1e-5)

@@ -51,6 +51,9 @@ NUMPY_TWIN_MAX_ROWS = WHOLE_MATRIX_MAX_ROWS
 #: ... and the largest batch (all the problems of a call to :func:`solve_batch`), in sum of
 #: squared problem sizes (the steps scale about so).
 NUMPY_TWIN_MAX_WORK = 2048 ** 2
+#: The problems alone of a batch solved first, whose outcome decides how the others start
+#: (:func:`solve_batch`): a fixed number, so that it never depends on the threads.
+FIRST_ALONE = 2
 
 
 def check_problem(y, C, alpha0):
@@ -70,31 +73,33 @@ def solve(kernel, X, idx, y, C, *, tol=1e-3, max_iter=-1, cache_bytes=1 << 30,
     """
     y, C, alpha = check_problem(y, C, alpha0)
     return _solve_checked(kernel, X, np.asarray(idx), y, C, alpha, tol, max_iter, cache_bytes,
-                          shrinking, K, sgemm_min_rows)
+                          shrinking, K, sgemm_min_rows)[0]
 
 
 def _solve_checked(kernel, X, idx, y, C, alpha, tol, max_iter, cache_bytes, shrinking, K,
-                   sgemm_min_rows=None, threads=1):
+                   sgemm_min_rows=None, threads=1, whole_first=False):
     """One validated problem: the dense solver on its whole matrix when given, precomputed,
-    or small enough to compute first; else its rows on demand (a matrix made midway in
-    ``threads`` threads)."""
+    small enough to compute first, or ``whole_first`` (and it fits); else its rows on
+    demand (a matrix made midway in ``threads`` threads). Returns the result and whether
+    the problem's whole matrix was made."""
     n = y.shape[0]
     if K is None and kernel.name == "precomputed":
         K = _dense(X)[np.ix_(idx, idx)]
     values = None
     if K is None:
         values = values_of(kernel, X[idx], sgemm_min_rows)
-        if n <= WHOLE_MATRIX_MAX_ROWS and n * n * values.dtype.itemsize <= cache_bytes:
-            K = values.matrix()
+        fits = n * n * values.dtype.itemsize <= cache_bytes
+        if fits and (whole_first or n <= WHOLE_MATRIX_MAX_ROWS):
+            K = values.matrix(threads)
     if K is not None:
         one = _DenseRun(np.ones(1, bool), np.arange(n, dtype=np.int64),
                         Checked(np.array([0, n], dtype=np.int64), y, C, alpha),
                         tol, max_iter, shrinking)
         one(np.ascontiguousarray(K), np.zeros(1, np.int64))
-        return one.results()[0]
-    status, n_iter, G = RowCache(values, cache_bytes, threads=threads).solve(
-        y, C, alpha, tol, max_iter, shrinking)
-    return result_of(y, C, alpha, G, n_iter, status)
+        return one.results()[0], True
+    rows = RowCache(values, cache_bytes, threads=threads)
+    status, n_iter, G = rows.solve(y, C, alpha, tol, max_iter, shrinking)
+    return result_of(y, C, alpha, G, n_iter, status), rows.order is not None
 
 
 def result_of(y, C, alpha, G, n_iter, status) -> SMOResult:
@@ -289,9 +294,13 @@ def solve_batch(kernel, Xs, problems, *, tol=1e-3, max_iter=-1, cache_bytes=1 <<
         K = None
         if diagonal and (b - a) ** 2 * np.dtype(Xs[g].dtype).itemsize <= cache_bytes:
             K = _assemble(kernel, Xs[g], idxs[w], diagonal, g)
-        return w, _solve_checked(kernel, Xs[g], idxs[w], checked.y[a:b], checked.C[a:b],
-                                 checked.alpha[a:b], tol, max_iter, cache_bytes, shrinking, K,
-                                 sgemm_min_rows, matrix_threads(b - a) if jobs == 1 else 1)
+        res, made = _solve_checked(kernel, Xs[g], idxs[w], checked.y[a:b], checked.C[a:b],
+                                   checked.alpha[a:b], tol, max_iter, cache_bytes, shrinking,
+                                   K, sgemm_min_rows, matrix_threads(b - a) if jobs == 1 else 1,
+                                   whole_first=alone[w] and w not in first and all(made_first))
+        if w in first:
+            made_first.append(made)
+        return w, res
 
     # Many problems: the threads are the parallelism; BLAS threads inside each
     # would only oversubscribe the cores.
@@ -322,9 +331,17 @@ def solve_batch(kernel, Xs, problems, *, tol=1e-3, max_iter=-1, cache_bytes=1 <<
         with blas.limit(limits=1, user_api="blas") if blas is not None else nullcontext():
             return _in_threads(task, items, jobs, on_result=finished)
 
+    # The problems alone of one batch are alike (the binary parts of one fit): the first
+    # FIRST_ALONE of them tell the others whether to make their whole matrix first
+    # (their rows on demand made it midway: hard problems) or to start on rows.
+    first = set(np.flatnonzero(alone)[:FIRST_ALONE].tolist())
+    made_first = []
+    wave = [t for t in tasks if t[0] == "alone" and t[1] in first]
+    tasks = [t for t in tasks if not (t[0] == "alone" and t[1] in first)]
+    done = solve(wave) if wave else []
     mats = {}
     if jobs == 1:
-        done = solve([t for t in tasks if t[0] == "alone"]) if row_cached else []
+        done += solve([t for t in tasks if t[0] == "alone"])
         for g in dense_groups.tolist():
             mats[g] = _make_matrix(kernel, Xs[g], planned[g], cache_bytes,
                                    matrix_threads(Xs[g].shape[0]))
@@ -335,7 +352,7 @@ def solve_batch(kernel, Xs, problems, *, tol=1e-3, max_iter=-1, cache_bytes=1 <<
             mats = dict(zip(dense_groups.tolist(), _in_threads(
                 lambda g: _make_matrix(kernel, Xs[g], planned[g], cache_bytes),
                 dense_groups.tolist(), jobs)))
-        done = solve(tasks)
+        done += solve(tasks)
     results = run.results()
     for out in done:
         if out is not None:

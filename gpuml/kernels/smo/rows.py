@@ -2,25 +2,28 @@
 
 A problem of more than :data:`WHOLE_MATRIX_MAX_ROWS` variables starts with no kernel
 value: the compiled iteration (:func:`~.loop._run`) returns to :class:`RowCache` when a
-step needs a row it does not hold, which computes it (one matrix-vector product and the
-kernel's map, :meth:`~.values.Values.row`) and re-enters. Its cost follows the work: an
-easy problem touches a few hundred rows of a 10,000-row problem (LIBSVM keeps the rows
-its working sets touch in an LRU cache the same way; Chang & Lin, "LIBSVM: a library for
-support vector machines", 2011, section 4.3).
+step needs a row it does not hold, which computes its products (one matrix-vector
+product, :meth:`~.values.Values.products`) and re-enters through one compiled call that
+puts the row in place and goes on (:meth:`~.values.Values.fill_and_run`). Its cost follows
+the work: an easy problem touches a few hundred rows of a 10,000-row problem (LIBSVM keeps
+the rows its working sets touch in an LRU cache the same way; Chang & Lin, "LIBSVM: a
+library for support vector machines", 2011, section 4.3).
 
 When the matrix fits in the cache (``n * n`` values of the problem's precision at most
 ``cache_bytes``), rows are kept in the matrix's own storage in the order computed, never
-evicted, and once they have cost :data:`SWITCH_FRACTION` of what the whole matrix costs
-(:func:`rows_before_matrix`, a cost model measured in ``bench/bench_exact_work.py``) the
-rest of the matrix is computed at once: the variables are reordered so that the rows
-already computed come first, the remaining block ``K[T, T]`` comes from matrix products
-(:meth:`~.values.Values.fill_lower`), the cross block ``K[T, S]`` is the mirror of the
-rows computed, and the solve goes on without leaving compiled code
-(:func:`~.loop._continue_dense`). A hard problem (most rows touched: most variables
-support vectors) thus pays at most that fraction more than computing the matrix first,
-and usually less, since the rows computed are not computed again; an easy one pays only
-for its rows. The gradient stays exact through the reorder: every value the steps used is
-where the dense loop reads it.
+evicted, and the rest of the matrix is made at once when it pays
+(:meth:`RowCache.matrix_pays`): the rows still to come are counted as the variables not
+yet touched that violate the optimality conditions, few once an easy problem's support
+vectors are found, nearly all of a hard problem's (most variables support vectors). The
+variables are then reordered so that the rows already computed come first, the remaining
+block ``K[T, T]`` comes from matrix products (:meth:`~.values.Values.fill_lower`), the
+cross block ``K[T, S]`` is the mirror of the rows computed, and the solve goes on without
+leaving compiled code (:func:`~.loop._continue_dense`). The gradient stays exact through
+the reorder: every value the steps used is where the dense loop reads it. A hard problem
+pays its first rows (:data:`FIRST_ASK_ROWS` or more) beyond the matrix, less the rows it
+keeps; an easy one only its rows. The costs compared come from a model measured on the
+2-core reference machine (:func:`row_cost`, :func:`matrix_cost`;
+``bench/bench_exact_work.py``).
 
 Past the cache the rows live in an LRU cache of ``cache_bytes`` over the active
 (unshrunk) variables, as LIBSVM's, and the matrix is never made.
@@ -59,14 +62,15 @@ from .loop import (
 #: (the NumPy twin of the dense solver serves it bit for bit, :mod:`gpuml.kernels._jit`).
 WHOLE_MATRIX_MAX_ROWS = 1024
 
-#: The rows still to come are counted (:meth:`RowCache.matrix_pays`) from when the rows
-#: computed have cost a quarter of this fraction of the whole matrix (and are at least
-#: :data:`FIRST_ASK_SHARE` of all), every quarter of it after; the count is trusted for a
-#: comparison of costs from this fraction on (:func:`rows_before_asking`).
+#: The rows still to come are counted (:meth:`RowCache.matrix_pays`) every quarter of the
+#: rows whose cost is this fraction of the whole matrix's (:func:`rows_before_asking`),
+#: and compared in cost with the rest of the matrix once that many rows are computed.
 SWITCH_FRACTION = 0.1
-#: ... the fewest rows, as a share of all, before the first count: before that few
-#: variables have moved and nearly all still violate, in any problem.
+#: The fewest rows before the first count, as a share of all and in number: before that
+#: too few variables have moved for the support vectors of even an easy problem to shape
+#: its decision function, and nearly all still violate, in any problem.
 FIRST_ASK_SHARE = 0.02
+FIRST_ASK_ROWS = 100
 #: A count finds the problem hard, and the matrix is made, when at least this share of
 #: the variables not yet touched still violate: the solve will touch most rows.
 HARD_SHARE = 0.95
@@ -95,22 +99,18 @@ def matrix_cost(n, d, itemsize) -> float:
 
 
 def rows_before_asking(n, d, itemsize) -> int:
-    """Rows computed before :meth:`RowCache.matrix_pays` is first asked:
-    :data:`SWITCH_FRACTION` of the whole matrix's cost."""
+    """Rows whose cost is :data:`SWITCH_FRACTION` of the whole matrix's: from there
+    :meth:`RowCache.matrix_pays` compares costs (and counts every quarter of it)."""
     return int(SWITCH_FRACTION * matrix_cost(n, d, itemsize) / row_cost(n, d, itemsize))
 
 
 class RowCache:
     """The kernel rows of one problem (:class:`~.values.Values`), kept across solves.
 
-    While the matrix fits in ``cache_bytes``, rows grow in its storage: the first
-    :func:`rows_before_asking` unasked, then, every quarter of that many rows, the rows
-    still to come are estimated (the variables not yet touched that violate the
-    optimality conditions: an easy problem has a few left once its support vectors are
-    found, a hard one most of its variables) and the rest of the matrix is made when they
-    would cost more (:meth:`matrix_pays`). A hard problem so pays about
-    :data:`SWITCH_FRACTION` of its matrix more than computing it first, less the rows it
-    keeps; an easy one only its rows.
+    While the matrix fits in ``cache_bytes``, rows grow in its storage and, from the
+    first count on (:data:`FIRST_ASK_ROWS`, :data:`FIRST_ASK_SHARE`), every quarter of
+    :func:`rows_before_asking` rows, :meth:`matrix_pays` decides whether to make the rest
+    of the matrix now.
 
     :meth:`solve` may be called several times (other bounds, warm starts: the C path of
     :mod:`.path`); the rows computed, and the whole matrix once made, serve every call.
@@ -137,8 +137,8 @@ class RowCache:
         #: asked next, and the rows between asks.
         self.trusted = rows_before_asking(n, d, itemsize)
         self.ask_every = max(1, self.trusted // 4)
-        self.next_ask = (max(self.ask_every, int(FIRST_ASK_SHARE * n)) if self.grow and switch
-                         else n + 1)
+        self.next_ask = (max(self.ask_every, int(FIRST_ASK_SHARE * n), FIRST_ASK_ROWS)
+                         if self.grow and switch else n + 1)
         self.n_rows = 0
         self.clock = 0
         #: The variables in the order of the whole matrix's rows, once it is made.
