@@ -109,18 +109,19 @@ def test_warm_start_on_rows_from_a_solution_takes_no_step():
     kernel = make_kernel("rbf", "scale", X=X)
     cold = smo_solve(kernel, X, y, 1.0, tol=1e-5)
     n_sv = np.count_nonzero(cold.alpha)
-    # the start's gradient along the rows of its support vectors (cheaper than the matrix)
-    warm, cache = _on_rows(kernel, X, y, 1.0, alpha0=cold.alpha)
-    assert warm.n_iter == 0 and warm.converged
-    assert cache.n_rows == n_sv and cache.order is None
-    np.testing.assert_allclose(warm.gradient, cold.gradient, atol=1e-8)
-    # a start with more rows than the rest of the matrix costs: the matrix first
-    cache = rows.RowCache(values_of(kernel, X), 1 << 30)
-    cache.matrix_cost = n_sv * cache.row_cost
-    checked = check_flat([y], [1.0], [cold.alpha])
-    status, n_iter, G = cache.solve(checked.y, checked.C, checked.alpha, 1e-3, -1, False)
-    assert n_iter == 0 and cache.order is not None and cache.n_rows == 0
-    np.testing.assert_allclose(G, cold.gradient, atol=1e-8)
+    # The start's gradient along the rows of its support vectors when they cost less than
+    # the matrix; else the matrix first.
+    for rows_cost_more in (False, True):
+        cache = rows.RowCache(values_of(kernel, X), 1 << 30)
+        cache.matrix_cost = n_sv * cache.row_cost * (0.5 if rows_cost_more else 2.0)
+        checked = check_flat([y], [1.0], [cold.alpha])
+        status, n_iter, G = cache.solve(checked.y, checked.C, checked.alpha, 1e-3, -1, False)
+        assert n_iter == 0
+        if rows_cost_more:
+            assert cache.order is not None and cache.n_rows == 0
+        else:
+            assert cache.order is None and cache.n_rows == n_sv
+        np.testing.assert_allclose(G, cold.gradient, atol=1e-8)
 
 
 def test_max_iter_counts_the_steps_before_and_after_the_matrix(monkeypatch):

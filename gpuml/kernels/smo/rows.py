@@ -74,6 +74,10 @@ FIRST_ASK_ROWS = 100
 #: A count finds the problem hard, and the matrix is made, when at least this share of
 #: the variables not yet touched still violate: the solve will touch most rows.
 HARD_SHARE = 0.95
+#: A count is compared in cost with the rest of the matrix only while it falls slowly, to
+#: no less than this share of the count before: a fast fall is an easy problem's support
+#: vectors being found, whose rows to come will be far fewer than counted.
+STEADY_SHARE = 0.8
 
 #: The cost model of :func:`row_cost` and :func:`matrix_cost`, in nanoseconds on the
 #: 2-core reference machine (``python -m bench.run exact_work``, table
@@ -81,9 +85,9 @@ HARD_SHARE = 0.95
 #: computed alone (a matrix-vector product and the map), ``fixed + per_feature * d``; per
 #: entry of the whole matrix (matrix products over its lower triangle, the map, the
 #: mirror), the same; and Python's share of one row.
-ROW_VALUE_NS = {4: (3.5, 0.1), 8: (8.0, 0.3)}
-MATRIX_ENTRY_NS = {4: (4.0, 0.02), 8: (11.0, 0.03)}
-ROW_CALL_NS = 10_000.0
+ROW_VALUE_NS = {4: (3.4, 0.1), 8: (9.0, 0.3)}
+MATRIX_ENTRY_NS = {4: (2.0, 0.015), 8: (4.8, 0.043)}
+ROW_CALL_NS = 5_000.0
 
 
 def row_cost(n, d, itemsize) -> float:
@@ -139,6 +143,7 @@ class RowCache:
         self.ask_every = max(1, self.trusted // 4)
         self.next_ask = (max(self.ask_every, int(FIRST_ASK_SHARE * n), FIRST_ASK_ROWS)
                          if self.grow and switch else n + 1)
+        self.last_count = None
         self.n_rows = 0
         self.clock = 0
         #: The variables in the order of the whole matrix's rows, once it is made.
@@ -227,12 +232,15 @@ class RowCache:
     def matrix_pays(self, y, C, alpha, G, tol) -> bool:
         """Whether to make the rest of the matrix now: when nearly all the variables not
         yet touched are rows to come (:meth:`rows_to_come`, :data:`HARD_SHARE`: a hard
-        problem, most variables support vectors), or, once :attr:`trusted`, when those
-        rows would cost more than the rest of the matrix."""
+        problem, most variables support vectors), or, once :attr:`trusted` and while the
+        count falls slowly (:data:`STEADY_SHARE`), when those rows would cost more than the
+        rest of the matrix."""
         to_come = self.rows_to_come(y, C, alpha, G, tol)
+        before, self.last_count = self.last_count, to_come
         if to_come >= HARD_SHARE * (self.n - self.n_rows):
             return True
-        return (self.n_rows >= self.trusted
+        return (self.n_rows >= self.trusted and before is not None
+                and to_come >= STEADY_SHARE * before
                 and to_come * self.row_cost >= self._rest_cost())
 
     def _rest_cost(self) -> float:
