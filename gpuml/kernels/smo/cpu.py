@@ -10,7 +10,9 @@ chunk of that group's problems on it (:class:`_DenseRun`), in joblib threads.
 Every other problem (one problem of more than
 :data:`~.rows.WHOLE_MATRIX_MAX_ROWS` variables on its rows, as the binary parts and
 the exact SVM have, or one too large for the cache) computes its kernel rows as its
-steps need them (:class:`~.rows.RowCache`): its cost follows its work.
+steps need them (:class:`~.rows.RowCache`): its cost follows its work. Of a batch's
+problems alone, the first :data:`FIRST_ALONE` are solved first; when all of them made
+their whole matrix midway (hard problems), the others make it first.
 """
 
 from __future__ import annotations

@@ -14,10 +14,11 @@ the variables that may still move active; the stop is the KKT gap
 ``max_{I_up} -y G - min_{I_low} -y G < tol``.
 
 The iteration is a numba state machine (:func:`_run`) that runs until it
-needs a row that is not cached, then returns to its caller (:mod:`.cpu`),
-which computes that row over the active variables and re-enters. When a
+needs a row that is not cached, then returns to its caller (:mod:`.rows`),
+which computes that row and re-enters where the step stopped. When a
 problem's whole kernel matrix is in memory every row is "cached" and the loop
-never leaves numba (:func:`_solve_dense`); :func:`_solve_dense_problems` solves
+never leaves numba (:func:`_solve_dense`, and :func:`_continue_dense` once the
+rows on demand have become a whole matrix); :func:`_solve_dense_problems` solves
 a chunk of a flat batch's problems on one group's matrix in one call, so no
 Python runs per problem. :func:`_solve_dense_problems_numpy` is that dense
 solver written out in NumPy, step for step, for small batches while numba
