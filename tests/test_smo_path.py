@@ -155,3 +155,37 @@ def test_bad_paths_are_refused_before_any_work():
     bad = [SMOProblem(0, np.arange(10), np.ones(10))]
     with pytest.raises(ValueError, match="both classes"):
         smo_solve_path(kernel, Xs, bad, [1.0, 2.0])
+
+
+def test_the_gpu_branch_warm_starts_each_batch(monkeypatch):
+    """On a GPU each C is one smo_solve_batch from the previous C's seed (its logic run here
+    on the host: the batch solver replaced by the CPU one)."""
+    import gpuml.kernels as kernels
+    from gpuml.kernels.smo import cpu
+
+    Xs, problems = _digits_pairs()
+    kernel = make_kernel("rbf", "scale", X=Xs[0])
+    batches = []
+
+    def host_batch(kernel, Xs, batch, **kw):
+        batches.append(batch)
+        return cpu.solve_batch(kernel, Xs, batch, tol=kw["tol"], max_iter=kw["max_iter"],
+                               shrinking=kw["shrinking"])
+
+    monkeypatch.setattr(kernels, "is_cupy_array", lambda X: True)
+    monkeypatch.setattr(kernels, "smo_solve_batch", host_batch)
+    Cs = [0.3, 1.0, 3.0]
+    gpu = kernels.smo_solve_path(kernel, Xs, problems, Cs)
+    monkeypatch.undo()
+    host = smo_solve_path(kernel, Xs, problems, Cs)
+    assert len(batches) == 3 and all(p.alpha0 is None for p in batches[0])
+    for c in (1, 2):
+        for p, before, prob in zip(batches[c], gpu[c - 1], problems):
+            weights = np.broadcast_to(prob.C, prob.y.shape)
+            np.testing.assert_allclose(p.C, Cs[c] * weights)
+            np.testing.assert_array_equal(
+                p.alpha0, seed_alpha(before.alpha, prob.y, Cs[c - 1] * weights, Cs[c] * weights))
+    for row_gpu, row_host in zip(gpu, host):
+        for a, b in zip(row_gpu, row_host):
+            assert a.n_iter == b.n_iter
+            np.testing.assert_allclose(a.alpha, b.alpha, atol=1e-12)
