@@ -21,9 +21,10 @@ the timed ones; medians of the repeats; wall seconds, and CPU seconds where note
   alone, an entry of the whole matrix, per value) against its measurement.
 
 With ``GPUML_EXACT_WORK_BASELINE=DIR`` (DIR holding another version's package under the
-name ``gpuml_baseline``: ``git archive <commit> gpuml | tar -x -C DIR && mv DIR/gpuml
-DIR/gpuml_baseline``) that version's ``CASVMClassifier`` is timed too, in the same turns
-(the ``baseline`` columns).
+name ``gpuml_baseline``, and its commit in ``DIR/COMMIT``: ``git archive <commit> gpuml |
+tar -x -C DIR && mv DIR/gpuml DIR/gpuml_baseline && git rev-parse --short <commit> >
+DIR/COMMIT``) that version's ``CASVMClassifier`` is timed too, in the same turns (the
+``baseline`` columns).
 
 Run: ``python -m bench.run exact_work`` (``:quick``: fewer cases and repeats).
 """
@@ -69,6 +70,19 @@ def _baseline():
         return None
     sys.path.insert(0, str(Path(folder).resolve()))
     return importlib.import_module("gpuml_baseline").CASVMClassifier
+
+
+def _record(name, rows, title, notes):
+    """:func:`bench._harness.record` with the baseline's commit and the command that sets it."""
+    folder = os.environ.get("GPUML_EXACT_WORK_BASELINE")
+    command = None
+    if folder:
+        commit = Path(folder, "COMMIT")
+        version = commit.read_text().strip() if commit.exists() else "another version"
+        notes += f" Baseline: {version}."
+        command = "GPUML_EXACT_WORK_BASELINE=DIR python -m bench.run " + (
+            "exact_work:quick" if name.endswith("_quick") else "exact_work")
+    record(name, rows, title=title, notes=notes, command=command)
 
 
 def _fits(X, y, params, baseline, svc=None):
@@ -142,7 +156,7 @@ def exact_table(quick, baseline):
         row["same_predictions"] = float(np.mean(ours[2].predict(X) == svc[2].predict(X)))
         rows.append(row)
         print(row, flush=True)
-    record("exact_work" + ("_quick" if quick else ""), rows,
+    _record("exact_work" + ("_quick" if quick else ""), rows,
            title="Exact SVM (one part) against SVC: the fit's cost follows its SMO work",
            notes=f"Medians of alternating warm fits (after two untimed fits each; repeats: "
                  f"{REPEATS} for the easy and the MNIST/letter rows, 3 for adult; quick: "
@@ -174,7 +188,7 @@ def defaults_table(quick, baseline):
                                                       == out["baseline"][2].predict(X))))
         rows.append(row)
         print(row, flush=True)
-    record("exact_work_defaults" + ("_quick" if quick else ""), rows,
+    _record("exact_work_defaults" + ("_quick" if quick else ""), rows,
            title="CASVMClassifier() (its default parts) against the baseline version",
            notes="Medians of alternating warm fits; ratio = ours / the baseline's time "
                  "(GPUML_EXACT_WORK_BASELINE), ratio_cpu in CPU seconds. casvm_split's "
@@ -224,7 +238,7 @@ def path_table(quick):
     total["cold_iter"] = sum(r["cold_iter"] for r in rows)
     total["iter_ratio"] = total["path_iter"] / total["cold_iter"]
     rows.append(total)
-    record("exact_work_path" + ("_quick" if quick else ""), rows,
+    _record("exact_work_path" + ("_quick" if quick else ""), rows,
            title=f"The C path on adult {n // 1000}k: one kernel per gamma, each C warm-started",
            notes="gpuml.kernels.smo_solve_path(C in " + str(PATH_CS) + ") against a cold "
                  "smo_solve_batch per C, one binary problem on the standardised rows (rows "
@@ -274,7 +288,7 @@ def first_fit_table(quick):
             row[key] = statistics.median(o[key] for o in outs)
         rows.append(row)
         print(row, flush=True)
-    record("exact_work_first_fit" + ("_quick" if quick else ""), rows,
+    _record("exact_work_first_fit" + ("_quick" if quick else ""), rows,
            title="First fit in a fresh process: CASVMClassifier(n_partitions=1), easy 10,000 rows",
            notes="cold: an empty numba cache (NUMBA_CACHE_DIR a new folder), the compile "
                  "in the fit; warm: a new process with the cache the cold one wrote (or "
@@ -313,7 +327,7 @@ def costs_table(quick):
                                  "model_rows_worth": model.matrix_cost(n, d, itemsize)
                                  / model.row_cost(n, d, itemsize)})
                     print(rows[-1], flush=True)
-    record("exact_work_costs" + ("_quick" if quick else ""), rows,
+    _record("exact_work_costs" + ("_quick" if quick else ""), rows,
            title="The cost model of rows on demand (gpuml.kernels.smo.rows) against measurement",
            notes="One row: its products (one matrix-vector product) and the compiled call "
                  "that puts it in place, BLAS on one thread, CPU seconds, median of three "
