@@ -8,13 +8,14 @@ One problem's values (:class:`Values`) come from its rows in one of two precisio
 * **the rows' own dtype** otherwise (every other kernel, small problems, a large gamma).
 
 Either way a value is the kernel's map of an inner product computed by BLAS: a single
-row (what a working set needs, :meth:`Values.row`) by one matrix-vector product, a
-block of rows (the rest of a matrix, or all of it: :meth:`Values.fill_lower`) by
-matrix products over its lower triangle, mirrored so that the matrix is exactly
-symmetric. The two orders of summation differ in the last bit only; the solver never
-mixes them within one value. The diagonal is :meth:`gpuml.pairwise.Kernel.diag`
-exactly (1 for rbf), and the float64 ``QD`` the solver reads is that value, so that
-a row and the diagonal agree to the bit.
+row (what a working set needs, :meth:`Values.products`) by one matrix-vector product, a
+block of rows (the rest of a matrix, or a whole float32 matrix: :meth:`Values.fill_lower`)
+by matrix products over its lower triangle, mirrored so that the matrix is exactly
+symmetric; a whole matrix in the rows' dtype is :meth:`gpuml.pairwise.Kernel.matrix`'s.
+The orders of summation differ in the last bit only, and the solver never mixes them
+within one value. In rows and blocks the diagonal is :meth:`gpuml.pairwise.Kernel.diag`
+exactly (1 for rbf), the float64 ``QD`` the solver reads, so that a row and the diagonal
+agree to the bit.
 """
 
 from __future__ import annotations
