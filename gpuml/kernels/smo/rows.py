@@ -96,16 +96,18 @@ def row_cost(n, d, itemsize) -> float:
     return ROW_CALL_NS + n * (fixed + per_feature * d)
 
 
-def matrix_cost(n, d, itemsize) -> float:
-    """Nanoseconds of the whole ``n`` x ``n`` matrix (the model)."""
+def matrix_cost(n, d, itemsize, threads=1) -> float:
+    """Nanoseconds of the whole ``n`` x ``n`` matrix made in ``threads`` threads (the
+    model; a row is always computed on one)."""
     fixed, per_feature = MATRIX_ENTRY_NS[itemsize]
-    return float(n) * n * (fixed + per_feature * d)
+    return float(n) * n * (fixed + per_feature * d) / max(1, threads)
 
 
-def rows_before_asking(n, d, itemsize) -> int:
+def rows_before_asking(n, d, itemsize, threads=1) -> int:
     """Rows whose cost is :data:`SWITCH_FRACTION` of the whole matrix's: from there
     :meth:`RowCache.matrix_pays` compares costs (and counts every quarter of it)."""
-    return int(SWITCH_FRACTION * matrix_cost(n, d, itemsize) / row_cost(n, d, itemsize))
+    return int(SWITCH_FRACTION * matrix_cost(n, d, itemsize, threads)
+               / row_cost(n, d, itemsize))
 
 
 class RowCache:
@@ -136,10 +138,10 @@ class RowCache:
         self.slot_time = np.zeros(n_slots, dtype=np.int64)
         d = values.n_features
         self.row_cost = row_cost(n, d, itemsize)
-        self.matrix_cost = matrix_cost(n, d, itemsize)
+        self.matrix_cost = matrix_cost(n, d, itemsize, threads)
         #: Rows computed when the cost comparison of :meth:`matrix_pays` starts, when it is
         #: asked next, and the rows between asks.
-        self.trusted = rows_before_asking(n, d, itemsize)
+        self.trusted = rows_before_asking(n, d, itemsize, threads)
         self.ask_every = max(1, self.trusted // 4)
         self.next_ask = (max(self.ask_every, int(FIRST_ASK_SHARE * n), FIRST_ASK_ROWS)
                          if self.grow and switch else n + 1)
