@@ -20,6 +20,7 @@ import numpy as np
 from sklearn.base import BaseEstimator, ClassifierMixin, _fit_context
 from sklearn.metrics import check_scoring, get_scorer_names
 from sklearn.model_selection import check_cv
+from sklearn.utils import check_random_state
 from sklearn.utils._param_validation import Interval, StrOptions
 from sklearn.utils.validation import _check_sample_weight
 
@@ -37,6 +38,9 @@ from .casvm import CASVMClassifier
 #: The grid by default: C by factors of 10, γ by factors of about 3 around ``gamma_unit``.
 DEFAULT_CS = (0.1, 1.0, 10.0, 100.0)
 DEFAULT_GAMMAS = (0.1, 0.3, 1.0, 3.0)
+#: Successive halving with one part spends rows: its first round takes at least this many
+#: rows per class.
+HALVING_MIN_ROWS_PER_CLASS = 50
 
 
 def _grid(values, name, allow_inf=False) -> np.ndarray:
@@ -323,6 +327,7 @@ random_state
         self.best_score_ = float(self.cv_results_["mean_test_score"][self.best_index_])
         self.best_params_ = dict(params[self.best_index_])
         grid.report_choice(self.cv_results_, self.best_index_, self.best_params_)
+        del grid  # the folds' rows and splits go before the refit
         if self.refit:
             start = time.perf_counter()
             self.best_estimator_ = self._unfitted_model(**self.best_params_).fit(
@@ -360,37 +365,40 @@ class _Grid:
     def run(self):
         """Every round's candidates on every fold: the scores, times and explanations."""
         folds = [self._fold(train, test) for train, test in self.splits]
-        n_parts = len(folds[0]["split"].partitioning.parts)
         alive = np.arange(self.n_candidates)
-        rounds = self._rounds(n_parts)
-        for r, n_used in enumerate(rounds):
+        fractions = self._rounds(folds[0])
+        for r, fraction in enumerate(fractions):
             self.progress.total += sum(len(self._batches(fold["split"], alive))
                                        for fold in folds)
             for f, fold in enumerate(folds):
-                self._solve_fold(f, fold, alive, n_used)
+                self.n_resources[alive] = self._solve_fold(f, fold, alive, fraction)
             self.iter[alive] = r
-            self.n_resources[alive] = n_used
-            if r + 1 < len(rounds):
+            if r + 1 < len(fractions):
                 keep = math.ceil(alive.size / self.search.halving_factor)
                 mean = np.nan_to_num(self.scores[alive].mean(axis=1), nan=-np.inf)
                 alive = np.sort(alive[np.argsort(-mean, kind="stable")[:keep]])
         extra = {"mean_n_iter": self.n_iter.mean(axis=1),
                  "mean_n_support": self.n_support.mean(axis=1)}
         tiers = None
-        if len(rounds) > 1:
+        if len(fractions) > 1:
             extra.update(iter=self.iter, n_resources=self.n_resources)
             tiers = self.iter
         return self.scores, self.fit_times, self.score_times, extra, tiers
 
-    def _rounds(self, n_parts) -> list[int]:
-        """The parts each round solves (successive halving), the last every part: one
-        round without ``halving_factor``, or with one part or one candidate."""
+    def _rounds(self, fold) -> list[float]:
+        """The share of the resource each round spends (successive halving), the last
+        all of it: the fold's parts, or with one part its rows (at least
+        :data:`HALVING_MIN_ROWS_PER_CLASS` a class in the first round). One round
+        without ``halving_factor`` or with one candidate."""
         factor = self.search.halving_factor
-        if factor is None or n_parts == 1 or self.n_candidates == 1:
-            return [n_parts]
-        count = 1 + min(int(math.floor(math.log(n_parts, factor) + 1e-9)),
-                        int(math.ceil(math.log(self.n_candidates, factor) - 1e-9)))
-        return [max(1, math.ceil(n_parts / factor ** (count - 1 - r))) for r in range(count)]
+        if factor is None or self.n_candidates == 1:
+            return [1.0]
+        n_parts = len(fold["split"].partitioning.parts)
+        most = (n_parts if n_parts > 1 else
+                fold["train"].size / (HALVING_MIN_ROWS_PER_CLASS * len(self.search.classes_)))
+        count = 1 + max(0, min(int(math.floor(math.log(max(most, 1.0), factor) + 1e-9)),
+                               int(math.ceil(math.log(self.n_candidates, factor) - 1e-9))))
+        return [float(factor) ** -(count - 1 - r) for r in range(count)]
 
     def _fold(self, train, test) -> dict:
         """A fold's training rows validated and split once, its validation rows routed once."""
@@ -400,7 +408,22 @@ class _Grid:
         X_val, y_val = _rows(self.X, test), _rows(self.y, test)
         w_val = self.weights[test] if self.weigh_scores else None
         return {"split": split, "X_val": X_val, "y_val": y_val, "w_val": w_val,
-                "owner": self._route(split, X_val), "seconds": time.perf_counter() - start}
+                "owner": self._route(split, X_val), "train": train, "subsets": {},
+                "seconds": time.perf_counter() - start}
+
+    def _subset(self, fold, m) -> Split:
+        """With one part, a round's resource: the exact SVM of the first ``m`` of the fold's
+        training rows in an order drawn once per fold (seeded by ``random_state``), split
+        (one part) once per fold and round."""
+        if m not in fold["subsets"]:
+            if "order" not in fold:
+                seed = check_random_state(self.search.random_state).randint(2**31 - 1)
+                fold["order"] = np.random.default_rng(seed).permutation(fold["train"].size)
+            rows = fold["train"][np.sort(fold["order"][:m])]
+            fold["subsets"][m] = Split(
+                [self.candidate(0)], _rows(self.X, rows), _rows(self.y, rows),
+                None if self.weights is None else self.weights[rows])
+        return fold["subsets"][m]
 
     @staticmethod
     def _route(split, X_val):
@@ -427,20 +450,28 @@ class _Grid:
             return [np.sort(np.concatenate(by_gamma))]
         return by_gamma
 
-    def _solve_fold(self, f, fold, alive, n_used):
-        """Fit the candidates ``alive`` on fold ``f``'s split (``n_used`` of its parts), and
-        score each on the fold's validation rows routed to those parts."""
+    def _solve_fold(self, f, fold, alive, fraction) -> int:
+        """Fit the candidates ``alive`` on fold ``f``'s split (``fraction`` of its parts, or
+        with one part of its rows) and score each on the fold's validation rows routed to
+        those parts. Returns the parts (with one part, the rows) they were solved on."""
         split, owner = fold["split"], fold["owner"]
         n_parts = len(split.partitioning.parts)
         parts = None
         X_val, y_val, w_val = fold["X_val"], fold["y_val"], fold["w_val"]
-        if n_used < n_parts:
-            parts = np.unique(np.linspace(0, n_parts - 1, n_used).round().astype(np.int64))
+        used, whole = n_parts, n_parts
+        if fraction < 1.0 and n_parts > 1:
+            used = max(1, math.ceil(n_parts * fraction))
+            parts = np.unique(np.linspace(0, n_parts - 1, used).round().astype(np.int64))
             position = np.full(n_parts, -1, dtype=np.int64)
             position[parts] = np.arange(parts.size)
             rows = np.flatnonzero(position[owner] >= 0)
             X_val, y_val, owner = _rows(X_val, rows), _rows(y_val, rows), position[owner[rows]]
             w_val = None if w_val is None else w_val[rows]
+        elif n_parts == 1:
+            used = whole = fold["train"].size
+            if fraction < 1.0:
+                used = math.ceil(whole * fraction)
+                split = self._subset(fold, used)
         weighted = {} if w_val is None else {"sample_weight": w_val}
         shared = fold["seconds"] / self.n_candidates
         for ids in self._batches(split, alive):
@@ -457,15 +488,17 @@ class _Grid:
                 self.n_iter[i, f] = int(model.n_iter_.sum())
                 self.n_support[i, f] = len(model.support_)
             del models
-            self._report(f, ids, each * ids.size, n_used, n_parts)
+            self._report(f, ids, each * ids.size, used, whole,
+                         "parts" if n_parts > 1 else "rows")
+        return used
 
-    def _report(self, f, ids, seconds, n_used, n_parts):
+    def _report(self, f, ids, seconds, n_used, whole, unit):
         """The line of one call: the fold, its γ values and Cs, the time, its best."""
         if not self.progress:
             return
         gammas = sorted({float(self.gammas[i % self.gammas.size]) for i in ids.tolist()})
         best = ids[np.nanargmax(self.scores[ids, f])]
-        on = "" if n_used == n_parts else f" on {n_used} of {n_parts} parts"
+        on = "" if n_used == whole else f" on {n_used} of {whole} {unit}"
         self.progress.update(
             self._solves, f"fold {f + 1}/{len(self.splits)}, gamma "
             f"{', '.join(f'{g:.4g}' for g in gammas)}: {ids.size} candidates{on} in "
