@@ -2,9 +2,9 @@
 
 One problem's values (:class:`Values`) come from its rows in one of two precisions:
 
-* **float32 from centred rows** (rbf, where :func:`sgemm_rows` applies: enough rows and a
-  small rounding bound), as LIBSVM caches its values (``Qfloat``): half the memory and
-  traffic of float64;
+* **float32 from centred rows** (rbf, where :func:`sgemm_rows` applies: enough rows, or a
+  problem computing its rows on demand, and a small rounding bound), as LIBSVM caches its
+  values (``Qfloat``): half the memory and traffic of float64;
 * **the rows' own dtype** otherwise (every other kernel, small problems, a large gamma).
 
 Either way a value is the kernel's map of an inner product computed by BLAS: a single
