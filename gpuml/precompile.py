@@ -74,10 +74,14 @@ def precompile(verbose: bool = True) -> dict:
         # the float32 kernel matrices of parts of 1,024+ rows (the default parts' size)
         "CA-SVM float32 part matrices": lambda X: sgemm_matrix(
             Kernel("rbf", gamma=0.1), X, max_bytes=1 << 30),
-        # kernel rows on demand: one part of 1,500 rows (the data's dtype), two parts of
-        # 1,100 (float32 values), with and without shrinking; a C path on them
+        # kernel rows on demand: one part of 1,500 rows, two parts of 1,100 (float32
+        # values), float64 values (a gamma too large for float32), with and without
+        # shrinking; a C path on them
         "CASVMClassifier(exact, rows on demand)": lambda X: CASVMClassifier(
             n_partitions=1, device="cpu").fit(Xb[:1500].astype(X.dtype), yb[:1500]),
+        "CASVMClassifier(rows on demand, float64 values)": lambda X: CASVMClassifier(
+            n_partitions=1, gamma=500.0, device="cpu").fit(Xb[:1500].astype(X.dtype),
+                                                           yb[:1500]),
         "CASVMClassifier(float32 part rows)": lambda X: CASVMClassifier(
             n_partitions=2, partition="random", device="cpu", random_state=0).fit(
             Xb.astype(X.dtype), yb),

@@ -9,6 +9,7 @@ from sklearn.preprocessing import StandardScaler
 from gpuml.kernels import SMOProblem, make_kernel, smo_solve_batch, smo_solve_path
 from gpuml.kernels.smo import check_flat
 from gpuml.kernels.smo.path import check_Cs, seed_alpha
+from gpuml.kernels.smo.rows import WHOLE_MATRIX_MAX_ROWS
 from gpuml.kernels.smo.values import values_of
 
 
@@ -71,7 +72,8 @@ def test_each_C_reaches_the_cold_optimum_in_fewer_steps(case, shrinking):
         for p, warm, ref in zip(scaled, row, cold):
             assert warm.converged and ref.converged
             X = Xs[p.group][p.idx]
-            K = values_of(kernel, X).matrix().astype(np.float64)
+            # the values the solver read: float32 for a problem alone on rows on demand
+            K = values_of(kernel, X, None, WHOLE_MATRIX_MAX_ROWS).matrix().astype(np.float64)
             bounds = np.broadcast_to(p.C, p.y.shape)
             # the optimum of the same problem, to the solver's tolerance
             assert _kkt_gap(K, p.y, bounds, warm.alpha) < 1.01e-3

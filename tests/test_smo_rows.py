@@ -107,7 +107,7 @@ def test_an_easy_problem_computes_few_rows():
 def test_warm_start_on_rows_from_a_solution_takes_no_step():
     X, y = _problem()
     kernel = make_kernel("rbf", "scale", X=X)
-    cold = smo_solve(kernel, X, y, 1.0, tol=1e-5)
+    cold, _ = _on_rows(kernel, X, y, 1.0, tol=1e-5, switch=False)
     n_sv = np.count_nonzero(cold.alpha)
     # The start's gradient along the rows of its support vectors when they cost less than
     # the matrix; else the matrix first.

@@ -89,7 +89,7 @@ def _solve_checked(kernel, X, idx, y, C, alpha, tol, max_iter, cache_bytes, shri
         K = _dense(X)[np.ix_(idx, idx)]
     values = None
     if K is None:
-        values = values_of(kernel, X[idx], sgemm_min_rows)
+        values = values_of(kernel, X[idx], sgemm_min_rows, WHOLE_MATRIX_MAX_ROWS)
         fits = n * n * values.dtype.itemsize <= cache_bytes
         if fits and (whole_first or n <= WHOLE_MATRIX_MAX_ROWS):
             K = values.matrix(threads)

@@ -155,7 +155,7 @@ def _alone_path(kernel, X, idx, y, weights, start, Cs, cache_bytes, sgemm_min_ro
     if kernel.name == "precomputed":
         K = np.ascontiguousarray(_dense(X)[np.ix_(idx, idx)])
     else:
-        values = values_of(kernel, X[idx], sgemm_min_rows)
+        values = values_of(kernel, X[idx], sgemm_min_rows, WHOLE_MATRIX_MAX_ROWS)
         if n <= WHOLE_MATRIX_MAX_ROWS and n * n * values.dtype.itemsize <= cache_bytes:
             K = values.matrix(threads)
         else:

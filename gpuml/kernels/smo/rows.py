@@ -66,9 +66,10 @@ WHOLE_MATRIX_MAX_ROWS = 1024
 #: rows whose cost is this fraction of the whole matrix's (:func:`rows_before_asking`),
 #: and compared in cost with the rest of the matrix once that many rows are computed.
 SWITCH_FRACTION = 0.1
-#: The fewest rows before the first count, as a share of all and in number: before that
-#: too few variables have moved for the support vectors of even an easy problem to shape
-#: its decision function, and nearly all still violate, in any problem.
+#: The fewest rows before the first count, as a share of all and in number (and half
+#: that number between counts, so that a count's fall shows): before that too few
+#: variables have moved for the support vectors of even an easy problem to shape its
+#: decision function, and nearly all still violate, in any problem.
 FIRST_ASK_SHARE = 0.02
 FIRST_ASK_ROWS = 100
 #: A count finds the problem hard, and the matrix is made, when at least this share of
@@ -115,8 +116,8 @@ class RowCache:
 
     While the matrix fits in ``cache_bytes``, rows grow in its storage and, from the
     first count on (:data:`FIRST_ASK_ROWS`, :data:`FIRST_ASK_SHARE`), every quarter of
-    :func:`rows_before_asking` rows, :meth:`matrix_pays` decides whether to make the rest
-    of the matrix now.
+    :func:`rows_before_asking` rows (half :data:`FIRST_ASK_ROWS` at least),
+    :meth:`matrix_pays` decides whether to make the rest of the matrix now.
 
     :meth:`solve` may be called several times (other bounds, warm starts: the C path of
     :mod:`.path`); the rows computed, and the whole matrix once made, serve every call.
@@ -142,7 +143,7 @@ class RowCache:
         #: Rows computed when the cost comparison of :meth:`matrix_pays` starts, when it is
         #: asked next, and the rows between asks.
         self.trusted = rows_before_asking(n, d, itemsize, threads)
-        self.ask_every = max(1, self.trusted // 4)
+        self.ask_every = max(self.trusted // 4, FIRST_ASK_ROWS // 2)
         self.next_ask = (max(self.ask_every, int(FIRST_ASK_SHARE * n), FIRST_ASK_ROWS)
                          if self.grow and switch else n + 1)
         self.last_count = None

@@ -2,9 +2,9 @@
 
 One problem's values (:class:`Values`) come from its rows in one of two precisions:
 
-* **float32 from centred rows** (rbf, where :func:`sgemm_rows` applies: enough rows and a
-  small rounding bound), as LIBSVM caches its values (``Qfloat``): half the memory and
-  traffic of float64;
+* **float32 from centred rows** (rbf, where :func:`sgemm_rows` applies: enough rows, or a
+  problem computing its rows on demand, and a small rounding bound), as LIBSVM caches its
+  values (``Qfloat``): half the memory and traffic of float64;
 * **the rows' own dtype** otherwise (every other kernel, small problems, a large gamma).
 
 Either way a value is the kernel's map of an inner product computed by BLAS: a single
@@ -105,9 +105,13 @@ def sgemm_matrix(kernel, X, *, max_bytes, centred=None, threads=1):
     return Values(kernel, X, centred).matrix(threads)
 
 
-def values_of(kernel, X, min_rows=None):
+def values_of(kernel, X, min_rows=None, alone_above=None):
     """The :class:`Values` of the rows ``X``: float32 from centred rows where
-    :func:`sgemm_rows` applies (``min_rows`` as there), else in the rows' dtype."""
+    :func:`sgemm_rows` applies (``min_rows`` as there), else in the rows' dtype. A problem
+    of more than ``alone_above`` rows (one computing its rows on demand) takes float32
+    values from any size, as LIBSVM's row cache keeps them: a row costs it a third less."""
+    if alone_above is not None and X.shape[0] > alone_above:
+        min_rows = 0
     return Values(kernel, X, sgemm_rows(kernel, X, min_rows))
 
 
