@@ -182,7 +182,7 @@ random_state
     n_splits_ : int
     classes_ : ndarray of shape (n_classes,)
     n_features_in_ : int
-    feature_names_in_ : ndarray of shape (n_features_in_,)
+    feature_names_in_ : ndarray of shape (n_features,)
         Only when ``X`` has string column names.
 
     References
@@ -364,14 +364,21 @@ class _Grid:
 
     def run(self):
         """Every round's candidates on every fold: the scores, times and explanations."""
-        folds = [self._fold(train, test) for train, test in self.splits]
+        first = self._fold(*self.splits[0])
         alive = np.arange(self.n_candidates)
-        fractions = self._rounds(folds[0])
+        fractions = self._rounds(first)
+        # One round: each fold made, solved and dropped in turn (one fold's rows held at a
+        # time); several: every fold kept for the rounds.
+        folds = [first] + [self._fold(*split) if len(fractions) > 1 else split
+                           for split in self.splits[1:]]
+        del first
         for r, fraction in enumerate(fractions):
-            self.progress.total += sum(len(self._batches(fold["split"], alive))
-                                       for fold in folds)
-            for f, fold in enumerate(folds):
+            self.progress.total += len(folds) * len(self._batches(folds[0]["split"], alive))
+            for f in range(len(folds)):
+                fold = folds[f] if isinstance(folds[f], dict) else self._fold(*folds[f])
+                folds[f] = fold if len(fractions) > 1 else None
                 self.n_resources[alive] = self._solve_fold(f, fold, alive, fraction)
+                del fold
             self.iter[alive] = r
             if r + 1 < len(fractions):
                 keep = math.ceil(alive.size / self.search.halving_factor)
