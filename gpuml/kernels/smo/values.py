@@ -42,7 +42,7 @@ SGEMM_EXPONENT_ERROR = 1e-4
 SGEMM_MIN_ROWS = 2048
 #: ... except the parts of a partitioned fit (``smo_solve_batch(partitioned=True)``): the
 #: default CA-SVM parts hold just under 2,048 rows, and their matrices in float32 make a
-#: float64 fit about 1.3x faster at the same accuracy (``bench/bench_casvm_sgemm.py``).
+#: float64 fit faster at the same accuracy (bench/results/cpu-2core/casvm_sgemm.md).
 PART_SGEMM_MIN_ROWS = 1024
 
 #: Bytes of the products of one block of :meth:`Values.fill_lower` (a few rows against
