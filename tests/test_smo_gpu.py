@@ -308,3 +308,39 @@ def test_iteration_cap_on_the_fly_and_estimator_warning(cancer, monkeypatch):
                       "Consider pre-processing"):
         clf = CASVMClassifier(n_partitions=1, max_iter=5, device="cuda").fit(X, y)
     assert clf.fit_status_ == 1 and clf.n_iter_.max() == 5
+
+
+@pytest.mark.parametrize("one_launch", [False, True])
+def test_c_path_matches_cpu(cancer, one_launch):
+    """smo_solve_path on CuPy rows (a launch per C, seeded, or one launch for every C)
+    reaches the CPU path's optimum for every C."""
+    import cupy as cp
+
+    from gpuml.kernels import smo_solve_path
+
+    X, y = cancer
+    kernel = make_kernel("rbf", "scale", X=X)
+    problems = [SMOProblem(0, np.arange(len(y)), y)]
+    Cs = [0.1, 1.0, 10.0]
+    cpu = smo_solve_path(kernel, [X], problems, Cs)
+    gpu = smo_solve_path(kernel, [cp.asarray(X)], problems, Cs, one_launch=one_launch)
+    assert len(gpu) == len(Cs)
+    for c in range(len(Cs)):
+        assert gpu[c][0].converged
+        assert gpu[c][0].objective == pytest.approx(cpu[c][0].objective, rel=1e-4)
+        np.testing.assert_allclose(cp.asnumpy(gpu[c][0].alpha), cpu[c][0].alpha, atol=1e-2)
+
+
+def test_search_on_gpu_matches_cpu():
+    """CASVMClassifierCV on the GPU: the CPU search's choice and scores (digits, parts)."""
+    from gpuml import CASVMClassifierCV
+
+    X, y = load_digits(return_X_y=True)
+    X = StandardScaler().fit_transform(X)
+    kw = dict(Cs=[1, 10], gammas=[0.3, 1], cv=3, n_partitions=2, random_state=0)
+    cpu = CASVMClassifierCV(device="cpu", **kw).fit(X, y)
+    gpu = CASVMClassifierCV(device="gpu", **kw).fit(X, y)
+    assert gpu.best_params_ == pytest.approx(cpu.best_params_)
+    np.testing.assert_allclose(gpu.cv_results_["mean_test_score"],
+                               cpu.cv_results_["mean_test_score"], atol=0.01)
+    assert np.mean(gpu.predict(X) == cpu.predict(X)) > 0.99
