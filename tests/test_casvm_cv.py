@@ -26,6 +26,7 @@ import gpuml.estimators.casvm_cv as casvm_cv
 import gpuml.kernels.smo.cpu as smo_cpu
 import gpuml.kernels.smo.path as smo_path
 import gpuml.pipeline.executors as executors
+import gpuml.pipeline.fit as pipeline_fit
 from gpuml import CASVMClassifier, CASVMClassifierCV
 
 
@@ -142,7 +143,7 @@ def test_one_split_one_routing_one_kernel_per_fold_and_gamma(cancer, monkeypatch
     X, y = cancer
     gammas, Cs = [0.01, 0.03, 0.1], [0.1, 1.0, 10.0, 100.0]
     splits = _counting(monkeypatch, executors, "split")
-    fold_routes = _counting(monkeypatch, casvm_cv, "route")
+    fold_routes = _counting(monkeypatch, pipeline_fit, "route")
     model_routes = _counting(monkeypatch, part_prediction, "route")
     values = _counting(monkeypatch, smo_path, "values_of")
     matrices = _counting(monkeypatch, smo_path, "_make_matrix")

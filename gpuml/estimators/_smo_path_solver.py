@@ -25,8 +25,7 @@ from dataclasses import dataclass, fields
 
 import numpy as np
 
-from .._backend import is_cupy_array
-from ..kernels import map_threads, part_threads, smo_solve_path
+from ..kernels import map_threads, path_threads, smo_solve_path
 from ._smo_solver import SMOPartSolver
 
 
@@ -55,7 +54,7 @@ class SMOPathSolver(SMOPartSolver):
                                               self.row_C(targets, weights))
         partitioned = max(map(len, part_rows), default=0) < self.n_samples  # P > 1
         sizes = np.array([np.size(p.idx) for p in problems], dtype=np.int64)
-        outer, inner = self._threads(is_cupy_array(X), sizes, len(Xs))
+        outer, inner = path_threads(X, self.n_jobs, sizes, len(self.paths), len(Xs))
 
         def path_fits(path):
             kernel, Cs = path
@@ -69,18 +68,6 @@ class SMOPathSolver(SMOPartSolver):
         per_setting = [fits for path in map_threads(path_fits, self.paths, outer)
                        for fits in path]
         return [tuple(fits[k] for fits in per_setting) for k in range(len(part_rows))]
-
-    def _threads(self, gpu, sizes, n_groups):
-        """``(outer, inner)``: the paths (γ values) side by side, and the threads each gives
-        its parts. The threads are :func:`~gpuml.kernels.part_threads`' for every path's
-        problems; the paths share them only where the parts alone leave some idle (fewer
-        groups of problems than threads). A GPU runs the paths one after another (its
-        device is current in the calling thread)."""
-        total = part_threads(self.n_jobs, np.tile(sizes, len(self.paths)))
-        if gpu or total <= n_groups or len(self.paths) == 1:
-            return 1, total
-        outer = min(len(self.paths), max(1, total // max(n_groups, 1)))
-        return outer, max(1, total // outer)
 
 
 #: The fields of :class:`SMOPartSolver` that settings solved together share (all but C, the

@@ -24,13 +24,12 @@ from sklearn.utils import check_random_state
 from sklearn.utils._param_validation import Interval, StrOptions
 from sklearn.utils.validation import _check_sample_weight
 
-from .._backend import CPU, is_cupy_array, is_dask_collection, to_numpy, to_output
+from .._backend import is_dask_collection, to_numpy, to_output
 from .._progress import Progress
 from .._validation import check_class_labels, validate_X_y
 from ..kernels import compile_after_fit, part_threads
 from ..pairwise import resolve_gamma
 from ..pipeline.fit import Split
-from ..routing import route
 from ._part_prediction import given_routes
 from ._search import BestEstimatorMixin, search_results
 from .casvm import CASVMClassifier
@@ -415,7 +414,7 @@ class _Grid:
         X_val, y_val = _rows(self.X, test), _rows(self.y, test)
         w_val = self.weights[test] if self.weigh_scores else None
         return {"split": split, "X_val": X_val, "y_val": y_val, "w_val": w_val,
-                "owner": self._route(split, X_val), "train": train, "subsets": {},
+                "owner": split.route(X_val), "train": train, "subsets": {},
                 "seconds": time.perf_counter() - start}
 
     def _subset(self, fold, m) -> Split:
@@ -431,19 +430,6 @@ class _Grid:
                 [self.candidate(0)], _rows(self.X, rows), _rows(self.y, rows),
                 None if self.weights is None else self.weights[rows])
         return fold["subsets"][m]
-
-    @staticmethod
-    def _route(split, X_val):
-        """The part of every validation row (its nearest centre), once per fold."""
-        centers = split.partitioning.centers
-        if centers.shape[0] == 1:
-            return np.zeros(X_val.shape[0], dtype=np.int64)
-        backend = getattr(split.executor, "backend", CPU)
-        if is_cupy_array(X_val) and not backend.is_gpu:
-            backend = CPU
-            X_val = to_numpy(X_val)
-        with backend.use():
-            return route(backend.asarray(X_val), backend.asarray(centers))
 
     def _batches(self, split, alive) -> list:
         """The candidates ``alive`` by the calls that fit them: every γ in one call when

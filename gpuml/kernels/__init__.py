@@ -34,7 +34,14 @@ from ..pairwise import (
 )
 from ._jit import deferring as compile_after_fit
 from ._jit import synchronous as compiling_in_caller
-from ._threads import map_threads, parallel_region, part_threads, row_ranges, threads_for
+from ._threads import (
+    map_threads,
+    parallel_region,
+    part_threads,
+    path_threads,
+    row_ranges,
+    threads_for,
+)
 from .gcd import GCDProblem, GCDResult
 from .krr import (
     NotPositiveDefiniteError,
@@ -67,6 +74,7 @@ __all__ = [
     "smo_solve_batch",
     "smo_solve_path",
     "part_threads",
+    "path_threads",
     "parallel_region",
     "threads_for",
     "map_threads",

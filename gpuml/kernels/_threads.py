@@ -19,6 +19,8 @@ import numpy as np
 from joblib import effective_n_jobs
 from threadpoolctl import ThreadpoolController
 
+from .._backend import is_cupy_array
+
 #: ``n_jobs=None``: the least work (the parts' or problems' squared sizes summed) that a
 #: thread solving parts is given; less runs on one thread. Two parts of 2,048 rows: with
 #: less, starting threads and an idle thread at the end cost about what they save
@@ -136,3 +138,23 @@ def part_threads(n_jobs, sizes) -> int:
     sizes = np.asarray(sizes, dtype=np.int64)
     return threads_for(n_jobs, int((sizes * sizes).sum()), PART_THREAD_MIN_WORK,
                        max(1, sizes.size))
+
+
+def path_threads(X, n_jobs, sizes, n_paths, n_groups) -> tuple[int, int]:
+    """``(outer, inner)`` for ``n_paths`` independent batches of the same problems (a
+    search's γ values, each a C path over the problems of ``sizes`` rows in ``n_groups``
+    groups): the batches side by side in ``outer`` threads, each giving its problems
+    ``inner``. The threads are :func:`part_threads`' for every batch's problems; the
+    batches share them only where the groups alone leave some idle (fewer groups than
+    threads). On a GPU (``X`` a CuPy array) the batches run one after another: its
+    device is current in the calling thread.
+
+    >>> import numpy as np
+    >>> path_threads(np.zeros((2, 2)), 1, np.full(1, 4000), 5, 1)   # n_jobs=1: one thread
+    (1, 1)
+    """
+    total = part_threads(n_jobs, np.tile(np.asarray(sizes, dtype=np.int64), n_paths))
+    if is_cupy_array(X) or total <= n_groups or n_paths == 1:
+        return 1, total
+    outer = min(n_paths, max(1, total // max(n_groups, 1)))
+    return outer, max(1, total // outer)

@@ -15,8 +15,9 @@ import numpy as np
 from sklearn.base import clone
 from sklearn.utils.validation import validate_data
 
-from .._backend import namespace_of
+from .._backend import CPU, is_cupy_array, namespace_of, to_numpy
 from ..partition import Partitioning
+from ..routing import route
 from .data import FitData, FitResult
 from .executors import fit_executor, placement_needs
 
@@ -127,6 +128,19 @@ class Split:
                                            first.random_state)
         self.executor, self.data, self.first = executor, data, first
         self._y, self._sample_weight = y, sample_weight
+
+    def route(self, X) -> np.ndarray:
+        """The part of every row of ``X``, its nearest centre (You 2020, Alg 5's routing),
+        on the host: computed where the split's executor computes (on the host for CuPy
+        rows of a split on the host)."""
+        centers = self.partitioning.centers
+        if centers.shape[0] == 1:
+            return np.zeros(X.shape[0], dtype=np.int64)
+        backend = getattr(self.executor, "backend", CPU)
+        if is_cupy_array(X) and not backend.is_gpu:
+            backend, X = CPU, to_numpy(X)
+        with backend.use():
+            return route(backend.asarray(X), backend.asarray(centers))
 
     def fit(self, estimators, *, jointly=False, parts=None) -> list:
         """Steps 3-5 for ``estimators`` on this split: ``estimators``, fitted.
