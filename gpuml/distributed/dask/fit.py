@@ -125,12 +125,14 @@ def _waves(sizes, row_bytes, wave_bytes):
     return waves + ([current] if current else [])
 
 
-def _fit_group(solvers, device, classes, part_ids, sources, wave_bytes):
+def _fit_group(solvers, device, classes, part_ids, sources, wave_bytes, row_ids=None):
     """The parts ``part_ids`` fitted on this worker (its GPU when it has one: ``device``
     resolved here) by each solver, in waves of at most ``wave_bytes`` of rows
     (:data:`FIT_WAVE_BYTES`, sent by the client), each wave's rows gathered once for every
-    solver: each solver's fits as the host keeps them, their rows' sums and counts (the
-    parts' means) and this worker's address."""
+    solver: each solver's fits as the host keeps them (solvers that keep their parts on
+    the workers: as :meth:`~gpuml.pipeline.PartSolver.keep` makes them, with ``row_ids``,
+    each part's training indices, when they ask for them), their rows' sums and counts
+    (the parts' means) and this worker's address."""
     pieces = _pieces(part_ids, classes, sources)
     sums = _group_sums(pieces, len(part_ids))
     sizes = np.array([sum(piece[j][0].shape[0] for piece in pieces)
@@ -148,7 +150,12 @@ def _fit_group(solvers, device, classes, part_ids, sources, wave_bytes):
                                          len(wave))
             for k, solver in enumerate(solvers):
                 fits = solver.solve(backend, X, y, w, local, ids[wave])
-                host[k] += [solver.to_host(fit, X[rows]) for fit, rows in zip(fits, local)]
+                if solver.keeps_parts_on_workers:
+                    host[k] += [solver.keep(fit, X[rows], y[rows],
+                                            None if row_ids is None else row_ids[j])
+                                for fit, rows, j in zip(fits, local, wave)]
+                else:
+                    host[k] += [solver.to_host(fit, X[rows]) for fit, rows in zip(fits, local)]
                 del fits
             del X, y, w
     return host, sums, get_worker().address
@@ -257,7 +264,8 @@ def place_parts(rows, labels, sizes, costs, addresses, check=None) -> list[np.nd
     return placement
 
 
-def ship_and_fit(rows, labels, placement, solvers, classes, device, addresses, centers):
+def ship_and_fit(rows, labels, placement, solvers, classes, device, addresses, centers,
+                 part_rows=None):
     """Step 4: each group's rows shipped to the worker it is placed on and fitted there.
 
     ``placement[a]`` are the parts of worker ``addresses[a]`` (:func:`place_parts`);
@@ -275,7 +283,9 @@ def ship_and_fit(rows, labels, placement, solvers, classes, device, addresses, c
     on the workers that fitted them; the client gathers each part's
     ``solver.summary(fit)`` in place of its fit, and each solver's kept groups are one
     ``(part_ids, future)`` per group, the future holding that solver's fits of the group
-    (:func:`_setting`). Otherwise they are None.
+    (:func:`_setting`). Otherwise they are None. Solvers that keep the training indices of
+    their parts' rows (:attr:`~gpuml.pipeline.PartSolver.keeps_row_ids`) get them from
+    ``part_rows`` (each part's, the split's), sent with each group's fit task.
     """
     driver = rows.driver
     P = sum(len(ids) for ids in placement)
@@ -298,8 +308,11 @@ def ship_and_fit(rows, labels, placement, solvers, classes, device, addresses, c
                                      priority=1, **_on(holder))
                 sources.append((ks, None, None, take))
         groups.append((ids_list, address, sources))
+    with_ids = solvers[0].keeps_parts_on_workers and solvers[0].keeps_row_ids
     futures = [driver.submit("fit-parts", _fit_group, solvers, device, classes, ids, sources,
-                             FIT_WAVE_BYTES, **_on(address))
+                             FIT_WAVE_BYTES,
+                             [part_rows[p] for p in ids] if with_ids else None,
+                             **_on(address))
                for ids, address, sources in groups]
     kept = [None] * len(solvers)
     if solvers[0].keeps_parts_on_workers:
