@@ -51,6 +51,7 @@ from ..pipeline import (
     state_on_device,
 )
 from ..routing import route, rows_by_part
+from ._kept import KeptPartsMixin
 from ._params import CachedParamNames
 from ._partitioned import PARTITION_CONSTRAINTS, auto_n_partitions
 
@@ -218,7 +219,7 @@ def part_shifts(sizes, lam, alpha=None) -> list:
     return [float(alpha) if alpha is not None else lam * m for m in sizes]
 
 
-class _BKRRBase(CachedParamNames, RegressorMixin, BaseEstimator):
+class _BKRRBase(CachedParamNames, KeptPartsMixin, RegressorMixin, BaseEstimator):
     """Validation, partitioning, memory check, prediction and pickling shared by both."""
 
     def __sklearn_tags__(self):
@@ -466,10 +467,6 @@ class _BKRRBase(CachedParamNames, RegressorMixin, BaseEstimator):
         if single and out.dtype != np.float32:
             out = out.astype(np.float32)
         return to_output(out, like)
-
-    def _kept(self) -> bool:
-        """Whether the parts are on the Dask workers that fitted them (a Dask fit)."""
-        return self.__dict__.get("_kept_parts") is not None
 
     # -- pickling: fitted device arrays travel as NumPy ---------------------
     def __getstate__(self):

@@ -88,7 +88,22 @@ from .driver import (
     workers_and_budget,
 )
 from .fit import check_budget, check_group_budget, place_parts, ship_and_fit
-from .kept import check_reachable, gathered, kept_arrays, predict_kept, predict_kept_in_memory
+from .kept import (
+    GATHER_LIMIT_BYTES,
+    KernelPartsRule,
+    LostParts,
+    PartsRule,
+    check_gather,
+    check_reachable,
+    compute_kept,
+    gather_parts,
+    gathered,
+    kept_arrays,
+    predict_kept,
+    predict_kept_in_memory,
+    predict_parts,
+    predict_parts_in_memory,
+)
 from .predict import predict_blocks, score
 from .steps import (
     DASK_PARTITIONERS,
@@ -102,14 +117,18 @@ from .steps import (
 
 __all__ = [
     "DASK_PARTITIONERS",
+    "GATHER_LIMIT_BYTES",
     "KEY_PREFIX",
+    "KernelPartsRule",
     "LLOYD_MAX_ITER",
     "LLOYD_TOL",
     "ChunkRows",
     "DaskRows",
     "Driver",
     "LostData",
+    "LostParts",
     "LostWorker",
+    "PartsRule",
     "SplitStart",
     "Traffic",
     "check_budget",
@@ -117,10 +136,13 @@ __all__ = [
     "check_reachable",
     "check_dask_input",
     "check_features",
+    "check_gather",
+    "compute_kept",
     "counting",
     "current_client",
     "feature_source",
     "fills_on_client",
+    "gather_parts",
     "gathered",
     "is_dask",
     "kept_arrays",
@@ -131,6 +153,8 @@ __all__ = [
     "predict_blocks",
     "predict_kept",
     "predict_kept_in_memory",
+    "predict_parts",
+    "predict_parts_in_memory",
     "score",
     "ship_and_fit",
     "workers_and_budget",
