@@ -181,7 +181,9 @@ def test_fcfs_fill_schedules_equal_in_process(client, classification, monkeypatc
 def test_small_steps_run_one_task_per_worker(client, classification, method):
     """Every step runs one task per worker over the chunks it holds, not one per chunk:
     the checks and summaries, Lloyd steps, the fill's distances; each group's rows are
-    taken by one task on each other worker. The model is the in-process one."""
+    taken by one task on each other worker, fitted by one, which keeps them there (with its
+    setting's fits picked out by one task and their summaries made by another). The model
+    is the in-process one."""
     X, y = classification
     # 12 chunks on 2 workers, persisted there: the fit starts from their futures
     Xd, yd = client.persist(list(_dask(X, y, rows=200)))
@@ -193,19 +195,20 @@ def test_small_steps_run_one_task_per_worker(client, classification, method):
     for task in stream.data:
         key = str(task["key"])
         assert key.startswith("gpuml-"), f"{key}: a task that is not one of the fit's steps"
-        steps[key.split("-")[1]] = steps.get(key.split("-")[1], 0) + 1
+        step = "-".join(key.split("-")[1:-2])  # gpuml-<step>-<token>-<count>
+        steps[step] = steps.get(step, 0) + 1
     tr, = fits
     assert tr.groups == 2
     assert steps["load"] == steps["summary"] == 2
     assert steps["distances"] == 2
     assert steps["take"] == 2  # the other worker's chunks, for each worker's group of parts
-    assert steps["fit"] == 2
+    assert steps["fit-parts"] == steps["fit-setting"] == steps["fit-summary"] == 2
     if method == "kbalance":
         # k-means++ and the Lloyd steps run on one actor per worker, no tasks of their own
         assert steps["actor"] == 2 and tr.steps > 0
-        assert sum(steps.values()) == 2 * 6
+        assert sum(steps.values()) == 2 * 8
     else:
-        assert sum(steps.values()) == 2 * 5
+        assert sum(steps.values()) == 2 * 7
     local = CASVMClassifier(**params).fit(X, y)
     np.testing.assert_array_equal(on_dask.support_, local.support_)
     np.testing.assert_allclose(on_dask.dual_coef_, local.dual_coef_, rtol=1e-9, atol=1e-12)
