@@ -42,6 +42,8 @@ from ._svm import PairCoef, ovo_output, pack_dual_coef, pair_values, unsettled_v
 #: The fitted arrays with an entry per support vector: on the Dask workers after a Dask fit.
 SUPPORT_ATTRIBUTES = ("support_", "support_part_", "support_vectors_", "dual_coef_",
                       "ovo_dual_coef_")
+#: What a model kept on Dask workers holds of them (a refit drops it).
+KEPT_STATE = ("_kept_parts", "_kept_n_support", "_kept_vectors")
 #: Rows of in-memory input sent to the cluster per task by a model kept on Dask workers.
 KEPT_PREDICT_ROWS = 16384
 
@@ -163,7 +165,7 @@ class KeptSVMMixin(KeptPartsMixin):
         state = super().__getstate__()
         if state.get("_kept_parts") is not None:
             state.update(self._gathered_support())
-            for name in ("_kept_parts", "_kept_n_support", "_kept_vectors"):
+            for name in KEPT_STATE:
                 del state[name]
         return state
 

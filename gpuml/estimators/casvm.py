@@ -16,7 +16,7 @@ from .._validation import check_n_partitions
 from ..kernels import compile_after_fit
 from ..pipeline import Capability, FitData, Need, PartitionedEstimator
 from ..pipeline.fit import fit_partitioned
-from ._kept_svm import KeptSVMMixin, support_arrays
+from ._kept_svm import KEPT_STATE, KeptSVMMixin, support_arrays
 from ._params import CachedParamNames
 from ._part_prediction import PartPredictionMixin
 from ._partitioned import (
@@ -427,7 +427,7 @@ default="auto"
     _solve_params = ("C", "gamma", "degree", "coef0", "class_weight", "tol", "max_iter",
                      "cache_size", "shrinking", "part_C", "combine", "n_neighbors",
                      "blend_margin", "decision_function_shape", "break_ties", "verbose")
-    _refit_drops = ("layer_sizes_", "layer_n_iter_")
+    _refit_drops = ("layer_sizes_", "layer_n_iter_", *KEPT_STATE)
 
     def _fit_needs(self, sample_weight=None) -> tuple:
         """A kernel matrix, the tree's layers, calibration: what not every executor runs."""

@@ -9,6 +9,7 @@ estimator's part solvers (a :class:`gpuml.pipeline.PartSolver` per setting) fit 
 from __future__ import annotations
 
 import numpy as np
+from dask.sizeof import sizeof
 from distributed import get_worker
 
 from ..._backend import resolve
@@ -161,11 +162,27 @@ def _fit_group(solvers, device, classes, part_ids, sources, wave_bytes, row_ids=
     return host, sums, get_worker().address
 
 
+class KeptGroup(tuple):
+    """What a group of parts kept on its worker holds: ``(fits, sums, address)``, one
+    solver's fits of the group's parts (:func:`_setting`)."""
+
+
+@sizeof.register(KeptGroup)
+def _sizeof_kept(group) -> int:
+    """The bytes of its parts' arrays. Without this Dask sizes each part by
+    ``sys.getsizeof`` (the object alone), and its scheduler, thinking a group of parts
+    free to move, may send it to the rows a prediction task reads instead of those rows to
+    it (its parts, megabytes or gigabytes of support vectors or training rows, copied to
+    another worker)."""
+    return int(sum(sizeof(v) for fit in group[0] for v in getattr(fit, "__dict__", {}).values()
+                   if hasattr(v, "nbytes") or hasattr(v, "data")) + group[1].nbytes)
+
+
 def _setting(result, k):
-    """Solver ``k``'s part of a group's result (:func:`_fit_group`): ``(fits, sums,
-    address)``, what a group kept on its worker holds."""
+    """Solver ``k``'s part of a group's result (:func:`_fit_group`): what a group kept on
+    its worker holds (:class:`KeptGroup`)."""
     host, sums, address = result
-    return host[k], sums, address
+    return KeptGroup((host[k], sums, address))
 
 
 def _kept_summaries(result, solver):

@@ -32,6 +32,7 @@ the worker and its parts.
 from __future__ import annotations
 
 import uuid
+from collections import defaultdict
 
 import dask
 import dask.array as da
@@ -39,8 +40,7 @@ import numpy as np
 from distributed.utils import CancelledError
 
 from .data import _as_array, check_features
-from .driver import KEY_PREFIX, fmt_bytes
-from .predict import _compute
+from .driver import KEY_PREFIX, compute, fmt_bytes
 
 #: The most bytes reading a fitted attribute of a kept model gathers to the client (a
 #: CA-SVM's ``support_vectors_``, ...); a larger model refuses, naming ``to_local()``.
@@ -163,13 +163,43 @@ def predict_parts_in_memory(estimator, X, rule: PartsRule, block_rows):
 
 def compute_kept(estimator, *collections):
     """``dask.compute`` of what reads a kept model's parts, on the current client (a worker
-    paused for memory ends it with a MemoryError); parts lost for good end it with
+    paused for memory ends it with a MemoryError), each task that reads a group of parts
+    on the worker holding it (:func:`pinned`); parts lost for good end it with
     :class:`LostParts` (:func:`check_parts`)."""
     try:
-        return _compute(*collections)
+        with pinned(estimator, collections):
+            return compute(*collections)
     except CancelledError:
         check_parts(estimator)
         raise
+
+
+#: The prediction steps whose tasks read a group of parts (:func:`predict_parts`).
+GROUP_STEPS = ("parts", "candidates")
+
+
+def pinned(estimator, collections):
+    """A ``dask.annotate`` block that restricts each task of ``collections`` reading a kept
+    group of parts to the worker holding that group, loosely (elsewhere when it is gone).
+
+    Without it Dask's scheduler places such a task where its data are cheapest to bring,
+    which is the group's worker as long as that worker is not busier than the group takes
+    to move (:class:`~gpuml.distributed.dask.fit.KeptGroup` gives Dask the group's
+    size); under load it may copy a group to another worker. Annotations of the graph's
+    layers do not survive the optimization of a Dask array's graph, so the restrictions
+    go with the computation, as a function of each task's key, evaluated by the scheduler
+    (a ``defaultdict``'s lookup: no worker for the other tasks).
+    """
+    futures = [future for _, future in estimator._kept_parts]
+    holders = futures[0].client.who_has(futures)
+    where = [sorted(holders.get(f.key, ())) for f in futures]
+    steps = tuple(f"{KEY_PREFIX}-predict-{step}-" for step in GROUP_STEPS)
+    pins = {}
+    for collection in collections:
+        for key in collection.__dask_graph__():
+            if isinstance(key, str) and key.startswith(steps):
+                pins[key] = where[int(key.rsplit("-", 1)[1])]
+    return dask.annotate(workers=defaultdict(list, pins).__getitem__, allow_other_workers=True)
 
 
 def check_reachable(estimator):
