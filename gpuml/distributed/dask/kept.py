@@ -218,9 +218,10 @@ def check_reachable(estimator):
 
 def check_parts(estimator):
     """Raise, naming them, for kept parts that are gone: lost with their worker where the
-    training rows cannot be computed again (:class:`LostParts`), or released."""
+    training rows cannot be computed again (:class:`LostParts`), or released. (Parts whose
+    future is ``"lost"`` are being fitted again by Dask: a prediction waits for them.)"""
     gone = [(ids, future) for ids, future in estimator._kept_parts
-            if future.status in ("cancelled", "lost", "error")]
+            if future.status in ("cancelled", "error")]
     if not gone:
         return
     workers = np.asarray(estimator.part_worker_, dtype=object)
