@@ -12,6 +12,9 @@ from __future__ import annotations
 
 from sklearn.utils.validation import check_is_fitted
 
+#: Rows of in-memory input sent to the cluster per task by a model kept on Dask workers.
+KEPT_PREDICT_ROWS = 16384
+
 
 class KeptPartsMixin:
     """``to_local`` and the test of a kept model, for an estimator whose ``__getstate__``

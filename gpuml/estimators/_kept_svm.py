@@ -29,14 +29,14 @@ from dataclasses import dataclass, replace
 import numpy as np
 import scipy.sparse as sp
 
-from .._backend import stack_rows
+from .._backend import is_dask_collection, stack_rows, to_output
 from .._validation import validate_X
 from ..kernels import rbf_from_sq_distances
 from ..kernels.nearest.neighbors import NearestMerge
 from ..pairwise import squared_norms
 from ..pipeline import dask_module
 from ..routing import NEIGHBOR_BLOCK_BYTES, nearest_parts, route, rows_by_part, search_width
-from ._kept import KeptPartsMixin
+from ._kept import KEPT_PREDICT_ROWS, KeptPartsMixin
 from ._svm import PairCoef, ovo_output, pack_dual_coef, pair_values, unsettled_votes
 
 #: The fitted arrays with an entry per support vector: on the Dask workers after a Dask fit.
@@ -44,8 +44,6 @@ SUPPORT_ATTRIBUTES = ("support_", "support_part_", "support_vectors_", "dual_coe
                       "ovo_dual_coef_")
 #: What a model kept on Dask workers holds of them (a refit drops it).
 KEPT_STATE = ("_kept_parts", "_kept_n_support", "_kept_vectors")
-#: Rows of in-memory input sent to the cluster per task by a model kept on Dask workers.
-KEPT_PREDICT_ROWS = 16384
 
 
 @dataclass
@@ -96,6 +94,7 @@ class KeptSVMPart:
                        vectors=self.vectors[:0], norms=self.norms[:0], coef=self.coef[:, :0])
 
     def pair_coef(self, n_classes: int) -> PairCoef:
+        """Its coefficients ready for products with kernel values (as in memory)."""
         return PairCoef(self.coef.T, self.sv_class, n_classes)
 
 
@@ -134,8 +133,8 @@ class KeptSVMMixin(KeptPartsMixin):
         self._kept_n_support = np.stack([s.n_support for s in summaries])
         self._kept_vectors = summaries[0].vectors
         self.n_support_ = self._kept_n_support.sum(axis=0).astype(np.int32)
-        if not all(s.finite for s in summaries):
-            self._check_finite_model(np.array([np.inf]))
+        # each part's coefficients and intercepts were checked on its worker
+        self._check_finite_model(np.where([s.finite for s in summaries], 0.0, np.nan))
 
     def _support_bytes(self) -> int:
         """Bytes of the support-vector arrays of a kept model, as gathered."""
@@ -178,8 +177,6 @@ class KeptSVMMixin(KeptPartsMixin):
         sent in blocks of :data:`KEPT_PREDICT_ROWS` rows and its result gathered."""
         if not self._kept():
             return super()._lazy(X, method)
-        from .._backend import is_dask_collection, to_output
-
         rule = KeptSVMRule(self, method, *self._output_layout(X, method))
         if is_dask_collection(X):
             return dask_module().predict_parts(self, X, rule)

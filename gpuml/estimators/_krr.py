@@ -51,7 +51,7 @@ from ..pipeline import (
     state_on_device,
 )
 from ..routing import route, rows_by_part
-from ._kept import KeptPartsMixin
+from ._kept import KEPT_PREDICT_ROWS, KeptPartsMixin
 from ._params import CachedParamNames
 from ._partitioned import PARTITION_CONSTRAINTS, auto_n_partitions
 
@@ -133,10 +133,6 @@ class KRRPartFit:
     dual_coef: object
     intercept: object
 
-
-#: Rows of in-memory input sent to the cluster per task when the parts of the model are kept
-#: on Dask workers (a Dask fit).
-KEPT_PREDICT_ROWS = 16384
 
 
 def _take(xp, A, idx):
