@@ -48,7 +48,7 @@ WORKERS = {False: 6, True: 2}
 #: name: (rows, features, rows per chunk, memory_limit, labels flipped, partition)
 CONFIGS = {
     "issue": (1_000_000, 300, 50_000, "2.2GB", 0.0, "auto"),
-    "two_budgets": (1_300_000, 300, 50_000, "2.2GB", 0.3, "contiguous"),
+    "two_budgets": (1_200_000, 300, 50_000, "2.2GB", 0.3, "contiguous"),
 }
 QUICK = {
     "issue": (12_000, 20, 2_000, "1.5GB", 0.0, "auto"),

@@ -149,6 +149,12 @@ def _fit_group(solvers, device, classes, part_ids, sources, wave_bytes, row_ids=
         for wave in _waves(sizes, row_bytes, wave_bytes):
             X, y, w, local = _group_rows([[piece[j] for j in wave] for piece in pieces],
                                          len(wave))
+            for piece in pieces:
+                # This wave's rows are in X now: the copies cut from this worker's chunks go
+                # (the rows the others sent stay with their task's arguments), so the parts
+                # kept grow as the rows held shrink.
+                for j in wave:
+                    piece[j] = None
             for k, solver in enumerate(solvers):
                 fits = solver.solve(backend, X, y, w, local, ids[wave])
                 if solver.keeps_parts_on_workers:
