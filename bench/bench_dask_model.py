@@ -8,8 +8,8 @@ workers, ``da.random.RandomState(seed).standard_normal((n, d))`` in chunks of
 ``block`` rows, labelled by a linear score plus a sine term (``x_0 + sin(2 x_1) / 2 >
 0``; with ``flip``, that share of the labels drawn at random, so that nearly every row
 is a support vector) and persisted; ``CASVMClassifier(random_state=0)`` is fitted on
-them and scores 50,000 held-out rows drawn alike (Dask arrays, one pass; 3,000 for
-``quick``), which are then
+them and scores 50,000 held-out rows drawn alike (Dask arrays in chunks of 10,000 rows,
+one pass; 3,000 for ``quick``), which are then
 predicted again (``predict(X).compute()``). After that, outside what is measured, the
 model is gathered (``to_local()``) with the held-out rows, the cluster is closed, and
 the in-memory model predicts the same rows on the same cores.
@@ -54,8 +54,10 @@ QUICK = {
     "issue": (12_000, 20, 2_000, "1.5GB", 0.0, "auto"),
     "two_budgets": (12_000, 20, 2_000, "1.5GB", 0.3, "contiguous"),
 }
-#: held-out rows scored, and their seed (the training rows' is 11)
+#: held-out rows scored, in chunks of this many (a worker holds a chunk of rows, and as
+#: many again for the rows its parts judge), and their seed (the training rows' is 11)
 TEST_ROWS = {False: 50_000, True: 3_000}
+TEST_BLOCK = {False: 10_000, True: 1_000}
 TRAIN_SEED, TEST_SEED = 11, 12
 
 
@@ -86,7 +88,7 @@ def _away(stream, holders) -> int:
                and task["worker"] not in holders[int(str(task["key"]).rsplit("-", 1)[1])])
 
 
-def run(name, config, test_rows, workers=WORKERS[False]):
+def run(name, config, test_rows, workers=WORKERS[False], test_block=TEST_BLOCK[False]):
     """One configuration on a fresh cluster of ``workers``: its row of measures."""
     import distributed
     import psutil
@@ -103,7 +105,7 @@ def run(name, config, test_rows, workers=WORKERS[False]):
         _, budget = workers_and_budget(client)
         pids = client.run(os.getpid)
         X, y = client.persist(list(labelled(TRAIN_SEED, n, d, block, flip)))
-        Xt, yt = client.persist(list(labelled(TEST_SEED, test_rows, d, block, flip)))
+        Xt, yt = client.persist(list(labelled(TEST_SEED, test_rows, d, test_block, flip)))
         distributed.wait([X, y, Xt, yt])
         base = me.memory_info().rss
         clf = CASVMClassifier(random_state=0, partition=partition)
@@ -158,7 +160,7 @@ def main(quick: bool = False, gpu: bool = False):
     configs = QUICK if quick else CONFIGS
     rows = []
     for name, config in configs.items():
-        rows.append(run(name, config, TEST_ROWS[quick], WORKERS[quick]))
+        rows.append(run(name, config, TEST_ROWS[quick], WORKERS[quick], TEST_BLOCK[quick]))
         print(rows[-1], flush=True)
     notes = (
         f"{WORKERS[quick]} worker processes of one thread, each with the memory_limit given "
@@ -167,7 +169,8 @@ def main(quick: bool = False, gpu: bool = False):
         "standard_normal((n, d)), labels x_0 + sin(2 x_1) / 2 > 0 (labels_flipped: that "
         "share drawn at random), persisted; CASVMClassifier(random_state=0, partition=...) "
         f"fitted, then score and predict on {TEST_ROWS[quick]:,} held-out rows drawn alike "
-        "(RandomState(12)), Dask arrays. model_MB: the support vectors with their "
+        f"(RandomState(12); chunks of {TEST_BLOCK[quick]:,} rows), Dask arrays. model_MB: "
+        "the support vectors with their "
         "coefficients and indices, kept on the workers; worker_budget_MB: the smallest "
         "worker's budget (memory_limit x 0.8 less what it holds besides Dask's data). "
         "client_peak_MB: this process's peak resident memory above its level before the "

@@ -762,6 +762,10 @@ def test_bkrr_parts_stay_on_the_workers_that_fitted_them(client, combine):
     back = pickle.loads(pickle.dumps(est))
     assert isinstance(back.X_fit_, np.ndarray) and not back._kept()
     np.testing.assert_allclose(back.predict(local_X[:2500]), expected, rtol=1e-8, atol=1e-9)
+    here = est.to_local()  # as the pickle, without it; the model stays kept
+    assert isinstance(here.X_fit_, np.ndarray) and not here._kept() and est._kept()
+    np.testing.assert_array_equal(here.predict(local_X[:2500]), back.predict(local_X[:2500]))
+    assert here.to_local() is here  # a model in memory already
     est.fit(local_X, local_y)  # refitted in memory: nothing of the kept parts is left
     assert not est._kept() and isinstance(est.X_fit_, np.ndarray)
     np.testing.assert_array_equal(est.predict(local_X[:2500]), local.predict(local_X[:2500]))
