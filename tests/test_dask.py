@@ -871,9 +871,17 @@ def test_casvm_parts_stay_on_the_workers_that_fitted_them(client, combine):
     np.testing.assert_allclose(est.dual_coef_, local.dual_coef_, rtol=1e-9, atol=1e-12)
     Xt, yt, local_Xt, local_yt = _made_on_workers(_noisy_block, 2, 1300, d, first=100)
     expected = local.predict(local_Xt)
-    # gpuml's own computations (in-memory rows, score) run each group's tasks (its values,
-    # the blend's candidates) on the worker holding the group
+    with distributed.get_task_stream(client) as stream:
+        pred = est.predict(Xt)
+    assert not stream.data  # lazy
+    assert isinstance(pred, da.Array) and pred.chunks == (Xt.chunks[0],)
+    # Each group's tasks (its values, the blend's candidates) run on the worker holding the
+    # group, for Dask and in-memory rows and score (Dask's work stealing paused: it may move
+    # a task whose restriction is loose, as these are, to an idle worker).
     with _no_work_stealing(client), distributed.get_task_stream(client) as stream:
+        np.testing.assert_array_equal(pred.compute(), expected)
+        np.testing.assert_allclose(est.decision_function(Xt).compute(),
+                                   local.decision_function(local_Xt), rtol=1e-9, atol=1e-9)
         np.testing.assert_array_equal(est.predict(local_Xt), expected)  # via the cluster
         score = est.score(Xt, yt)
     assert score == pytest.approx(local.score(local_Xt, local_yt), rel=1e-12)
@@ -882,13 +890,6 @@ def test_casvm_parts_stay_on_the_workers_that_fitted_them(client, combine):
             assert workers == group_worker[g], (step, g)
     assert bool(_task_workers(stream.data, "candidates")) == (combine != "nearest")
     assert bool(_task_workers(stream.data, "parts")) == (combine != "neighbors")
-    with distributed.get_task_stream(client) as stream:
-        pred = est.predict(Xt)
-    assert not stream.data  # lazy
-    assert isinstance(pred, da.Array) and pred.chunks == (Xt.chunks[0],)
-    np.testing.assert_array_equal(pred.compute(), expected)
-    np.testing.assert_allclose(est.decision_function(Xt).compute(),
-                               local.decision_function(local_Xt), rtol=1e-9, atol=1e-9)
     single = est.decision_function(local_Xt[:300].astype(np.float32))
     assert single.dtype == np.float32
     np.testing.assert_allclose(single, local.decision_function(local_Xt[:300].astype(
@@ -983,3 +984,26 @@ def test_casvm_kept_parts_released_are_a_clear_error(client, classification):
                                                "the model while it runs"):
             call()
     assert kept.score(X, y) > 0.8
+
+
+def test_kept_prediction_without_the_placement_plugin_warns_and_predicts(client, classification,
+                                                                       monkeypatch):
+    """A scheduler that cannot load gpuml's placement of kept parts: a warning says so, and
+    the prediction runs where Dask's scheduler puts it, with the same result."""
+    import weakref
+
+    from gpuml.distributed.dask import kept
+
+    X, y = classification
+    est = CASVMClassifier(n_partitions=4, random_state=0).fit(*_dask(X, y))
+    expected = est.predict(X)
+
+    def refuse(plugin, *args, **kwargs):
+        raise ModuleNotFoundError("No module named 'gpuml'")
+
+    monkeypatch.setattr(kept, "_placed", weakref.WeakSet())
+    monkeypatch.setattr(client, "register_plugin", refuse)
+    with pytest.warns(RuntimeWarning, match="could not load gpuml's placement of kept parts "
+                                            r"\(ModuleNotFoundError"):
+        pred = est.predict(_dask(X, y)[0])
+    np.testing.assert_array_equal(pred.compute(), expected)

@@ -96,6 +96,7 @@ from .driver import (
 from .fit import check_budget, check_group_budget, place_parts, ship_and_fit
 from .kept import (
     GATHER_LIMIT_BYTES,
+    KeptPlacement,
     KernelPartsRule,
     LostParts,
     PartsRule,
@@ -109,6 +110,7 @@ from .kept import (
     predict_kept_in_memory,
     predict_parts,
     predict_parts_in_memory,
+    register_placement,
 )
 from .predict import predict_blocks, score
 from .steps import (
@@ -125,6 +127,7 @@ __all__ = [
     "DASK_PARTITIONERS",
     "GATHER_LIMIT_BYTES",
     "KEY_PREFIX",
+    "KeptPlacement",
     "KernelPartsRule",
     "LLOYD_MAX_ITER",
     "LLOYD_TOL",
@@ -161,6 +164,7 @@ __all__ = [
     "predict_kept_in_memory",
     "predict_parts",
     "predict_parts_in_memory",
+    "register_placement",
     "score",
     "ship_and_fit",
     "workers_and_budget",

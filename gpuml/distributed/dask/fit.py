@@ -168,6 +168,10 @@ def _fit_group(solvers, device, classes, part_ids, sources, wave_bytes, row_ids=
     return host, sums, get_worker().address
 
 
+#: The step whose tasks hold the groups of parts kept on the workers (:func:`_setting`).
+KEPT_STEP = "fit-setting"
+
+
 class KeptGroup(tuple):
     """What a group of parts kept on its worker holds: ``(fits, sums, address)``, one
     solver's fits of the group's parts (:func:`_setting`)."""
@@ -339,7 +343,7 @@ def ship_and_fit(rows, labels, placement, solvers, classes, device, addresses, c
                for ids, address, sources in groups]
     kept = [None] * len(solvers)
     if solvers[0].keeps_parts_on_workers:
-        kept = [[(ids, driver.submit("fit-setting", _setting, future, k))
+        kept = [[(ids, driver.submit(KEPT_STEP, _setting, future, k))
                  for (ids, _, _), future in zip(groups, futures)]
                 for k in range(len(solvers))]
         summaries = [driver.submit("fit-summary", _kept_summaries, future, solver)

@@ -32,15 +32,18 @@ the worker and its parts.
 from __future__ import annotations
 
 import uuid
-from collections import defaultdict
+import warnings
+import weakref
 
 import dask
 import dask.array as da
 import numpy as np
+from distributed.diagnostics.plugin import SchedulerPlugin
 from distributed.utils import CancelledError
 
 from .data import _as_array, check_features
 from .driver import KEY_PREFIX, compute, fmt_bytes
+from .fit import KEPT_STEP
 
 #: The most bytes reading a fitted attribute of a kept model gathers to the client (a
 #: CA-SVM's ``support_vectors_``, ...); a larger model refuses, naming ``to_local()``.
@@ -128,6 +131,7 @@ def predict_parts(estimator, X, rule: PartsRule, checked=False):
 
     rules = dask.delayed(rule, name=f"{KEY_PREFIX}-predict-rule-{token}")
     kept = estimator._kept_parts
+    register_placement(kept[0][1].client)
     blocks = []
     for i, (chunk, rows) in enumerate(zip(X.to_delayed().ravel(), X.chunks[0])):
         routed = dask.delayed(_step)(rules, "route", chunk, dask_key_name=key("route", i))
@@ -163,12 +167,10 @@ def predict_parts_in_memory(estimator, X, rule: PartsRule, block_rows):
 
 def compute_kept(estimator, *collections):
     """``dask.compute`` of what reads a kept model's parts, on the current client (a worker
-    paused for memory ends it with a MemoryError), each task that reads a group of parts
-    on the worker holding it (:func:`pinned`); parts lost for good end it with
+    paused for memory ends it with a MemoryError); parts lost for good end it with
     :class:`LostParts` (:func:`check_parts`)."""
     try:
-        with pinned(estimator, collections):
-            return compute(*collections)
+        return compute(*collections)
     except CancelledError:
         check_parts(estimator)
         raise
@@ -178,28 +180,56 @@ def compute_kept(estimator, *collections):
 GROUP_STEPS = ("parts", "candidates")
 
 
-def pinned(estimator, collections):
-    """A ``dask.annotate`` block that restricts each task of ``collections`` reading a kept
-    group of parts to the worker holding that group, loosely (elsewhere when it is gone).
+class KeptPlacement(SchedulerPlugin):
+    """Sends each prediction task that reads a kept group of parts to the worker holding the
+    group: a scheduler plugin, registered by :func:`predict_parts`.
 
-    Without it Dask's scheduler places such a task where its data are cheapest to bring,
-    which is the group's worker as long as that worker is not busier than the group takes
-    to move (:class:`~gpuml.distributed.dask.fit.KeptGroup` gives Dask the group's
-    size); under load it may copy a group to another worker. Annotations of the graph's
-    layers do not survive the optimization of a Dask array's graph, so the restrictions
-    go with the computation, as a function of each task's key, evaluated by the scheduler
-    (a ``defaultdict``'s lookup: no worker for the other tasks).
+    As each graph arrives, a task of the steps :data:`GROUP_STEPS` is restricted to the
+    workers holding its kept group (its dependency of :data:`KEPT_STEP`), loosely: where
+    they are gone it runs elsewhere, with the group fitted again. Without it Dask's
+    scheduler places such a task where its inputs are cheapest to bring, which is the
+    group's worker only while that worker is no busier than the group takes to move
+    (:class:`~gpuml.distributed.dask.fit.KeptGroup` gives Dask the group's size), and a
+    busy cluster copies groups between workers. Work stealing may still move a restricted
+    task to an idle worker, as it does any task whose restriction is loose.
     """
-    futures = [future for _, future in estimator._kept_parts]
-    holders = futures[0].client.who_has(futures)
-    where = [sorted(holders.get(f.key, ())) for f in futures]
-    steps = tuple(f"{KEY_PREFIX}-predict-{step}-" for step in GROUP_STEPS)
-    pins = {}
-    for collection in collections:
-        for key in collection.__dask_graph__():
-            if isinstance(key, str) and key.startswith(steps):
-                pins[key] = where[int(key.rsplit("-", 1)[1])]
-    return dask.annotate(workers=defaultdict(list, pins).__getitem__, allow_other_workers=True)
+
+    name = f"{KEY_PREFIX}-kept-placement"
+    #: registered again (another client of the scheduler), it stays as it is
+    idempotent = True
+
+    def update_graph(self, scheduler, *, tasks=(), **kwargs):
+        steps = tuple(f"{KEY_PREFIX}-predict-{step}-" for step in GROUP_STEPS)
+        kept = f"{KEY_PREFIX}-{KEPT_STEP}-"
+        for key in tasks:
+            if not (isinstance(key, str) and key.startswith(steps)):
+                continue
+            ts = scheduler.tasks.get(key)
+            for dep in () if ts is None else ts.dependencies:
+                holders = {ws.address for ws in dep.who_has or ()}
+                if isinstance(dep.key, str) and dep.key.startswith(kept) and holders:
+                    ts.worker_restrictions = holders
+                    ts.loose_restrictions = True
+
+
+#: The clients whose scheduler has :class:`KeptPlacement` (registered once each).
+_placed = weakref.WeakSet()
+
+
+def register_placement(client):
+    """:class:`KeptPlacement` on ``client``'s scheduler, once. A scheduler that cannot load
+    it (gpuml not installed there) is warned about: its tasks are placed by locality."""
+    if client in _placed:
+        return
+    try:
+        client.register_plugin(KeptPlacement())
+    except Exception as err:  # noqa: BLE001 - the prediction runs without it
+        warnings.warn(f"the Dask scheduler could not load gpuml's placement of kept parts "
+                      f"({type(err).__name__}: {err}): each prediction task goes where Dask's "
+                      "scheduler finds its inputs cheapest to bring, which may copy a group of "
+                      "parts to another worker; install gpuml where the scheduler runs",
+                      RuntimeWarning, stacklevel=3)
+    _placed.add(client)
 
 
 def check_reachable(estimator):
