@@ -19,7 +19,8 @@ those rows travel to every group, each group returns their nearest support
 vectors among its parts with those parts' values, and one task merges them
 (:meth:`gpuml.kernels.nearest.neighbors.NearestMerge.absorb`: the candidates a
 search of every part keeps) and **blends** the values. Rows move to the parts,
-never a part to the rows: no worker holds more than its own parts and a block of
+never a part to the rows (each task reading a group is restricted to the group's
+worker by :class:`KeptPlacement`): a worker holds its own parts and a block of
 rows, and nothing of the model comes to the client. With ``combine="average"``
 (DC-KRR) every part judges every row: each block travels to each group.
 
