@@ -38,6 +38,10 @@ def precompile(verbose: bool = True) -> dict:
     # 1,200 rows, 3 classes: one-vs-one pairs of ~800, enough for two Asy-GCD workers
     X, y = make_classification(1200, 8, n_classes=3, n_informative=4, random_state=0)
     Xr, yr = make_regression(600, 8, random_state=0)
+    # binary problems of more than 1,024 rows compute their kernel rows on demand, and
+    # these (a third of the labels flipped: most rows support vectors) make the rest of
+    # their matrix midway: every piece of that path
+    Xb, yb = make_classification(2200, 8, flip_y=0.3, random_state=0)
     fits = {
         # predict: the neighbour search's merge (the blend of combine="neighbors", and of
         # the rows combine="auto" leaves open: every row here, so that it surely runs)
@@ -70,11 +74,39 @@ def precompile(verbose: bool = True) -> dict:
         # the float32 kernel matrices of parts of 1,024+ rows (the default parts' size)
         "CA-SVM float32 part matrices": lambda X: sgemm_matrix(
             Kernel("rbf", gamma=0.1), X, max_bytes=1 << 30),
+        # kernel rows on demand: one part of 1,500 rows, two parts of 1,100 (float32
+        # values), float64 values (a gamma too large for float32), with and without
+        # shrinking; a C path on them
+        "CASVMClassifier(exact, rows on demand)": lambda X: CASVMClassifier(
+            n_partitions=1, device="cpu").fit(Xb[:1500].astype(X.dtype), yb[:1500]),
+        "CASVMClassifier(rows on demand, float64 values)": lambda X: CASVMClassifier(
+            n_partitions=1, gamma=500.0, device="cpu").fit(Xb[:1500].astype(X.dtype),
+                                                           yb[:1500]),
+        "CASVMClassifier(float32 part rows)": lambda X: CASVMClassifier(
+            n_partitions=2, partition="random", device="cpu", random_state=0).fit(
+            Xb.astype(X.dtype), yb),
+        "CASVMClassifier(rows on demand, shrinking=True)": lambda X: [CASVMClassifier(
+            n_partitions=p, partition="random", shrinking=True, device="cpu",
+            random_state=0).fit(Xb[:1100 * p].astype(X.dtype), yb[:1100 * p]) for p in (1, 2)],
+        "C path": lambda X: _c_path(Xb[:1500].astype(X.dtype), yb[:1500]),
     }
     from gpuml.kernels import compiling_in_caller
 
     with compiling_in_caller():  # compile in this thread, into the cache, before returning
         return _precompile(fits, X, Xr, verbose)
+
+
+def _c_path(X, y):
+    """:func:`gpuml.kernels.smo_solve_path` on rows computed on demand, then on the whole
+    matrix made midway (a later C solves on it from a start)."""
+    import numpy as np
+
+    from gpuml.kernels import SMOProblem, make_kernel, smo_solve_path
+
+    problem = SMOProblem(0, np.arange(len(y)), np.where(y == 1, 1.0, -1.0))
+    kernel = make_kernel("rbf", "scale", X=X)
+    for shrinking in (False, True):
+        smo_solve_path(kernel, [X], [problem], [0.5, 2.0, 8.0], shrinking=shrinking)
 
 
 def _precompile(fits, X, Xr, verbose):

@@ -92,6 +92,27 @@ def test_gamma_scale_and_auto_match_sklearn_svc():
     assert resolve_gamma("scale", np.ones((3, 2))) == 1.0
 
 
+def test_gamma_scale_is_the_same_to_the_bit_for_sparse_and_dense():
+    """The variance of the entries over the non-zero ones in row-major order: a dense X and
+    any CSR form of it (duplicates, unsorted indices, stored zeros) give one gamma."""
+    from sklearn.datasets import load_digits
+
+    from gpuml.pairwise import entry_variance
+
+    X = load_digits().data  # pixels: many zeros, and X.var() and E[x^2] - E[x]^2 differ
+    assert entry_variance(X) == pytest.approx(X.var(), rel=1e-13)
+    S = sp.csr_matrix(X)
+    # three more entries in the last row: a stored zero and a duplicate pair summing to 0
+    messy = sp.csr_matrix((np.concatenate([S.data, [0.0, 2.0, -2.0]]),
+                           np.concatenate([S.indices, [5, 7, 7]]),
+                           np.concatenate([S.indptr[:-1], [S.indptr[-1] + 3]])), shape=S.shape)
+    before = messy.copy()
+    for form in (S, messy, S.tocoo(), np.asfortranarray(X)):
+        assert entry_variance(form) == entry_variance(X)
+        assert resolve_gamma("scale", form) == resolve_gamma("scale", X)
+    assert (messy != before).nnz == 0 and messy.data.size == before.data.size  # input kept
+
+
 @pytest.mark.parametrize("bad", [0.0, -1.0, "wide", float("nan")])
 def test_bad_gamma(bad):
     with pytest.raises(ValueError, match="gamma"):

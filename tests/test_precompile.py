@@ -15,17 +15,18 @@ def _numba_functions():
     from gpuml.kernels.nearest import neighbors, values
     from gpuml.kernels.smo import cpu as smo
     from gpuml.kernels.smo import loop as smo_loop
+    from gpuml.kernels.smo import values as smo_values
 
     return {f"{mod.__name__}.{name}": obj for mod in (vexp, gcd, partition, neighbors, values,
-                                                      smo, smo_loop)
+                                                      smo, smo_loop, smo_values)
             for name, obj in vars(mod).items() if hasattr(obj, "overloads")}
 
 
 def test_precompile_fits_every_cpu_path_and_covers_the_default_fits():
     seconds = precompile(verbose=False)
-    # eight fits and the float32 part matrices in two dtypes, and the optimizers' fused
-    # CPU kernels (torch is installed)
-    assert len(seconds) == 19 and all(s > 0 for s in seconds.values())
+    # eight fits, the float32 part matrices, four fits on kernel rows on demand and a C
+    # path in two dtypes, and the optimizers' fused CPU kernels (torch is installed)
+    assert len(seconds) == 29 and all(s > 0 for s in seconds.values())
     assert "LAMB/LARS fused CPU kernels" in seconds
     # The specialisations the default fits need are exactly among those precompile made:
     # the first fit after `python -m gpuml.precompile` compiles nothing (a signature that
@@ -83,7 +84,7 @@ def test_every_kernel_cache_is_stamped_with_all_kernel_sources():
     from gpuml.kernels import _jit
 
     kernels = _cached_kernels()
-    assert {"gpuml.kernels.vexp._rbf_rows_f32", "gpuml.kernels.smo.cpu._rbf_from_lower",
+    assert {"gpuml.kernels.vexp._rbf_rows_f32", "gpuml.kernels.smo.values._rbf_map_f32",
             "gpuml.kernels.nearest.neighbors._merge_loop"} <= set(kernels)
     for name, dispatcher in kernels.items():
         locator = dispatcher._cache._impl._locator

@@ -390,36 +390,51 @@ def test_sgemm_matrix_on_centred_rows():
     np.testing.assert_array_equal(sgemm_matrix(kernel, sp.csr_matrix(X), max_bytes=1 << 30), K)
 
 
-def test_parts_of_a_partitioned_fit_take_float32_matrices_from_1024_rows(monkeypatch):
-    """A CA-SVM of several parts makes the rbf matrices of its parts of 1,024+ rows in float32
-    (the default parts hold just under 2,048 rows); one part, the exact SVM, keeps the
-    data's dtype below 2,048 rows. The model stays that of float64 matrices to the
-    solver's tolerance."""
+def test_float32_values_for_problems_on_rows_and_groups_of_2048_or_1024_rows(monkeypatch):
+    """rbf values are float32 on centred rows for a problem computing its rows on demand
+    (more than 1,024 rows, alone in its group: a binary part, the exact SVM) and for a
+    group's matrix of 2,048+ rows, 1,024+ in a fit of several parts (the default parts
+    hold just under 2,048); a smaller group's matrix keeps the data's dtype. The model
+    stays that of float64 values to the solver's tolerance."""
     from gpuml import CASVMClassifier
     from gpuml.kernels.smo import cpu as smo
+    from gpuml.kernels.smo import values
 
     X, y = _far_from_origin(n=2600, seed=4)
     made = []
-    real = smo.sgemm_matrix
-    monkeypatch.setattr(smo, "sgemm_matrix", lambda kernel, X, **kw: made.append(
-        X.shape[0]) or real(kernel, X, **kw))
+    real_values, real_matrix = smo.values_of, smo._make_matrix
+
+    def recorded(kernel, X, *args):
+        out = real_values(kernel, X, *args)
+        made.append((X.shape[0], out.dtype))
+        return out
+
+    def matrix(*args):
+        K = real_matrix(*args)
+        made.append((K.shape[0], K.dtype))
+        return K
+
+    monkeypatch.setattr(smo, "values_of", recorded)
+    monkeypatch.setattr(smo, "_make_matrix", matrix)
+    f32, f64 = np.dtype(np.float32), np.dtype(np.float64)
     two = CASVMClassifier(n_partitions=2, partition="random", random_state=0).fit(X, y)
-    assert sorted(made) == [1300, 1300]
+    assert made == [(1300, f32), (1300, f32)]
     made.clear()
     one = CASVMClassifier(n_partitions=1).fit(X[:1500], y[:1500])
-    assert made == []
-    # the solver's own switch: smo_solve_batch(partitioned=)
+    assert made == [(1500, f32)]
+    # a group of two problems (one-vs-one pairs): the solver's own switch,
+    # smo_solve_batch(partitioned=)
     kernel = make_kernel("rbf", "scale", X=X)
-    problems = [SMOProblem(0, np.arange(1100), y[:1100])]
-    for partitioned, expected in ((False, []), (True, [1100])):
+    problems = [SMOProblem(0, np.arange(900), y[:900]),
+                SMOProblem(0, np.arange(600, 1100), y[600:1100])]
+    for partitioned, dtype in ((False, f64), (True, f32)):
         made.clear()
         smo_solve_batch(kernel, [X[:1100]], problems, partitioned=partitioned)
-        assert made == expected
-    # as before: the parts' matrices in float64
-    made.clear()
-    monkeypatch.setattr(smo, "PART_SGEMM_MIN_ROWS", smo.SGEMM_MIN_ROWS)
+        assert made == [(1100, dtype)]
+    # float64 values everywhere: the same model to the tolerance
+    monkeypatch.setattr(values, "SGEMM_EXPONENT_ERROR", 0.0)
     float64 = CASVMClassifier(n_partitions=2, partition="random", random_state=0).fit(X, y)
-    assert made == []
+    assert made[-2:] == [(1300, f64), (1300, f64)]
     np.testing.assert_allclose(two.decision_function(X), float64.decision_function(X),
                                atol=2e-2)
     assert (two.predict(X) != float64.predict(X)).mean() < 0.005

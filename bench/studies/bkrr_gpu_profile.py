@@ -67,10 +67,14 @@ class Phases:
                 self.calls[label] = self.calls.get(label, 0) + 1
         return timed
 
-    def patch(self, owner, name, label):
+    def patch(self, owner, name, label, optional=False):
+        """Time ``owner.name``; a name that is gone fails loudly (the profile would
+        otherwise quietly lose a phase when the code moves), unless ``optional``."""
         fn = getattr(owner, name, None)
         if fn is None:
-            return
+            if optional:
+                return
+            raise AttributeError(f"{owner!r} has no {name!r}: update instrument()")
         try:
             setattr(owner, name, self._wrap(label, fn))
         except (AttributeError, TypeError):  # a read-only extension attribute: leave it
@@ -92,31 +96,32 @@ class Phases:
 def instrument(phases: Phases):
     from cupy_backends.cuda.libs import cusolver
 
-    from gpuml.estimators import _krr
+    from gpuml.estimators import _cholesky_solver, bkrr_regressor
     from gpuml.kernels import krr
     from gpuml.partition import algorithms, local
+    from gpuml.pipeline import executors
 
-    base = _krr._BKRRBase
-    phases.patch(base, "_prepare", "fit: validate + copy to device (_prepare)")
-    phases.patch(base, "_check_before_split", "fit: memory check before partitioning")
-    phases.patch(base, "_split", "fit: partition (_split)")
+    est = bkrr_regressor.BKRRRegressor
+    step = executors.InProcess
+    phases.patch(step, "load", "fit: validate + copy to device (_validate)")
+    phases.patch(step, "check_memory", "fit: memory checks")
+    phases.patch(step, "split", "fit: partition")
     phases.patch(algorithms, "lloyd", "partition: k-means (seeding + Lloyd)")
     phases.patch(algorithms, "kmeans_pp", "partition: k-means++ seeding")
     phases.patch(local, "fill", "partition: K-balance fill (host loop)")
     phases.patch(local.LocalRows, "means", "partition: part means")
-    phases.patch(base, "_solve", "fit: solve (_solve)")
-    phases.patch(base, "_check_memory", "memory check (_check_memory)")
-    phases.patch(_krr, "_take", "solve: gather parts/targets (_take)")
-    phases.patch(_krr, "krr_solve_parts", "solve: krr_solve_parts")
+    phases.patch(est, "_part_solver", "fit: settings from the data (sigma, lambda)")
+    phases.patch(step, "fit_parts", "fit: solve the parts")
+    phases.patch(_cholesky_solver, "_take", "solve: gather parts/targets (_take)")
+    phases.patch(_cholesky_solver, "krr_solve_parts", "solve: krr_solve_parts")
     phases.patch(krr, "_stacked_gram", "krr: kernel blocks (GEMM + map)")
     phases.patch(krr, "_posv_device", "krr: batched posv (potrfBatched)")
     phases.patch(krr, "_potrf_potrs_inplace", "krr: single potrf + potrs")
-    if hasattr(krr, "_DeviceCholesky"):
-        phases.patch(krr._DeviceCholesky, "raise_if_failed", "krr: failure check (1 sync)")
+    phases.patch(krr._DeviceCholesky, "raise_if_failed", "krr: failure check (1 sync)")
     for prefix in ("s", "d"):
         for routine in ("potrf", "potrs", "potrfBatched", "potrsBatched"):
-            phases.patch(cusolver, prefix + routine, f"cuSOLVER {routine}")
-    phases.patch(base, "_store_fit", "fit: store fitted arrays (_store_fit)")
+            phases.patch(cusolver, prefix + routine, f"cuSOLVER {routine}", optional=True)
+    phases.patch(est, "_assemble", "fit: store fitted arrays (_assemble)")
 
 
 def _data(n, d, dtype, seed=0):

@@ -38,16 +38,15 @@ PREDICT_BLOCK_ROWS = 16384
 #: threads BLAS may use (:func:`gpuml.kernels.threads_for`); fewer rows, one thread.
 PREDICT_THREAD_MIN_ROWS = 4096
 #: ... and only while each thread's block holds this many rows per part: with more parts,
-#: the Python steps per part (holding the GIL) outweigh the threads' gain (none at 98
-#: parts, a loss from 245), unless every part's steps run in the compiled loops
-#: (:meth:`PartPredictionMixin._compiled_split`), which hold no GIL.
+#: the Python steps per part (holding the GIL) outweigh the threads' gain, unless every
+#: part's steps run in the compiled loops (:meth:`PartPredictionMixin._compiled_split`),
+#: which hold no GIL (bench/results/cpu-2core/casvm-runs.md).
 PREDICT_THREAD_ROWS_PER_PART = 128
 #: The blend among more than :data:`~gpuml.routing.NEIGHBOR_PARTS` parts runs its search and
 #: its values in compiled loops (:meth:`PartPredictionMixin._blended`) up to this many
 #: features; the values' loop computes the distances of the parts a row weighs again, which
-#: with more features costs more than the Python steps per part it saves (at 50,000 rows,
-#: P = 25: 0.6-1.1x the time up to 128 features, 0.9-1.4x at 256; Fashion-MNIST's 784
-#: pixels, 0.95-1.5x).
+#: with more features costs more than the Python steps per part it saves
+#: (bench/results/cpu-2core/casvm-runs.md).
 BLEND_COMPILED_MAX_FEATURES = 128
 
 

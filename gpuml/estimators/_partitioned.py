@@ -60,12 +60,11 @@ def auto_n_partitions(n: int, part_rows: int) -> int:
 #: Fewer rows than this in a part: the local model has too little data (P is large for n).
 MIN_PART_ROWS = 20
 #: Fewer rows per class per part than this on average (n / (P * n_classes)): the expected
-#: accuracy loss of nearest-centre prediction against one part is high. Every setting
-#: measured below it lost well over a point (many classes being simply where
-#: n / (P * n_classes) is small for a given n and P), while CA-SVM's default (C scaled per
-#: part, the parts of a sample's nearest support vectors blended) held SVC's accuracy far
-#: below it (bench/results/cpu-2core/casvm_parts.md, casvm_partitioners.md,
-#: casvm_defaults.md).
+#: accuracy loss of nearest-centre prediction against one part is high (many classes
+#: being simply where n / (P * n_classes) is small for a given n and P), while CA-SVM's
+#: default (C scaled per part, the parts of a sample's nearest support vectors blended)
+#: keeps SVC's accuracy far below it (bench/results/cpu-2core/casvm_parts.md,
+#: casvm_partitioners.md, casvm_defaults.md).
 MIN_ROWS_PER_CLASS = 300
 
 

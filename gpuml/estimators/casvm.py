@@ -147,12 +147,12 @@ default="auto"
         values of the parts that hold the sample's ``n_neighbors`` nearest
         support vectors, each weighted by its share of them, then voted on as
         one model's (searched among the support vectors of the sample's 16
-        nearest parts); 5-13x ``"nearest"``'s time. ``"auto"``: the nearest
-        part's values where the pairs it trained settle the vote with every
-        value ``blend_margin`` or more from 0, ``"neighbors"`` elsewhere (6-17 %
-        of samples; more when parts lack classes): 1.8-2.9x ``"nearest"``'s
-        time, within 0.11 point of ``"neighbors"``
-        (bench/results/cpu-2core/casvm_predict.md).
+        nearest parts), several times ``"nearest"``'s time. ``"auto"``: the
+        nearest part's values where the pairs it trained settle the vote with
+        every value ``blend_margin`` or more from 0, ``"neighbors"`` elsewhere
+        (a minority of samples; more when parts lack classes): nearly
+        ``"neighbors"``'s accuracy at a fraction of its time (docs/casvm.md,
+        "Prediction"; bench/results/cpu-2core/casvm_predict.md).
     n_neighbors : int, default=20
         Support vectors that weigh the parts in the blend
         (bench/results/cpu-2core/casvm_prediction_explore.md compares values).

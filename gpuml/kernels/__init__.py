@@ -65,6 +65,7 @@ __all__ = [
     "SMOResult",
     "smo_solve",
     "smo_solve_batch",
+    "smo_solve_path",
     "part_threads",
     "parallel_region",
     "threads_for",
@@ -209,6 +210,73 @@ def smo_solve_batch(kernel, Xs, problems, *, tol=1e-3, max_iter=-1, cache_size=1
     return _cpu(kernel, Xs, problems, tol=tol, max_iter=max_iter, cache_bytes=cache_bytes,
                 shrinking=shrinking, n_jobs=n_jobs, progress=progress,
                 sgemm_min_rows=PART_SGEMM_MIN_ROWS if partitioned else None)
+
+
+def smo_solve_path(kernel, Xs, problems, Cs, *, tol=1e-3, max_iter=-1, cache_size=1024.0,
+                   shrinking=True, n_jobs=None, partitioned=False):
+    """Solve a batch of SVM dual problems for every C of an increasing sequence ``Cs``.
+
+    The C path of a search (one part's one-vs-one problems, or a batch of parts, over a
+    grid of C): ``problems[w].C`` are problem ``w``'s bounds for C = 1 (LIBSVM's class and
+    sample weights), and the problems are solved for each C of ``Cs`` with those bounds
+    times C. Arguments otherwise as :func:`smo_solve_batch` (``problems[w].alpha0``
+    starts the first C). On the CPU the work of the path is shared
+    (:mod:`gpuml.kernels.smo.path`):
+
+    * each group's kernel values are computed once for every C: its whole matrix (a
+      group of several problems, or small ones), or a problem's rows on demand and its
+      matrix once made (:class:`~gpuml.kernels.smo.rows.RowCache`);
+    * each C after the first starts from the previous C's solution, its variables at
+      their bound moved to the new bound (:func:`~gpuml.kernels.smo.path.seed_alpha`;
+      DeCoste and Wagstaff, "Alpha seeding for support vector machines", KDD 2000), the
+      gradient recomputed from that start.
+
+    Each result is the cold start's optimum to ``tol`` (a KKT gap below it); the path
+    takes fewer SMO steps where the support vectors change little from one C to the next
+    (measured: ``bench/bench_exact_work.py``, table ``exact_work_path``). On a GPU each C
+    is one :func:`smo_solve_batch` warm-started the same way (its kernel matrices computed
+    again for each C).
+
+    Returns
+    -------
+    list of lists of SMOResult
+        ``results[c][w]``: problem ``w`` for ``Cs[c]``.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from gpuml.kernels import Kernel, SMOProblem, smo_solve_path
+    >>> X = np.array([[0.0], [1.0], [3.0], [4.0]])
+    >>> problem = SMOProblem(0, np.arange(4), np.array([-1.0, -1.0, 1.0, 1.0]))
+    >>> path = smo_solve_path(Kernel("linear"), [X], [problem], [0.1, 10.0])
+    >>> [(np.round(by_C[0].alpha, 3) + 0.0).tolist() for by_C in path]
+    [[0.075, 0.1, 0.1, 0.075], [0.0, 0.5, 0.5, 0.0]]
+    """
+    from .smo.path import check_Cs, seed_alpha
+
+    Cs = check_Cs(Cs)
+    cache_bytes = int(float(cache_size) * (1 << 20))
+    if any(is_cupy_array(X) for X in Xs):
+        import dataclasses
+
+        weights = [np.asarray(to_numpy(p.C), dtype=np.float64) for p in problems]
+        batch, results = list(problems), []
+        for c, C in enumerate(Cs.tolist()):
+            if c:
+                batch = [dataclasses.replace(p, C=C * w, alpha0=seed_alpha(
+                    to_numpy(r.alpha), to_numpy(p.y), Cs[c - 1] * w, C * w))
+                    for p, w, r in zip(problems, weights, results[-1])]
+            else:
+                batch = [dataclasses.replace(p, C=C * w) for p, w in zip(problems, weights)]
+            results.append(smo_solve_batch(kernel, Xs, batch, tol=tol, max_iter=max_iter,
+                                           cache_size=cache_size, shrinking=shrinking))
+        return results
+    from .smo.cpu import PART_SGEMM_MIN_ROWS
+    from .smo.path import solve_path
+
+    return solve_path(kernel, Xs, problems, Cs, tol=tol, max_iter=max_iter,
+                      cache_bytes=cache_bytes, shrinking=shrinking, n_jobs=n_jobs,
+                      sgemm_min_rows=PART_SGEMM_MIN_ROWS if partitioned else None)
 
 
 def smo_solve(kernel, X, y, C=1.0, *, tol=1e-3, max_iter=-1, cache_size=1024.0,

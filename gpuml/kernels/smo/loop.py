@@ -14,10 +14,11 @@ the variables that may still move active; the stop is the KKT gap
 ``max_{I_up} -y G - min_{I_low} -y G < tol``.
 
 The iteration is a numba state machine (:func:`_run`) that runs until it
-needs a row that is not cached, then returns to its caller (:mod:`.cpu`),
-which computes that row over the active variables and re-enters. When a
+needs a row that is not cached, then returns to its caller (:mod:`.rows`),
+which computes that row and re-enters where the step stopped. When a
 problem's whole kernel matrix is in memory every row is "cached" and the loop
-never leaves numba (:func:`_solve_dense`); :func:`_solve_dense_problems` solves
+never leaves numba (:func:`_solve_dense`, and :func:`_continue_dense` once the
+rows on demand have become a whole matrix); :func:`_solve_dense_problems` solves
 a chunk of a flat batch's problems on one group's matrix in one call, so no
 Python runs per problem. :func:`_solve_dense_problems_numpy` is that dense
 solver written out in NumPy, step for step, for small batches while numba
@@ -43,8 +44,14 @@ from numba import njit
 TAU = 1e-12
 
 _CONVERGED, _NEED_ROWS, _MAX_ITER, _UNSHRINK = 0, 1, 2, 3
-# Slots of the integer state vector shared by Python and the numba loop.
-_ITER, _MAX, _ACTIVE, _CLOCK, _COUNTER, _UNSHRUNK, _NEED, _VERSION = range(8)
+# Slots of the integer state vector shared by Python and the numba loop; _PAIR_I and
+# _PAIR_J hold 1 + the indices of a working pair chosen before a missing row stopped its
+# step (0: none), _FILL 1 + the slot the products of the missing row go to on re-entry
+# (:mod:`.values`' ``fill_and_run``; 0: none).
+(_ITER, _MAX, _ACTIVE, _CLOCK, _COUNTER, _UNSHRUNK, _NEED, _VERSION, _PAIR_I, _PAIR_J,
+ _FILL) = range(11)
+#: Length of the state vector.
+STATE_SIZE = 11
 
 
 @njit(nogil=True, cache=True, inline="always", _nrt=False)
@@ -171,9 +178,10 @@ def _shrink(y, C, alpha, G, active, state, tol):
 def _run(y, C, QD, alpha, G, active, cache, slot_of, slot_time, state, tol, shrinking):
     """SMO iterations until convergence, ``max_iter``, a cache miss or an unshrink request.
 
-    Returns a status code; on ``_NEED_ROWS`` the missing row is ``state[_NEED]``.
-    Re-entering after the caller filled the cache repeats the selection (which
-    depends only on the state), so a step is never half done.
+    Returns a status code; on ``_NEED_ROWS`` the missing row is ``state[_NEED]``. The
+    working pair chosen so far is kept in the state (``_PAIR_I``, ``_PAIR_J``), and
+    re-entering after the caller filled the cache resumes the step there: the choice
+    sweeping again would make (it depends only on the state), a sweep or two fewer.
     """
     n = y.shape[0]
     # slot_of (with slot_time) None: the whole matrix is ``cache``, row k in slot k (the
@@ -186,60 +194,70 @@ def _run(y, C, QD, alpha, G, active, cache, slot_of, slot_time, state, tol, shri
         if state[_MAX] >= 0 and state[_ITER] >= state[_MAX]:
             return _MAX_ITER
         n_active = state[_ACTIVE]
-        g_max = -np.inf
-        i = -1
-        for t in range(n_active):
-            k = t if shrinking is None else active[t]
-            if y[k] > 0:
-                if alpha[k] < C[k] and -G[k] >= g_max:
-                    g_max = -G[k]
+        i = state[_PAIR_I] - 1
+        if i >= 0:
+            g_max = -y[i] * G[i]
+        else:
+            g_max = -np.inf
+            for t in range(n_active):
+                k = t if shrinking is None else active[t]
+                if y[k] > 0:
+                    if alpha[k] < C[k] and -G[k] >= g_max:
+                        g_max = -G[k]
+                        i = k
+                elif alpha[k] > 0 and G[k] >= g_max:
+                    g_max = G[k]
                     i = k
-            elif alpha[k] > 0 and G[k] >= g_max:
-                g_max = G[k]
-                i = k
-        if i < 0:
-            return _CONVERGED
+            if i < 0:
+                return _CONVERGED
         si = i
         if slot_of is not None:
             si = _lookup(i, slot_of, slot_time, state)
             if si < 0:
                 state[_NEED] = i
+                state[_PAIR_I] = i + 1
                 return _NEED_ROWS
         Ki = cache[si]
-        g_max2 = -np.inf
-        j = -1
-        best = np.inf
-        for t in range(n_active):
-            k = t if shrinking is None else active[t]
-            if y[k] > 0:
-                if alpha[k] > 0:
-                    if G[k] > g_max2:
-                        g_max2 = G[k]
-                    diff = g_max + G[k]
+        j = state[_PAIR_J] - 1
+        if j < 0:
+            g_max2 = -np.inf
+            best = np.inf
+            for t in range(n_active):
+                k = t if shrinking is None else active[t]
+                if y[k] > 0:
+                    if alpha[k] > 0:
+                        if G[k] > g_max2:
+                            g_max2 = G[k]
+                        diff = g_max + G[k]
+                        if diff > 0:
+                            quad = QD[i] + QD[k] - 2.0 * Ki[k]
+                            dec = -diff * diff / (quad if quad > 0 else TAU)
+                            if dec <= best:
+                                best = dec
+                                j = k
+                elif alpha[k] < C[k]:
+                    if -G[k] > g_max2:
+                        g_max2 = -G[k]
+                    diff = g_max - G[k]
                     if diff > 0:
                         quad = QD[i] + QD[k] - 2.0 * Ki[k]
                         dec = -diff * diff / (quad if quad > 0 else TAU)
                         if dec <= best:
                             best = dec
                             j = k
-            elif alpha[k] < C[k]:
-                if -G[k] > g_max2:
-                    g_max2 = -G[k]
-                diff = g_max - G[k]
-                if diff > 0:
-                    quad = QD[i] + QD[k] - 2.0 * Ki[k]
-                    dec = -diff * diff / (quad if quad > 0 else TAU)
-                    if dec <= best:
-                        best = dec
-                        j = k
-        if g_max + g_max2 < tol or j < 0:
-            return _CONVERGED
+            if g_max + g_max2 < tol or j < 0:
+                state[_PAIR_I] = 0
+                return _CONVERGED
         sj = j
         if slot_of is not None:
             sj = _lookup(j, slot_of, slot_time, state)
             if sj < 0:
                 state[_NEED] = j
+                state[_PAIR_I] = i + 1
+                state[_PAIR_J] = j + 1
                 return _NEED_ROWS
+        state[_PAIR_I] = 0
+        state[_PAIR_J] = 0
         Kj = cache[sj]
         Ci = C[i]
         Cj = C[j]
@@ -325,6 +343,28 @@ def _dense_gradient(K, y, alpha, G, rows, nz, v):
 
 
 @njit(nogil=True, cache=True, _nrt=False)
+def _gradient_from_rows(K, slot_of, y, alpha, G, ks, nz, v):
+    """``G_k = (Q a)_k - 1`` for the variables ``ks`` from the cached rows of the non-zero
+    variables (row ``s`` in slot ``slot_of[s]``): the values every step used, read along
+    those rows, summed in :func:`_dense_gradient`'s order. ``nz``, ``v``: workspaces."""
+    n_nz = 0
+    for k in range(y.shape[0]):
+        if alpha[k] > 0:
+            nz[n_nz] = slot_of[k]
+            v[n_nz] = alpha[k] * y[k]
+            n_nz += 1
+    for k in ks:
+        G[k] = 0.0
+    for t in range(n_nz):
+        row = K[nz[t]]
+        vt = v[t]
+        for k in ks:
+            G[k] += row[k] * vt
+    for k in ks:
+        G[k] = y[k] * G[k] - 1.0
+
+
+@njit(nogil=True, cache=True, _nrt=False)
 def _solve_dense(K, y, C, alpha, G, state, tol, shrinking, QD, active, nz, v):
     """SMO on one problem whose kernel matrix ``K`` is in memory: no row ever leaves numba.
 
@@ -341,6 +381,14 @@ def _solve_dense(K, y, C, alpha, G, state, tol, shrinking, QD, active, nz, v):
     state[_ACTIVE] = n
     state[_COUNTER] = n if n < 1000 else 1000
     _dense_gradient(K, y, alpha, G, active[:n], nz, v)
+    return _continue_dense(K, y, C, alpha, G, state, tol, shrinking, QD, active, nz, v)
+
+
+@njit(nogil=True, cache=True, _nrt=False)
+def _continue_dense(K, y, C, alpha, G, state, tol, shrinking, QD, active, nz, v):
+    """:func:`_solve_dense` from a state it (or the row cache, :mod:`.rows`) left: every
+    variable active (``active[t] == t``, ``state[_ACTIVE] == n``), ``G`` exact."""
+    n = y.shape[0]
     while True:
         status = _run(y, C, QD, alpha, G, active, K, None, None, state, tol, shrinking)
         if shrinking is not None:
