@@ -83,6 +83,7 @@ BENCHMARKS = {
     "part_threads": "default fits solve their parts on all cores without slowing small fits",
     "partition": "partitioners up to 1M rows, P up to 256: balance; k-means vs scikit-learn",
     "scale": "the defaults from 20,000 to 1M rows beside Nystroem and subsampled exact models",
+    "search": "CASVMClassifierCV beside GridSearchCV(SVC()) and GridSearchCV(CASVMClassifier())",
     "sharded": "FSDP2 + LAMB vs FSDP2 + AdamW: step time, one all-reduce per step",
     "small_fits": "CASVMClassifier() vs SVC in many small fits (CV, grids)",
     "ten_million": "the defaults on 10 million rows on the CPU",

@@ -2,7 +2,8 @@
 
 Estimators (You 2020, chapters 2-4):
 
-- :class:`CASVMClassifier` — communication-avoiding kernel SVM (Alg 3, 4, 5);
+- :class:`CASVMClassifier` — communication-avoiding kernel SVM (Alg 3, 4, 5), and
+  :class:`CASVMClassifierCV`, its search over C and γ;
 - :class:`BKRRRegressor`, :class:`BKRRRegressorCV` — balanced kernel ridge
   regression and its family (Alg 6-11);
 - :class:`AsyGCDSVC` — asynchronous greedy coordinate descent SVM (Alg 12-14).
@@ -26,8 +27,9 @@ from .errors import PartitionWarning
 from .estimators.asygcd import AsyGCDSVC
 from .estimators.bkrr import BKRRRegressor, BKRRRegressorCV
 from .estimators.casvm import CASVMClassifier
+from .estimators.casvm_cv import CASVMClassifierCV
 
 __version__ = "0.1.0"
 
-__all__ = ["AsyGCDSVC", "BKRRRegressor", "BKRRRegressorCV", "CASVMClassifier", "PartitionWarning",
-           "__version__"]
+__all__ = ["AsyGCDSVC", "BKRRRegressor", "BKRRRegressorCV", "CASVMClassifier",
+           "CASVMClassifierCV", "PartitionWarning", "__version__"]

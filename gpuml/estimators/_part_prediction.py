@@ -12,6 +12,7 @@ predicts on the device it was fitted on.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 
 import numpy as np
@@ -174,10 +175,11 @@ class PartPredictionMixin:
         settle the vote within ``blend_margin``, else the second. Returns the values
         (on X's device) and a host bool array ``(n, n_pairs)``: the pairs that vote.
         """
+        routes = self._given_routes(X)
         X = self._check_predict_input(X)
         group = prediction_group(getattr(self, "devices_", None))
         if group is not None:
-            return self._ovo_values_on_devices(group, X)
+            return self._ovo_values_on_devices(group, X, routes)
         backend = resolve(self.device, X)
         X = validate_X(self, X, reset=False)
         precomputed = self._kernel.name == "precomputed"
@@ -217,7 +219,8 @@ class PartPredictionMixin:
                     voting[start:stop] = self._blended(backend, Xd, out[start:stop], models,
                                                        parts())
                     return
-                owner = self._nearest(backend, Xd, out[start:stop], precomputed, models)
+                owner = self._nearest(backend, Xd, out[start:stop], precomputed, models,
+                                      None if routes is None else routes[start:stop])
                 voting[start:stop] = self.pair_status_[owner] > 0
                 if rule == "auto":
                     self._blend_unsettled(backend, Xd, out[start:stop], voting[start:stop],
@@ -229,9 +232,16 @@ class PartPredictionMixin:
             map_threads(predict_block, row_ranges(n, PREDICT_BLOCK_ROWS, threads), threads)
         return out, voting
 
-    def _nearest(self, backend, Xd, out, precomputed, models):
+    def _given_routes(self, X):
+        """The parts of the rows of ``X`` when a search has routed them already (the same
+        input object; :func:`given_routes`), else None."""
+        given = getattr(self, "_routes", None)
+        return given[1] if given is not None and given[0] is X else None
+
+    def _nearest(self, backend, Xd, out, precomputed, models, owner=None):
         """The values of the rows ``Xd`` under their nearest centre's model (Alg 5), written
-        to ``out`` (``models``: :class:`PartModels`); returns each row's part (host).
+        to ``out`` (``models``: :class:`PartModels`); returns each row's part (host), routed
+        here unless given (``owner``).
 
         Where the rows are spread over several parts, so many that each has fewer than
         :data:`PREDICT_THREAD_ROWS_PER_PART` on average (a model of hundreds of parts), on
@@ -239,8 +249,9 @@ class PartPredictionMixin:
         compiled loop (:func:`~gpuml.kernels.nearest.values.rbf_part_values`: the same
         values to rounding). Otherwise, and while that loop compiles, part by part.
         """
-        owner = route(Xd, backend.asarray(self.centers_)) if not precomputed \
-            else np.zeros(Xd.shape[0], dtype=np.int64)
+        if owner is None:
+            owner = route(Xd, backend.asarray(self.centers_)) if not precomputed \
+                else np.zeros(Xd.shape[0], dtype=np.int64)
         order, offsets = part_runs(owner, self.part_intercept_.shape[0])
         present = np.flatnonzero(np.diff(offsets)).tolist()
         if (1 < len(present) and Xd.shape[0] < PREDICT_THREAD_ROWS_PER_PART * len(present)
@@ -421,16 +432,17 @@ class PartPredictionMixin:
         values += intercept[None, :]
         return values
 
-    def _ovo_values_on_devices(self, group, X):
+    def _ovo_values_on_devices(self, group, X, routes=None):
         """Step 3 on the devices of the fit, by the same rule as on one device: the
-        nearest part's values (:meth:`_nearest_on_devices`), blended values
-        (:meth:`_blended_on_devices`), or both (``combine="auto"``)."""
+        nearest part's values (:meth:`_nearest_on_devices`; ``routes``: the rows' parts
+        when known), blended values (:meth:`_blended_on_devices`), or both
+        (``combine="auto"``)."""
         X = to_numpy(validate_X(self, X, reset=False))
         columns = self._part_columns()
         rule = self._rule()
         if rule == "neighbors":
             return self._blended_on_devices(group, X, columns)
-        values, owner = self._nearest_on_devices(group, X, columns)
+        values, owner = self._nearest_on_devices(group, X, columns, routes)
         voting = self.pair_status_[owner] > 0
         if rule == "auto":
             rows = np.flatnonzero(self._unsettled(values, owner))
@@ -467,10 +479,11 @@ class PartPredictionMixin:
             total[rows] += share
         return total, weights @ (self.pair_status_ > 0) > 0
 
-    def _nearest_on_devices(self, group, X, columns):
+    def _nearest_on_devices(self, group, X, columns, owner=None):
         """:meth:`_nearest` over the devices of the fit: each row on its part's device, one
-        batch per device. Host values and each row's part."""
-        owner = route_on_devices(group, X, self.centers_)
+        batch per device. Host values and each row's part (routed here unless given)."""
+        if owner is None:
+            owner = route_on_devices(group, X, self.centers_)
 
         def predict_local(backend, Xd, parts):
             models = PartModels(self, backend, columns)
@@ -482,3 +495,16 @@ class PartPredictionMixin:
             return out
 
         return predict_on_devices(group, X, owner, self.part_device_, predict_local), owner
+
+
+@contextlib.contextmanager
+def given_routes(estimator, X, owner):
+    """Within the block, ``estimator`` predicts the rows of ``X`` (this object) with the
+    nearest-centre parts ``owner`` (host ints, one per row) instead of routing them: a
+    search routes its validation rows once per fold for every candidate fitted on the
+    fold's split (the same centres)."""
+    estimator._routes = (X, np.asarray(owner, dtype=np.int64))
+    try:
+        yield estimator
+    finally:
+        del estimator._routes

@@ -159,6 +159,28 @@ class SMOPartSolver(PartSolver):
         :class:`gpuml._progress.Progress`, only when called from the fitting
         thread) gets one line per part as the part's last problem is solved.
         """
+        problems, layout, Xs = self._problems(X, part_rows, y_idx, sample_C, members, warm)
+        report = None
+        if progress:
+            for k, (_, _, q, _, _) in enumerate(layout):
+                if not len(q):  # one class (or none) in the part: nothing to solve
+                    progress.update(k, part_line(len(part_rows[k]), 0, 0, True))
+
+            def report(k, res):
+                progress.update(k, part_line(len(part_rows[k]), len(res),
+                                              sum(int(r.n_iter) for r in res),
+                                              all(bool(r.converged) for r in res)))
+        partitioned = max(map(len, part_rows), default=0) < self.n_samples  # P > 1
+        results = smo_solve_batch(self.kernel, Xs, problems, tol=self.tol,
+                                  max_iter=self.max_iter, cache_size=self.cache_size,
+                                  shrinking=self.shrinking, n_jobs=self.n_jobs, progress=report,
+                                  partitioned=partitioned)
+        return self._part_fits(X, part_rows, layout, results)
+
+    def _problems(self, X, part_rows, y_idx, sample_C, members=None, warm=None):
+        """The one-vs-one SMO problems of the given parts (arguments as :meth:`_fit_parts`):
+        the problems, each part's layout (which pairs hold which class, each variable's
+        row and label) and each part's rows as the solver gets them."""
         n_classes = self.n_classes
         pairs = class_pairs(n_classes)
         n_pairs = len(pairs)
@@ -202,21 +224,12 @@ class SMOPartSolver(PartSolver):
                                     None if start is None else start[lo:hi])
                          for lo, hi in zip([0] + ends[:-1], ends)]
             layout.append((has_first, has_second, q, pos[idx], labels))
-        report = None
-        if progress:
-            for k, (_, _, q, _, _) in enumerate(layout):
-                if not len(q):  # one class (or none) in the part: nothing to solve
-                    progress.update(k, part_line(len(part_rows[k]), 0, 0, True))
+        return problems, layout, Xs
 
-            def report(k, res):
-                progress.update(k, part_line(len(part_rows[k]), len(res),
-                                              sum(int(r.n_iter) for r in res),
-                                              all(bool(r.converged) for r in res)))
-        partitioned = max(map(len, part_rows), default=0) < self.n_samples  # P > 1
-        results = smo_solve_batch(self.kernel, Xs, problems, tol=self.tol,
-                                  max_iter=self.max_iter, cache_size=self.cache_size,
-                                  shrinking=self.shrinking, n_jobs=self.n_jobs, progress=report,
-                                  partitioned=partitioned)
+    def _part_fits(self, X, part_rows, layout, results) -> list[SVMPartFit]:
+        """One :class:`SVMPartFit` per part from its problems' results (in the order of
+        :meth:`_problems`, whose ``layout`` it reads)."""
+        n_pairs = len(class_pairs(self.n_classes))
         # One copy to the host: the GPU solver's alphas are joined on the device first.
         alphas = [res.alpha for res in results]
         alpha = (to_numpy(namespace_of(alphas[0]).concatenate(alphas)) if alphas

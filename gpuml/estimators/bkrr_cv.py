@@ -13,7 +13,6 @@ from __future__ import annotations
 import numpy as np
 from sklearn.model_selection import check_cv
 from sklearn.utils._param_validation import StrOptions
-from sklearn.utils.validation import check_is_fitted
 
 from .._backend import to_numpy
 from .._validation import refuse_dask
@@ -28,6 +27,7 @@ from ..kernels.krr import tridiagonal_form
 from ..pairwise import Kernel, sq_distances
 from ..routing import route
 from ._krr import _COMMON_CONSTRAINTS, _BKRRBase, _take
+from ._search import BestEstimatorMixin, search_results
 from .bkrr_regressor import BKRRRegressor
 
 #: Cost of reducing one part's kernel block, in Cholesky factorisations of that block:
@@ -60,7 +60,7 @@ def _r2_scores(y, preds):
 
 
 
-class BKRRRegressorCV(_BKRRBase):
+class BKRRRegressorCV(BestEstimatorMixin, _BKRRBase):
     r"""BKRR2 (and family) with a fast search over σ and λ (Gaussian kernel).
 
     The data (or each training fold) is partitioned once, and the squared
@@ -413,36 +413,17 @@ class BKRRRegressorCV(_BKRRBase):
     def _record(self, scores, sigmas, lams):
         """cv_results_ in GridSearchCV's order: λ (alphabetically first) slowest."""
         per_split = scores.transpose(1, 0, 2).reshape(-1, scores.shape[2])
-        mean = per_split.mean(axis=1)
-        lam_col = np.repeat(lams, sigmas.size)
-        sigma_col = np.tile(sigmas, lams.size)
-        ranked = np.where(np.isnan(mean), -np.inf, mean)
-        order = np.argsort(-ranked, kind="stable")
-        rank = np.empty(mean.size, dtype=np.int32)
-        rank[order] = np.arange(1, mean.size + 1)
-        # ties share the best rank, as scipy's rankdata(method="min") in GridSearchCV
-        for i in range(1, mean.size):
-            if ranked[order[i]] == ranked[order[i - 1]]:
-                rank[order[i]] = rank[order[i - 1]]
-        results = {
-            "params": [{"lam": float(a), "sigma": float(s)} for a, s in zip(lam_col, sigma_col)],
-            "param_lam": lam_col,
-            "param_sigma": sigma_col,
-            "mean_test_score": mean,
-            "std_test_score": per_split.std(axis=1),
-            "rank_test_score": rank,
-        }
-        for k in range(per_split.shape[1]):
-            results[f"split{k}_test_score"] = per_split[:, k]
-        self.cv_results_ = results
+        params = [{"lam": float(a), "sigma": float(s)} for a in lams for s in sigmas]
+        self.cv_results_, self.best_index_ = search_results(params, per_split)
         self.n_splits_ = int(per_split.shape[1])
-        self.best_index_ = int(order[0])
-        self.best_score_ = float(mean[self.best_index_])
-        self.best_params_ = dict(results["params"][self.best_index_])
+        self.best_score_ = float(self.cv_results_["mean_test_score"][self.best_index_])
+        self.best_params_ = dict(params[self.best_index_])
         self.sigma_ = self.best_params_["sigma"]
         self.lam_ = self.best_params_["lam"]
 
+    def _unfitted_model(self):
+        return BKRRRegressor()
+
     def predict(self, X):
         """Predict with the refitted best model (see :meth:`BKRRRegressor.predict`)."""
-        check_is_fitted(self, "best_estimator_")
-        return self.best_estimator_.predict(X)
+        return self._best().predict(X)

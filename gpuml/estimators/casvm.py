@@ -27,6 +27,7 @@ from ._partitioned import (
     warn_stopped_parts,
 )
 from ._probability import PlattProbabilityMixin
+from ._smo_path_solver import solve_together
 from ._smo_solver import PART_C_SCALES, SMOCost, SMOPartSolver, part_line
 from ._svm import KernelSVMMixin, primal_coef
 
@@ -445,6 +446,11 @@ default="auto"
             needs.append(Need(Capability.LAYERS, f"method={self.method!r}",
                               instead="method='casvm'"))
         return tuple(needs)
+
+    def _solve_together(self, solvers) -> list:
+        """Settings that differ in C and γ only: one solver, a C path per γ, each part's
+        kernel values computed once for every C (:func:`~._smo_path_solver.solve_together`)."""
+        return solve_together(solvers)
 
     def _validate(self, X, y, sample_weight, backend) -> FitData:
         """SVC's checks of in-memory input; the rows on ``backend``, the classes indexed."""

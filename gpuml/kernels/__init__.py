@@ -213,7 +213,7 @@ def smo_solve_batch(kernel, Xs, problems, *, tol=1e-3, max_iter=-1, cache_size=1
 
 
 def smo_solve_path(kernel, Xs, problems, Cs, *, tol=1e-3, max_iter=-1, cache_size=1024.0,
-                   shrinking=True, n_jobs=None, partitioned=False):
+                   shrinking=True, n_jobs=None, partitioned=False, one_launch=False):
     """Solve a batch of SVM dual problems for every C of an increasing sequence ``Cs``.
 
     The C path of a search (one part's one-vs-one problems, or a batch of parts, over a
@@ -235,7 +235,13 @@ def smo_solve_path(kernel, Xs, problems, Cs, *, tol=1e-3, max_iter=-1, cache_siz
     takes fewer SMO steps where the support vectors change little from one C to the next
     (measured: ``bench/bench_exact_work.py``, table ``exact_work_path``). On a GPU each C
     is one :func:`smo_solve_batch` warm-started the same way (its kernel matrices computed
-    again for each C).
+    again for each C). ``one_launch`` (GPU only): every (problem, C) pair in one
+    :func:`smo_solve_batch` instead (:func:`~gpuml.kernels.smo.path.path_batch`), each
+    group's kernel matrix made once and shared by its problems for every C, all of them
+    solved side by side, each from ``alpha0`` (no seed from the previous C); ``"auto"``:
+    so when every problem is small enough to be solved by one thread block
+    (:data:`~gpuml.kernels.smo.cuda.GRID_MIN_SIZE`; a larger problem takes the whole
+    device, one launch each, and gains from the seeds).
 
     Returns
     -------
@@ -259,6 +265,16 @@ def smo_solve_path(kernel, Xs, problems, Cs, *, tol=1e-3, max_iter=-1, cache_siz
     if any(is_cupy_array(X) for X in Xs):
         import dataclasses
 
+        from .smo.path import path_batch
+
+        if one_launch == "auto":
+            from .smo.cuda import GRID_MIN_SIZE
+
+            one_launch = all(np.size(p.idx) < GRID_MIN_SIZE for p in problems)
+        if one_launch:
+            flat = smo_solve_batch(kernel, Xs, path_batch(problems, Cs), tol=tol,
+                                   max_iter=max_iter, cache_size=cache_size, shrinking=shrinking)
+            return [flat[c * len(problems):(c + 1) * len(problems)] for c in range(len(Cs))]
         weights = [np.asarray(to_numpy(p.C), dtype=np.float64) for p in problems]
         batch, results = list(problems), []
         for c, C in enumerate(Cs.tolist()):

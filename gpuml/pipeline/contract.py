@@ -28,6 +28,12 @@ its ``_solve_params``, so the data of one split serve several solvers, one per
 setting (:func:`gpuml.pipeline.fit_settings`): the executor places the parts once
 and fits each part with every solver; each solver's :class:`~gpuml.pipeline.FitResult`
 is assembled into its own estimator. An ordinary fit is the case of one solver.
+A solver may fit several settings at once (``n_settings > 1``: a C path, each
+part's kernel values computed once for every C): its fit of a part is then a
+tuple of one fit per setting, which the executors carry as any part's fit and
+the fit splits into one :class:`~gpuml.pipeline.FitResult` per setting
+(:meth:`~gpuml.pipeline.FitResult.setting`). The estimator says which of its
+settings' solvers one solver fits together (``_solve_together``).
 """
 
 from __future__ import annotations
@@ -131,6 +137,11 @@ class PartSolver(ABC):
     #: a layered fit (:attr:`Capability.LAYERS`): the executor calls :meth:`solve_layers`
     #: with all the parts instead of :meth:`solve`
     layered: bool = False
+    #: the settings one solve fits: with more than one, :meth:`solve` gives each part a
+    #: tuple of that many fits, one per setting in order (:meth:`to_host` and
+    #: :meth:`summary` take and give such tuples); such a solver is neither layered nor
+    #: keeps its parts on Dask workers (the fit splits its results per setting)
+    n_settings: int = 1
 
     @abstractmethod
     def solve(self, backend: Backend, X, targets, weights, part_rows: list, part_ids,
@@ -197,6 +208,11 @@ class PartitionedEstimator(ABC):
         :class:`~gpuml.pipeline.FitResult`, in part order);
     ``_finish_fit(data, y, sample_weight)``
         optional: anything after the model (SVC's ``probability=True``);
+    ``_solve_together(solvers)``
+        optional: the solvers of several settings on one split grouped into
+        solvers that fit a group at once (each a :class:`PartSolver` with
+        ``n_settings`` fits per part), as ``(solver, members)``: ``members[k]``
+        is the index in ``solvers`` of its k-th setting (default: each alone);
     ``_solve_params``
         the parameters that change only the solve and the model, not the
         validation or the split: those :func:`gpuml.pipeline.fit_settings` may vary;
@@ -209,6 +225,10 @@ class PartitionedEstimator(ABC):
 
     def _fit_needs(self, sample_weight=None) -> tuple:
         return ()
+
+    def _solve_together(self, solvers) -> list:
+        """``(solver, members)`` groups of ``solvers``: by default each alone."""
+        return [(solver, [k]) for k, solver in enumerate(solvers)]
 
     @abstractmethod
     def _validate(self, X, y, sample_weight, backend: Backend):

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -78,3 +78,15 @@ class FitResult:
     kept: list | None = None
     reported: bool = False
     layers: object = None
+
+    def setting(self, k: int, solver) -> FitResult:
+        """The fits of setting ``k`` of a solver that fits several at once (its
+        ``n_settings``; each part's fit a tuple, one per setting), named as ``solver``'s:
+        the same parts, placed where they were."""
+        if self.kept is not None or self.layers is not None:
+            raise ValueError("the fits of a layered solve, or of parts kept on Dask workers, "
+                             "hold one setting")
+        device_fits = (None if self.device_fits is None else
+                       [(backend, fit[k]) for backend, fit in self.device_fits])
+        return replace(self, fits=[fit[k] for fit in self.fits], solver=solver,
+                       device_fits=device_fits, reported=False)

@@ -4,15 +4,19 @@
 Alg 5 and Alg 10); :func:`fit_settings` is the same fit for several settings
 of one estimator on one split ("one split, many solves": a search over C and
 γ, or σ and λ, splits and places the data once and solves the parts once per
-setting). Both run the steps of :func:`fit_split` on the executor
-:func:`~gpuml.pipeline.fit_executor` picks.
+setting). Both run the steps of :class:`Split` on the executor
+:func:`~gpuml.pipeline.fit_executor` picks; a search keeps one :class:`Split` per
+training fold and fits its candidates on it, a group at a time.
 """
 
 from __future__ import annotations
 
+import numpy as np
 from sklearn.base import clone
 from sklearn.utils.validation import validate_data
 
+from .._backend import namespace_of
+from ..partition import Partitioning
 from .data import FitData, FitResult
 from .executors import fit_executor, placement_needs
 
@@ -27,7 +31,7 @@ def fit_partitioned(estimator, X, y, sample_weight=None):
     return estimator
 
 
-def fit_settings(estimator, settings, X, y, sample_weight=None) -> list:
+def fit_settings(estimator, settings, X, y, sample_weight=None, *, jointly=False) -> list:
     """One split, many solves: ``estimator`` fitted once per setting, on one split of ``X``.
 
     Each setting (a dict of parameters among the estimator's ``_solve_params``:
@@ -36,6 +40,12 @@ def fit_settings(estimator, settings, X, y, sample_weight=None) -> list:
     fit of that clone, bit for bit, but the data are validated, split and
     placed once, and the parts' rows gathered once for every setting (a
     ``random_state`` left to chance draws the one split of them all).
+
+    ``jointly=True``: the settings one solver fits together (the estimator's
+    ``_solve_together``: a CA-SVM's values of C for one γ, a C path whose kernel
+    values are computed once and whose solves start from the previous C's
+    solution) are fitted by it; each model is then that solver's (for a C path,
+    the optimum of the ordinary fit to the solver's tolerance, not bit for bit).
 
     >>> import numpy as np
     >>> from gpuml.estimators.bkrr import BKRRRegressor
@@ -49,6 +59,13 @@ def fit_settings(estimator, settings, X, y, sample_weight=None) -> list:
     >>> bool((fits[1].dual_coef_ == one.dual_coef_).all())
     True
     """
+    estimators = setting_estimators(estimator, settings)
+    return Split(estimators, X, y, sample_weight).fit(estimators, jointly=jointly)
+
+
+def setting_estimators(estimator, settings) -> list:
+    """``clone(estimator).set_params(**setting)`` for each setting, its parameters checked;
+    refused where a setting varies more than the estimator's ``_solve_params``."""
     settings = [dict(setting) for setting in settings]
     if not settings:
         raise ValueError("fit_settings needs at least one setting")
@@ -63,47 +80,116 @@ def fit_settings(estimator, settings, X, y, sample_weight=None) -> list:
     estimators = [clone(estimator).set_params(**setting) for setting in settings]
     for fitted in estimators:
         fitted._validate_params()
-    return fit_split(estimators, X, y, sample_weight)
-
-
-def fit_split(estimators, X, y, sample_weight=None) -> list:
-    """The steps, for estimators that differ in their solve only: ``estimators``, fitted.
-
-    1. **validate** (:func:`validate`) the input once, and refuse what the
-       executor cannot run before any work;
-    2. **split** the rows into P parts, one centre per part;
-    3. **place** the parts on the executor's devices or workers, by the
-       solvers' cost model;
-    4. **fit** each part's local model, once per estimator's solver;
-    5. **assemble** each estimator's fitted attributes from its solver's fits
-       (:func:`assemble`).
-    """
-    first = estimators[0]
-    needs = placement_needs(first) + tuple(first._fit_needs(sample_weight))
-    executor = fit_executor(first, needs, X, y, sample_weight)
-    executor.refuse(first, needs)
-    data = validate(executor, estimators, X, y, sample_weight)
-    n_parts = first._n_parts(data.n, executor.gpu)
-    # No partition of n rows into P parts has a smaller largest part: refuse before work.
-    executor.check_memory([fitted._part_cost() for fitted in estimators], data,
-                          [-(-data.n // n_parts)], n_parts)
-    data = executor.summarise(first, data, n_parts)
-    data.n_parts = n_parts
-    solvers = [fitted._part_solver(data) for fitted in estimators]
-    partitioning = executor.split(data, n_parts, first._split_method(), first.random_state)
-    placement = executor.place(solvers, data, partitioning)
-    results = executor.fit_parts(solvers, data, partitioning, placement)
-    for fitted, result in zip(estimators, results):
-        assemble(fitted, partitioning, result, data)
-        fitted._finish_fit(data, y, sample_weight)
     return estimators
 
 
-def validate(executor, estimators, X, y, sample_weight) -> FitData:
+def fit_split(estimators, X, y, sample_weight=None) -> list:
+    """The steps, for estimators that differ in their solve only: ``estimators``, fitted
+    (:class:`Split`, then :meth:`Split.fit`)."""
+    return Split(estimators, X, y, sample_weight).fit(estimators)
+
+
+class Split:
+    """One split of the data, for estimators that differ in their solve only.
+
+    Made, it has run the first steps once:
+
+    1. **validate** (:func:`validate`) the input, by the first estimator, and
+       refuse what the executor cannot run before any work; derive each
+       estimator's data-driven settings (its solver), so that a setting the data
+       refuse is refused before any work too;
+    2. **split** the rows into P parts, one centre per part (``partitioning``).
+
+    :meth:`fit` runs the rest, as often as asked, for those estimators or others
+    that differ from them in their solve only (one split, many solves):
+
+    3. **place** the parts on the executor's devices or workers, by the
+       solvers' cost model;
+    4. **fit** each part's local model, once per solver;
+    5. **assemble** each estimator's fitted attributes from its solver's fits
+       (:func:`assemble`).
+    """
+
+    def __init__(self, estimators, X, y, sample_weight=None):
+        first = estimators[0]
+        needs = placement_needs(first) + tuple(first._fit_needs(sample_weight))
+        executor = fit_executor(first, needs, X, y, sample_weight)
+        executor.refuse(first, needs)
+        data, self._checked = validate(executor, estimators, X, y, sample_weight)
+        n_parts = first._n_parts(data.n, executor.gpu)
+        # No partition of n rows into P parts has a smaller largest part: refuse before work.
+        executor.check_memory([fitted._part_cost() for fitted in estimators], data,
+                              [-(-data.n // n_parts)], n_parts)
+        data = executor.summarise(first, data, n_parts)
+        data.n_parts = n_parts
+        self._solvers = {id(fitted): (fitted, fitted._part_solver(data)) for fitted in estimators}
+        self.partitioning = executor.split(data, n_parts, first._split_method(),
+                                           first.random_state)
+        self.executor, self.data, self.first = executor, data, first
+        self._y, self._sample_weight = y, sample_weight
+
+    def fit(self, estimators, *, jointly=False, parts=None) -> list:
+        """Steps 3-5 for ``estimators`` on this split: ``estimators``, fitted.
+
+        ``jointly``: the settings one solver fits at once are fitted by it (the
+        first estimator's ``_solve_together``). ``parts`` (part indices, ascending):
+        only those parts are fitted, and each model is theirs alone (its centres
+        theirs, in that order: a search that spends parts as its resource); in
+        this process only.
+        """
+        data, executor = self.data, self.executor
+        solvers = [self._solver(fitted) for fitted in estimators]
+        partitioning = self.partitioning if parts is None else self._parts(parts)
+        groups = (self.first._solve_together(solvers) if jointly else
+                  [(solver, [k]) for k, solver in enumerate(solvers)])
+        placement = executor.place([solver for solver, _ in groups], data, partitioning)
+        results = executor.fit_parts([solver for solver, _ in groups], data, partitioning,
+                                     placement)
+        for (solver, members), result in zip(groups, results):
+            per_setting = ([result] if solver.n_settings == 1 else
+                           [result.setting(k, solvers[m]) for k, m in enumerate(members)])
+            for m, one in zip(members, per_setting):
+                assemble(estimators[m], partitioning, one, data)
+                estimators[m]._finish_fit(data, self._y, self._sample_weight)
+        return estimators
+
+    def _solver(self, fitted):
+        """The solver of ``fitted``: the one derived with the split, or derived now for an
+        estimator new to it (what the validation set on the first is set on it)."""
+        known = self._solvers.pop(id(fitted), None)
+        if known is not None and known[0] is fitted:
+            return known[1]
+        forget_fit(fitted)
+        changed, dropped = self._checked
+        for name in dropped:
+            fitted.__dict__.pop(name, None)
+        fitted.__dict__.update(changed)
+        return fitted._part_solver(self.data)
+
+    def _parts(self, ids):
+        """The partitioning of the parts ``ids`` alone (their rows and centres)."""
+        from .dask import OnDask
+
+        if isinstance(self.executor, OnDask):
+            raise ValueError("a fit of some of the parts runs in this process, not on Dask "
+                             "input: fit every part")
+        ids = np.asarray(ids, dtype=np.int64)
+        whole = self.partitioning
+        labels = np.full(whole.labels.shape, -1, dtype=np.int64)
+        for k, p in enumerate(ids.tolist()):
+            labels[whole.parts[p]] = k
+        centers = whole.centers[namespace_of(whole.centers).asarray(ids)]
+        return Partitioning(labels, centers, [whole.parts[p] for p in ids.tolist()])
+
+
+def validate(executor, estimators, X, y, sample_weight):
     """The input checked once, by the first estimator (chunked input: its metadata by
     scikit-learn's rules); what that check set on it (``n_features_in_``,
     ``feature_names_in_``, ...) is set on the others. A refit first drops the previous
-    model's placement and device copies (:func:`forget_fit`)."""
+    model's placement and device copies (:func:`forget_fit`).
+
+    Returns the :class:`~gpuml.pipeline.FitData` and what the check set and dropped
+    (``(changed, dropped)``: an estimator fitted later on the same split gets them)."""
     for fitted in estimators:
         forget_fit(fitted)
     first = estimators[0]
@@ -118,7 +204,7 @@ def validate(executor, estimators, X, y, sample_weight) -> FitData:
         for name in dropped:
             other.__dict__.pop(name, None)
         other.__dict__.update(changed)
-    return data
+    return data, (changed, dropped)
 
 
 def assemble(estimator, partitioning, result: FitResult, data: FitData) -> None:

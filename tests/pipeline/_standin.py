@@ -5,8 +5,10 @@ and nothing else: per part, ``min |W^1/2 (y - [X 1] b)|^2 + lam |b|^2`` solved b
 NumPy (:func:`ridge`, the reference the tests compare with), prediction by the
 nearest part's centre. Its settings ask for the capabilities not every executor
 has (``kernel_matrix``, ``layered``, ``probability``), so the tests see each
-executor refuse them. Workers of a Dask cluster get its solver by value
-(``cloudpickle.register_pickle_by_value``): this module is not importable there.
+executor refuse them; its settings of λ are solved together by one solver of several
+settings (:class:`RidgePathSolver`) when the fit asks for it. Workers of a Dask cluster
+get its solver by value (``cloudpickle.register_pickle_by_value``): this module is not
+importable there.
 """
 
 from __future__ import annotations
@@ -136,6 +138,31 @@ class KeptRidgeSolver(RidgeSolver):
         return PartLine(fit.coef, len(fit.row_ids))
 
 
+@dataclass
+class RidgePathSolver(PartSolver):
+    """:func:`ridge` of each part for every λ of ``lams`` at once (a solver of several
+    settings): each part's normal equations formed once, solved once per λ."""
+
+    lams: tuple
+    cost: RidgeCost
+
+    @property
+    def n_settings(self):
+        return len(self.lams)
+
+    def solve(self, backend, X, targets, weights, part_rows, part_ids, progress=None):
+        X, y = to_numpy(X), to_numpy(targets)
+        w = np.ones(X.shape[0]) if weights is None else to_numpy(weights)
+        fits = []
+        for idx in part_rows:
+            A = np.hstack([X[idx], np.ones((len(idx), 1))])
+            normal, right = A.T @ (w[idx][:, None] * A), A.T @ (w[idx] * y[idx])
+            fits.append(tuple(PartLine(np.linalg.solve(normal + lam * np.eye(A.shape[1]),
+                                                       right), len(idx))
+                              for lam in self.lams))
+        return fits
+
+
 class PartRidge(PartitionedEstimator, RegressorMixin, BaseEstimator):
     """Ridge regression per part, the parts split by ``partition``; predictions by the
     nearest centre's part."""
@@ -189,6 +216,15 @@ class PartRidge(PartitionedEstimator, RegressorMixin, BaseEstimator):
     def _part_solver(self, data):
         self.n_rows_ = data.n
         return RidgeSolver(self.lam, self._part_cost(), layers=self.layered)
+
+    def _solve_together(self, solvers):
+        """The λ of solvers that are not layered: one :class:`RidgePathSolver`."""
+        single = [k for k, solver in enumerate(solvers) if not solver.layered]
+        groups = [(solvers[k], [k]) for k, solver in enumerate(solvers) if solver.layered]
+        if len(single) < 2:
+            return groups + [(solvers[k], [k]) for k in single]
+        path = RidgePathSolver(tuple(solvers[k].lam for k in single), self._part_cost())
+        return groups + [(path, single)]
 
     def _assemble(self, partitioning, result, data):
         self.kept_ = result.kept

@@ -126,6 +126,31 @@ def test_casvm_and_bkrr_settings_on_dask_are_the_separate_fits(client):
         np.testing.assert_allclose(fitted.predict(X), alone.predict(X), rtol=1e-12, atol=0)
 
 
+def test_solvers_of_several_settings_run_on_dask(client, data):
+    """One solver for several settings (the stand-in's λ; CA-SVM's C path per γ) shipped to
+    the workers: the stand-in's fits are the separate fits bit for bit, CA-SVM's the
+    in-process C path's (the same split, the same solves)."""
+    X, y, w = data
+    Xd, yd, wd = _dask(X, y, w)
+    base = PartRidge(partition="fcfs")
+    lams = [{"lam": 0.01}, {"lam": 10.0}]
+    for fitted in fit_settings(base, lams, Xd, yd, sample_weight=wd, jointly=True):
+        alone = clone(fitted).fit(Xd, yd, sample_weight=wd)
+        np.testing.assert_array_equal(fitted.coef_, alone.coef_)
+    rng = np.random.default_rng(1)
+    X = rng.normal(size=(1200, 5))
+    y = (X[:, 0] + X[:, 1] ** 2 > 1).astype(np.int64) + (X[:, 2] > 0.5)
+    Xd, yd = _dask(X, y)
+    casvm = CASVMClassifier(n_partitions=3, partition="contiguous", random_state=0)
+    settings = [{"C": C, "gamma": g} for C in (0.5, 4.0) for g in (0.1, 0.4)]
+    on_dask = fit_settings(casvm, settings, Xd, yd, jointly=True)
+    here = fit_settings(clone(casvm).set_params(device="cpu"), settings, X, y, jointly=True)
+    for a, b in zip(on_dask, here):
+        for name in ("support_", "dual_coef_", "intercept_", "n_iter_"):
+            np.testing.assert_array_equal(getattr(a, name), getattr(b, name))
+        assert len(set(a.part_worker_.tolist())) == 2
+
+
 def test_dask_refuses_what_it_does_not_run(client, data):
     X, y, w = data
     Xd, yd, wd = _dask(X, y, w)

@@ -9,7 +9,7 @@ NumPy's ridge over the rows of the same split; the settings of one split
 
 import numpy as np
 import pytest
-from _standin import PartRidge, RidgeSolver, integer_rows, ridge
+from _standin import PartRidge, RidgePathSolver, RidgeSolver, integer_rows, ridge
 from sklearn.base import clone
 
 import gpuml.pipeline.fit as pipeline_fit
@@ -109,6 +109,51 @@ def test_settings_of_one_split_are_the_separate_fits(data, where, monkeypatch):
     assert not hasattr(base, "coef_")  # the estimator given is a template, left unfitted
     # Different λ, different models: the settings were solved, not copied.
     assert not np.array_equal(fits[0].coef_, fits[2].coef_)
+
+
+@pytest.mark.parametrize("where", list(WHERE))
+def test_a_solver_of_several_settings_runs_on_every_executor(data, where, monkeypatch):
+    """The λ of one split solved by one solver (a fit per λ per part): its fits, split per
+    setting, are the separate fits', bit for bit; the one-setting solver never runs."""
+    X, y, w = data
+    params, _ = WHERE[where]
+    calls = []
+    solve = RidgePathSolver.solve
+
+    def counted(self, backend, X, targets, weights, part_rows, part_ids, progress=None):
+        calls.append(list(part_ids))
+        return solve(self, backend, X, targets, weights, part_rows, part_ids, progress)
+
+    monkeypatch.setattr(RidgePathSolver, "solve", counted)
+    monkeypatch.setattr(RidgeSolver, "solve", None)
+    base = PartRidge(**params)
+    lams = [0.01, 1.0, 30.0]
+    fits = fit_settings(base, [{"lam": lam} for lam in lams], X, y, sample_weight=w,
+                        jointly=True)
+    assert sorted(sum(calls, [])) == [0, 1, 2]  # each part solved once, for every λ
+    monkeypatch.undo()
+    for lam, fitted in zip(lams, fits):
+        alone = clone(base).set_params(lam=lam).fit(X, y, sample_weight=w)
+        np.testing.assert_array_equal(fitted.coef_, alone.coef_)
+        np.testing.assert_array_equal(fitted.centers_, alone.centers_)
+        np.testing.assert_array_equal(fitted.predict(X), alone.predict(X))
+        assert not fitted.reported_
+    if where == "devices":
+        np.testing.assert_array_equal(fits[0].part_device_, fits[2].part_device_)
+
+
+def test_a_split_fits_some_parts_alone(data):
+    """Split.fit(parts=...): those parts' models, as the whole fit has them."""
+    from gpuml.pipeline.fit import Split
+
+    X, y, _ = data
+    est = PartRidge(lam=0.5)
+    whole = clone(est).fit(X, y)
+    some = Split([est], X, y).fit([est], parts=[0, 2])[0]
+    np.testing.assert_array_equal(some.coef_, whole.coef_[[0, 2]])
+    np.testing.assert_array_equal(some.centers_, whole.centers_[[0, 2]])
+    assert [r.tolist() for r in some.part_rows_] == [whole.part_rows_[0].tolist(),
+                                                     whole.part_rows_[2].tolist()]
 
 
 def test_a_layered_fit_runs_in_process(data):

@@ -60,6 +60,28 @@ def test_casvm_settings_are_the_separate_fits(digits, where):
     assert not np.array_equal(fits[0].n_iter_, fits[1].n_iter_)
 
 
+@pytest.mark.parametrize("where", ["streamed", "devices"])
+def test_casvm_c_paths_are_the_same_on_every_executor(digits, where):
+    """The settings of C and γ solved together (one C path per γ: jointly=True) give the
+    same models wherever the parts are solved; the tree method beside them alone."""
+    X, y = digits
+    base = CASVMClassifier(n_partitions=4, random_state=0, **WHERE[where])
+    settings = [{"C": C, "gamma": g} for C in (0.3, 3.0) for g in (0.02, 0.05)]
+    settings.append({"C": 1.0, "class_weight": "balanced"})
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        there = fit_settings(base, settings, X, y, jointly=True)
+        here = fit_settings(clone(base).set_params(**WHERE["in_process"], devices=None,
+                                                   max_device_memory=None),
+                            settings, X, y, jointly=True)
+    for a, b in zip(there, here):
+        _same_casvm(a, b, X)
+    # the class-weighted setting differs in more than C and γ: solved alone, the plain fit
+    _same_casvm(here[-1], clone(base).set_params(**WHERE["in_process"], devices=None,
+                                                 max_device_memory=None,
+                                                 **settings[-1]).fit(X, y), X)
+
+
 def test_casvm_settings_of_the_tree_methods_and_sparse_rows(digits):
     X, y = digits
     Xs = sp.csr_matrix(np.where(X > 0.4, X, 0.0))

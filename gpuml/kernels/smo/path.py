@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..._backend import to_numpy
 from .._threads import part_threads
 from . import Checked
 from .cpu import (
@@ -171,3 +172,25 @@ def _alone_path(kernel, X, idx, y, weights, start, Cs, cache_bytes, sgemm_min_ro
         out.append(result_of(y, bounds, alpha, G, n_iter, status))
         previous = bounds
     return out
+
+
+def path_batch(problems, Cs) -> list:
+    """The problems of a C path as one batch (:func:`gpuml.kernels.smo_solve_path` with
+    ``one_launch``): every problem for ``Cs[0]``, then every problem for ``Cs[1]``, ...,
+    each with its bounds for C = 1 times that C and its own ``alpha0`` (feasible for
+    every C of an increasing path); the group of each copy is its problem's, so a batch
+    solver makes each group's kernel values once for all of them.
+
+    >>> import numpy as np
+    >>> from gpuml.kernels import SMOProblem
+    >>> one = SMOProblem(0, np.arange(2), np.array([-1.0, 1.0]), np.array([1.0, 2.0]))
+    >>> [p.C.tolist() for p in path_batch([one], [0.5, 4.0])]
+    [[0.5, 1.0], [4.0, 8.0]]
+    """
+    import dataclasses
+
+    Cs = check_Cs(Cs)
+    weights = [np.broadcast_to(np.asarray(to_numpy(p.C), dtype=np.float64), np.shape(p.y))
+               for p in problems]
+    return [dataclasses.replace(p, C=C * w) for C in Cs.tolist()
+            for p, w in zip(problems, weights)]
