@@ -58,7 +58,9 @@ small steps), P parts, I Lloyd steps (counted by the driver):
   worker than theirs (the placement's count; about ``n (W - 1) / W`` for parts spread
   over all chunks as FCFS and K-balance make them, none for ``"contiguous"`` parts
   that lie on one worker each);
-* fitted parts back: CA-SVM ``8 n_SV (d + n_pairs + 1)``, BKRR ``8 n (d + 1)``.
+* the parts' training indices, from the client to the fit tasks (CA-SVM), ``8 n``;
+* the parts stay on the workers: each part's summary back, CA-SVM
+  ``8 (4 n_pairs + n_classes)`` and about 640 bytes of pickle, BKRR its intercept.
 
 Targets (issue 12): the 2-worker CA-SVM fit at least 1.6x faster than the
 1-worker fit, counted traffic within 2x of the model.
@@ -138,6 +140,10 @@ def _between_workers(client) -> int:
     return int(sum(client.run(incoming).values()))
 
 
+#: The pickle of a part's summary beside its arrays (the driver counts the pickle).
+SUMMARY_PICKLE_BYTES = 640
+
+
 def _model_bytes(est, traffic, n, d, K, W, kind):
     """Bytes the cost model of docs/scale-out.md predicts for this fit."""
     P = len(est.partition_sizes_) if kind == "svm" else est.n_partitions_
@@ -165,10 +171,11 @@ def _model_bytes(est, traffic, n, d, K, W, kind):
     # over every worker's chunks, FCFS and K-balance; none for contiguous parts)
     total += 8 * traffic.rows_moved * (d + (2 if kind == "svm" else 1))
     if kind == "svm":
-        n_sv, n_pairs = est.ovo_dual_coef_.shape[1], est.ovo_dual_coef_.shape[0]
-        total += 8 * n_sv * (d + n_pairs + 1)
+        n_pairs = est.pair_status_.shape[1]
+        total += 8 * n  # the parts' training indices, to the fit tasks
+        total += P * (8 * (4 * n_pairs + len(est.classes_)) + SUMMARY_PICKLE_BYTES)
     else:
-        total += 8 * n * (d + 1)
+        total += 8 * P * est.intercept_[0].size
     return total
 
 

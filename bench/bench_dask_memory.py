@@ -46,7 +46,7 @@ QUICK = (200_000, 100, 25_000, "1.2GB")
 TEST_ROWS = {False: 50_000, True: 25_000}
 
 
-class _Peaks:
+class Peaks:
     """The peak of ``read()`` (a dict of name -> bytes) sampled every ``period`` s."""
 
     def __init__(self, read, period=0.2):
@@ -71,6 +71,32 @@ class _Peaks:
         self._stop.set()
         self._thread.join()
         return False
+
+
+def memory_cluster(n_workers, memory_limit):
+    """A fresh ``LocalCluster`` of ``n_workers`` one-thread worker processes with
+    ``memory_limit`` each and Dask's spilling off (a worker pauses at 80 % and is
+    restarted at 95 % of its limit), and its client."""
+    import dask
+    import distributed
+
+    with dask.config.set({"distributed.worker.memory.spill": False,
+                          "distributed.worker.memory.target": False}):
+        cluster = distributed.LocalCluster(n_workers=n_workers, threads_per_worker=1,
+                                           processes=True, memory_limit=memory_limit,
+                                           dashboard_address=":0", silence_logs=40)
+    return cluster, distributed.Client(cluster)
+
+
+def worker_memory(client) -> dict:
+    """Each worker's resident memory as the scheduler's last heartbeat reports it."""
+    info = client.scheduler_info()["workers"]
+    return {a: w["metrics"]["memory"] for a, w in info.items()}
+
+
+def smallest_limit(client) -> int:
+    """The smallest ``memory_limit`` among the workers, in bytes."""
+    return min(w["memory_limit"] for w in client.scheduler_info()["workers"].values())
 
 
 ESTIMATORS = ("casvm", "bkrr")
@@ -103,34 +129,23 @@ def _on_dask(kind, n, d, block, limit, quick):
     """One estimator fitted and scored on a fresh cluster: its row of measures (Dask side)
     and what the in-process side compares (the model's arrays, gathered; held-out
     predictions)."""
-    import dask
-    import distributed
     import psutil
 
     from gpuml.distributed.dask import counting
 
     me = psutil.Process()
     regression = kind == "bkrr"
-    with dask.config.set({"distributed.worker.memory.spill": False,
-                          "distributed.worker.memory.target": False}):
-        cluster = distributed.LocalCluster(n_workers=WORKERS, threads_per_worker=1,
-                                           processes=True, memory_limit=limit,
-                                           dashboard_address=":0", silence_logs=40)
-        client = distributed.Client(cluster)
+    cluster, client = memory_cluster(WORKERS, limit)
     try:
-        limit_bytes = min(w["memory_limit"] for w in client.scheduler_info()["workers"].values())
+        limit_bytes = smallest_limit(client)
         pids = client.run(os.getpid)
         X, y = latent_dask(n // block, block, d, regression=regression)
         X_test, y_test = latent_dask(TEST_ROWS[quick] // block, block, d, first_block=10_000,
                                      regression=regression)
 
-        def worker_memory():
-            info = client.scheduler_info()["workers"]
-            return {a: w["metrics"]["memory"] for a, w in info.items()}
-
         base = me.memory_info().rss
-        with _Peaks(lambda: {"client": me.memory_info().rss - base}) as client_peak, \
-                _Peaks(worker_memory) as worker_peak, counting() as traffic:
+        with Peaks(lambda: {"client": me.memory_info().rss - base}) as client_peak, \
+                Peaks(lambda: worker_memory(client)) as worker_peak, counting() as traffic:
             model, fit_s, score, score_s = _fit_and_score(kind, X, y, X_test, y_test)
         restarted = client.run(os.getpid) != pids
         tr = traffic[0]

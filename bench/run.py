@@ -67,6 +67,7 @@ BENCHMARKS = {
     "casvm_tradeoff": "CA-SVM's defaults keep SVC's accuracy at P = 16; the trade-off plot",
     "dask": "Dask: CA-SVM on 2 workers vs 1; bytes moved against the cost model",
     "dask_memory": "Dask: a fit on data larger than any one worker's memory",
+    "dask_model": "Dask: a CA-SVM model larger than a worker stays on the workers, predicted there",
     "exact_work": "the exact SVM's cost follows its SMO work (rows on demand) vs SVC; the C path",
     "fashion_exact": "the exact SVM on all of Fashion-MNIST vs SVC",
     "first_fit": "the first fit in a fresh process, empty and warm numba cache",

@@ -154,12 +154,10 @@ def neighbor_blocks(X, parts: PartVectors, n_neighbors: int, centers=None,
     from .kernels.nearest.neighbors import NearestMerge
 
     xp = namespace_of(X)
-    n_searched = NEIGHBOR_PARTS if n_searched is None else int(n_searched)
     held = parts.held
-    every = centers is None or held.size <= n_searched
-    k = min(int(n_neighbors), parts.n_vectors) if every else int(n_neighbors)
+    k, searched = search_width(held.size, parts.n_vectors, n_neighbors,
+                               held.size if centers is None else n_searched)
     held_centers = None if centers is None else xp.asarray(centers)[xp.asarray(held)]
-    searched = held.size if every else n_searched
     itemsize = max(np.dtype(X.dtype).itemsize, parts.dtype.itemsize)
     rows = max(1, NEIGHBOR_BLOCK_BYTES // (itemsize * searched * parts.widest + 16 * k))
     dense = xp is np and not sp.issparse(X) and not any(map(sp.issparse, parts.vectors.values()))
@@ -176,7 +174,7 @@ def neighbor_blocks(X, parts: PartVectors, n_neighbors: int, centers=None,
         if held_centers is None:
             near = np.broadcast_to(np.arange(held.size), (stop - start, held.size))
         else:
-            near = _nearest_first(sq_distances(Xb, held_centers), searched)
+            near = nearest_parts(Xb, held_centers, searched)
         merge = NearestMerge(xp, stop - start, k)
         runs, bounds, sequence = _search_runs(near, held.size)
         if compiled and merge.search(
@@ -210,6 +208,29 @@ def neighbor_blocks(X, parts: PartVectors, n_neighbors: int, centers=None,
             merge.add(G, xs_norms, parts.norms[p], sel, p)
             pieces.append((p, sel, G))
         yield start, stop, _shares(merge, parts.n_parts), pieces
+
+
+def search_width(n_held: int, n_vectors: int, n_neighbors: int,
+                 n_searched: int | None = None) -> tuple[int, int]:
+    """``(k, searched)`` of :func:`neighbor_blocks`' search: a row keeps its ``k`` nearest
+    vectors found among those of its ``searched`` nearest parts, of the ``n_held`` parts
+    that hold the ``n_vectors`` vectors. Every part is searched when there are at most
+    ``n_searched`` (None: :data:`NEIGHBOR_PARTS`), and then ``k`` is at most the vectors
+    there are.
+
+    >>> search_width(40, 900, 20), search_width(3, 12, 20)
+    ((20, 16), (12, 3))
+    """
+    n_searched = NEIGHBOR_PARTS if n_searched is None else int(n_searched)
+    if n_held <= n_searched:
+        return min(int(n_neighbors), int(n_vectors)), int(n_held)
+    return int(n_neighbors), n_searched
+
+
+def nearest_parts(X, centers, searched: int) -> np.ndarray:
+    """Each row's ``searched`` nearest of ``centers`` (their indices, nearest first; host):
+    the parts :func:`neighbor_blocks` searches for the row, by their routing centres."""
+    return _nearest_first(sq_distances(X, centers), searched)
 
 
 def _shares(merge, n_parts: int) -> np.ndarray:

@@ -181,7 +181,9 @@ def test_fcfs_fill_schedules_equal_in_process(client, classification, monkeypatc
 def test_small_steps_run_one_task_per_worker(client, classification, method):
     """Every step runs one task per worker over the chunks it holds, not one per chunk:
     the checks and summaries, Lloyd steps, the fill's distances; each group's rows are
-    taken by one task on each other worker. The model is the in-process one."""
+    taken by one task on each other worker, fitted by one, which keeps them there (with its
+    setting's fits picked out by one task and their summaries made by another). The model
+    is the in-process one."""
     X, y = classification
     # 12 chunks on 2 workers, persisted there: the fit starts from their futures
     Xd, yd = client.persist(list(_dask(X, y, rows=200)))
@@ -193,19 +195,20 @@ def test_small_steps_run_one_task_per_worker(client, classification, method):
     for task in stream.data:
         key = str(task["key"])
         assert key.startswith("gpuml-"), f"{key}: a task that is not one of the fit's steps"
-        steps[key.split("-")[1]] = steps.get(key.split("-")[1], 0) + 1
+        step = "-".join(key.split("-")[1:-2])  # gpuml-<step>-<token>-<count>
+        steps[step] = steps.get(step, 0) + 1
     tr, = fits
     assert tr.groups == 2
     assert steps["load"] == steps["summary"] == 2
     assert steps["distances"] == 2
     assert steps["take"] == 2  # the other worker's chunks, for each worker's group of parts
-    assert steps["fit"] == 2
+    assert steps["fit-parts"] == steps["fit-setting"] == steps["fit-summary"] == 2
     if method == "kbalance":
         # k-means++ and the Lloyd steps run on one actor per worker, no tasks of their own
         assert steps["actor"] == 2 and tr.steps > 0
-        assert sum(steps.values()) == 2 * 6
+        assert sum(steps.values()) == 2 * 8
     else:
-        assert sum(steps.values()) == 2 * 5
+        assert sum(steps.values()) == 2 * 7
     local = CASVMClassifier(**params).fit(X, y)
     np.testing.assert_array_equal(on_dask.support_, local.support_)
     np.testing.assert_allclose(on_dask.dual_coef_, local.dual_coef_, rtol=1e-9, atol=1e-12)
@@ -759,6 +762,10 @@ def test_bkrr_parts_stay_on_the_workers_that_fitted_them(client, combine):
     back = pickle.loads(pickle.dumps(est))
     assert isinstance(back.X_fit_, np.ndarray) and not back._kept()
     np.testing.assert_allclose(back.predict(local_X[:2500]), expected, rtol=1e-8, atol=1e-9)
+    here = est.to_local()  # as the pickle, without it; the model stays kept
+    assert isinstance(here.X_fit_, np.ndarray) and not here._kept() and est._kept()
+    np.testing.assert_array_equal(here.predict(local_X[:2500]), back.predict(local_X[:2500]))
+    assert here.to_local() is here  # a model in memory already
     est.fit(local_X, local_y)  # refitted in memory: nothing of the kept parts is left
     assert not est._kept() and isinstance(est.X_fit_, np.ndarray)
     np.testing.assert_array_equal(est.predict(local_X[:2500]), local.predict(local_X[:2500]))
@@ -780,3 +787,223 @@ def test_bkrr_kept_parts_released_are_a_clear_error(client, regression):
             call()
     np.testing.assert_allclose(kept.predict(X), BKRRRegressor(n_partitions=4, random_state=0)
                                .fit(X, y).predict(X), rtol=1e-8, atol=1e-9)
+
+
+def _noisy_block(block, rows, n_features, flip=0.3):
+    """A block of a binary task made where it runs, a share of its labels flipped (many
+    support vectors)."""
+    X, y = _latent_block(block, rows, n_features)
+    rng = np.random.default_rng([7, block])
+    return X, np.where(rng.random(rows) < flip, rng.integers(0, 2, rows), y)
+
+
+def _made_on_workers(make, blocks, rows, d, first=0):
+    """Blocks ``first ...`` of ``make`` as Dask arrays made on the workers, and in memory."""
+    import dask
+
+    made = [dask.delayed(make, pure=True)(first + b, rows, d) for b in range(blocks)]
+    X = da.concatenate([da.from_delayed(m[0], shape=(rows, d), dtype=np.float64)
+                        for m in made])
+    y = da.concatenate([da.from_delayed(m[1], shape=(rows,), dtype=np.int64) for m in made])
+    local = [make(first + b, rows, d) for b in range(blocks)]
+    return X, y, np.concatenate([m[0] for m in local]), np.concatenate([m[1] for m in local])
+
+
+def _task_workers(stream, step):
+    """``{group: {workers}}`` that ran the prediction tasks of ``step`` (``gpuml-predict-
+    <step>-<token>-<block>-<group>``)."""
+    out = {}
+    for task in stream:
+        key = str(task["key"])
+        if key.startswith(f"gpuml-predict-{step}-"):
+            out.setdefault(int(key.rsplit("-", 1)[1]), set()).add(task["worker"])
+    return out
+
+
+@contextlib.contextmanager
+def _no_work_stealing(client):
+    """Dask's work stealing paused: it may move a task to an idle worker with its inputs
+    (a group of parts included) whatever the task's worker restrictions allow loosely."""
+    async def stealing(dask_scheduler, on):
+        extension = dask_scheduler.extensions["stealing"]
+        await (extension.start() if on else extension.stop())
+
+    client.run_on_scheduler(stealing, on=False)
+    try:
+        yield
+    finally:
+        client.run_on_scheduler(stealing, on=True)
+
+
+@pytest.mark.parametrize("combine", ["nearest", "auto", "neighbors"])
+def test_casvm_parts_stay_on_the_workers_that_fitted_them(client, combine):
+    """After a Dask fit CA-SVM's parts stay on the workers that fitted them: the fit gathers
+    no support vector, the client keeps the centres and the parts' summaries, the values of
+    each part are computed on the worker holding it (the blend's candidates too), and the
+    model is the in-process one: attributes (gathered when read), predictions and decision
+    values of Dask and in-memory rows, score, to_local(), pickle."""
+    import pickle
+
+    blocks, rows, d = 6, 1000, 40
+    X, y, local_X, local_y = _made_on_workers(_noisy_block, blocks, rows, d)
+    # gamma given: "scale" reads the variance, summed in another order over the chunks
+    params = dict(n_partitions=20, partition="random", gamma=0.02, combine=combine,
+                  random_state=0)
+    with counting() as fits:
+        est = CASVMClassifier(**params).fit(X, y)
+    tr, = fits
+    local = CASVMClassifier(**params).fit(local_X, local_y)
+    n, P, n_sv = blocks * rows, 20, int(local.n_support_.sum())
+    # Gathered: y (8n; the random split is drawn on the client), each group's sums and
+    # each part's summary: less than the support vectors alone.
+    assert tr.gathered < 8 * n + P * 2**13 + 2**16 < 8 * n_sv * d
+    assert est._kept() and not set(vars(est)) & {"support_vectors_", "dual_coef_", "support_"}
+    holders = client.who_has([future for _, future in est._kept_parts])
+    group_worker = {g: set(holders[f.key]) for g, (_, f) in enumerate(est._kept_parts)}
+    assert len(set.union(*group_worker.values())) == 2
+    np.testing.assert_array_equal(est.n_support_, local.n_support_)
+    np.testing.assert_allclose(est.intercept_, local.intercept_, rtol=1e-9, atol=1e-12)
+    np.testing.assert_array_equal(est.pair_status_, local.pair_status_)
+    # The support vectors' arrays, gathered when first read, are the in-process fit's.
+    np.testing.assert_array_equal(est.support_, local.support_)
+    np.testing.assert_array_equal(est.support_part_, local.support_part_)
+    np.testing.assert_array_equal(est.support_vectors_, local.support_vectors_)
+    np.testing.assert_allclose(est.dual_coef_, local.dual_coef_, rtol=1e-9, atol=1e-12)
+    Xt, yt, local_Xt, local_yt = _made_on_workers(_noisy_block, 2, 1300, d, first=100)
+    expected = local.predict(local_Xt)
+    with distributed.get_task_stream(client) as stream:
+        pred = est.predict(Xt)
+    assert not stream.data  # lazy
+    assert isinstance(pred, da.Array) and pred.chunks == (Xt.chunks[0],)
+    # Each group's tasks (its values, the blend's candidates) run on the worker holding the
+    # group, for Dask and in-memory rows and score (Dask's work stealing paused: it may move
+    # a task whose restriction is loose, as these are, to an idle worker).
+    with _no_work_stealing(client), distributed.get_task_stream(client) as stream:
+        np.testing.assert_array_equal(pred.compute(), expected)
+        np.testing.assert_allclose(est.decision_function(Xt).compute(),
+                                   local.decision_function(local_Xt), rtol=1e-9, atol=1e-9)
+        np.testing.assert_array_equal(est.predict(local_Xt), expected)  # via the cluster
+        score = est.score(Xt, yt)
+    assert score == pytest.approx(local.score(local_Xt, local_yt), rel=1e-12)
+    for step in ("parts", "candidates"):
+        for g, workers in _task_workers(stream.data, step).items():
+            assert workers == group_worker[g], (step, g)
+    assert bool(_task_workers(stream.data, "candidates")) == (combine != "nearest")
+    assert bool(_task_workers(stream.data, "parts")) == (combine != "neighbors")
+    single = est.decision_function(local_Xt[:300].astype(np.float32))
+    assert single.dtype == np.float32
+    np.testing.assert_allclose(single, local.decision_function(local_Xt[:300].astype(
+        np.float32)), rtol=1e-5, atol=1e-5)
+    back = est.to_local()
+    assert not back._kept() and isinstance(back.support_vectors_, np.ndarray)
+    np.testing.assert_array_equal(back.predict(local_Xt), expected)
+    loaded = pickle.loads(pickle.dumps(est))
+    assert not loaded._kept()
+    np.testing.assert_array_equal(loaded.predict(local_Xt), expected)
+    assert est._kept()  # to_local and the pickle gathered copies: the parts stay there
+    est.fit(local_X, local_y)  # refitted in memory: nothing of the kept parts is left
+    assert not est._kept()
+    np.testing.assert_array_equal(est.predict(local_Xt), expected)
+
+
+def test_casvm_kept_support_arrays_over_the_gather_limit_are_refused(client, classification,
+                                                                     monkeypatch):
+    """Reading a kept model's support-vector arrays gathers them up to GATHER_LIMIT_BYTES and
+    refuses beyond, naming their size and to_local(); the per-part and per-class arrays are
+    on the client; to_local() gathers on purpose."""
+    from gpuml.distributed.dask import kept
+    from gpuml.distributed.dask.driver import fmt_bytes
+
+    X, y = classification
+    est = CASVMClassifier(n_partitions=4, random_state=0).fit(*_dask(X, y))
+    size = est._support_bytes()
+    d, pairs = X.shape[1], 3
+    assert size == int(est.n_support_.sum()) * (8 * d + 8 * (pairs + 2 + 2))
+    monkeypatch.setattr(kept, "GATHER_LIMIT_BYTES", size - 1)
+    for name in ("support_vectors_", "dual_coef_", "support_", "support_part_",
+                 "ovo_dual_coef_"):
+        with pytest.raises(MemoryError, match=re.escape(f"{name} of this CASVMClassifier "
+                                                        f"takes {fmt_bytes(size)}") +
+                           r".*to_local\(\)"):
+            getattr(est, name)
+    with pytest.raises(AttributeError, match="no attribute 'no_such_'"):
+        est.no_such_
+    assert est.intercept_.shape == (4, pairs) and est.n_support_.sum() > 0
+    local = est.to_local()
+    monkeypatch.setattr(kept, "GATHER_LIMIT_BYTES", size)
+    np.testing.assert_array_equal(est.support_vectors_, local.support_vectors_)
+    np.testing.assert_array_equal(est.predict(X), local.predict(X))
+
+
+def _blobs_with_one_class_parts():
+    """Four classes: two alone in blobs of their own (their parts hold one class and no
+    support vector), two mixed in a third blob."""
+    rng = np.random.default_rng(4)
+    centres = np.array([[8.0, 0.0, 0.0], [0.0, 8.0, 0.0], [0.0, 0.0, 0.0]])
+    X = np.concatenate([rng.normal(c, 1.0, size=(600, 3)) for c in centres])
+    y = np.concatenate([np.zeros(600), np.ones(600),
+                        np.where(X[1200:, 0] + 0.3 * rng.normal(size=600) > 0, 2, 3)])
+    return X, y.astype(np.int64)
+
+
+@pytest.mark.parametrize("combine", ["auto", "neighbors"])
+def test_casvm_kept_many_classes_and_parts_without_support_vectors(client, combine):
+    """Four classes (the pair coefficients by class blocks), parts that hold one class and no
+    support vector (rows nearest them are judged by them alone), SVC's decision shapes and
+    break_ties: the kept model predicts as the in-process one."""
+    X, y = _blobs_with_one_class_parts()
+    Xd, yd = _dask(X, y, rows=450)
+    rng = np.random.default_rng(5)
+    Xt = np.concatenate([X + rng.normal(0, 0.5, X.shape), rng.normal(4, 4, (300, 3))])
+    for shape, ties in (("ovr", False), ("ovo", False), ("ovr", True)):
+        params = dict(n_partitions=9, partition="kmeans", gamma=0.5, combine=combine,
+                      decision_function_shape=shape, break_ties=ties, random_state=0)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # parts of one class
+            est = CASVMClassifier(**params).fit(Xd, yd)
+            local = CASVMClassifier(**params).fit(X, y)
+        counts = est._kept_n_support.sum(axis=1)
+        assert (counts == 0).any() and (counts > 0).any()
+        Xtd = da.from_array(Xt, chunks=(500, 3))
+        np.testing.assert_array_equal(est.predict(Xtd).compute(), local.predict(Xt))
+        np.testing.assert_allclose(est.decision_function(Xtd).compute(),
+                                   local.decision_function(Xt), rtol=1e-9, atol=1e-9)
+
+
+def test_casvm_kept_parts_released_are_a_clear_error(client, classification):
+    """A kept CA-SVM whose parts were released says so and what to do."""
+    import pickle
+
+    X, y = classification
+    est = CASVMClassifier(n_partitions=4, random_state=0).fit(*_dask(X, y))
+    kept = est.to_local()
+    client.cancel([future for _, future in est._kept_parts])
+    for call in (lambda: est.predict(X), lambda: est.predict(_dask(X, y)[0]),
+                 lambda: est.support_vectors_, lambda: pickle.dumps(est), est.to_local):
+        with pytest.raises(RuntimeError, match="kept on the cluster's workers.*released.*pickle "
+                                               "the model while it runs"):
+            call()
+    assert kept.score(X, y) > 0.8
+
+
+def test_kept_prediction_without_the_placement_plugin_warns_and_predicts(client, classification,
+                                                                       monkeypatch):
+    """A scheduler that cannot load gpuml's placement of kept parts: a warning says so, and
+    the prediction runs where Dask's scheduler puts it, with the same result."""
+    import weakref
+
+    from gpuml.distributed.dask import kept
+
+    X, y = classification
+    est = CASVMClassifier(n_partitions=4, random_state=0).fit(*_dask(X, y))
+    expected = est.predict(X)
+
+    def refuse(plugin, *args, **kwargs):
+        raise ModuleNotFoundError("No module named 'gpuml'")
+
+    monkeypatch.setattr(kept, "_placed", weakref.WeakSet())
+    monkeypatch.setattr(client, "register_plugin", refuse)
+    with pytest.warns(RuntimeWarning, match="could not load gpuml's placement of kept parts "
+                                            r"\(ModuleNotFoundError"):
+        pred = est.predict(_dask(X, y)[0])
+    np.testing.assert_array_equal(pred.compute(), expected)

@@ -13,15 +13,21 @@ for good), so a case that fails leaves the next ones unharmed.
 
 The moments: before the partitioner's first step (``start``), during k-means++
 seeding (``seeding``), during the Lloyd steps (``lloyd``), at the greedy fill
-(``fill``), while the fit tasks run (``fit``) and while a lazy prediction is
-computed (``predict``), for every partitioner that has that phase and for both
-estimators. Each run must end within :data:`RUN_LIMIT` seconds (else the test
-reports a hang) with the model an undisturbed fit of the same data gives.
+(``fill``), while the fit tasks run (``fit``), while a lazy prediction is
+computed (``predict``: the fitted parts are kept on the workers, so the lost
+worker takes some of them with it), for every partitioner that has that phase
+and for both estimators, and between the fit and the prediction (``between``: a
+worker holding parts lost; two partitioners). Each run must end within
+:data:`RUN_LIMIT` seconds (else the test reports a hang) with the model an
+undisturbed fit of the same data gives, its lost parts fitted again from the
+persisted rows. Parts lost with rows that cannot be computed again end in an
+error naming the worker and the parts.
 """
 
 import contextlib
 import faulthandler
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -54,10 +60,13 @@ PHASES = {
     "kmeans": ("start", "seeding", "lloyd", "fit", "predict"),
     "kbalance": ("start", "seeding", "lloyd", "fill", "fit", "predict"),
 }
+#: Lost between the fit and the prediction: a worker holding parts, with or without rows
+#: moved to other workers' parts.
+BETWEEN = ("fcfs", "contiguous")
 CASES = [(est, method, phase, how)
          for est in ("casvm", "bkrr")
          for method, phases in PHASES.items()
-         for phase in phases
+         for phase in phases + (("between",) if method in BETWEEN else ())
          for how in ("kill", "close")]
 
 
@@ -299,7 +308,7 @@ def test_lost_worker_gives_the_same_model(cluster, monkeypatch, tmp_path, estima
         prefix = "gpuml-fit-parts" if phase == "fit" else "gpuml-predict"
         flag = tmp_path / "lost"
         plugin = client.register_plugin(_LoseOnTask(prefix, how, flag), name="lose-on-task")
-    else:
+    elif phase != "between":
         _on_driver(monkeypatch, phase, lose)
     try:
         with warnings.catch_warnings():
@@ -307,6 +316,8 @@ def test_lost_worker_gives_the_same_model(cluster, monkeypatch, tmp_path, estima
             warnings.filterwarnings("ignore", "k-means on Dask actors failed",
                                     RuntimeWarning)
             est = _bounded(lambda: _estimator(estimator, method).fit(Xd, yd))
+            if phase == "between":
+                lose(est.part_worker_[0])
             predicted = _bounded(lambda: est.predict(Xd).compute())
     finally:
         if plugin is not None:
@@ -317,7 +328,7 @@ def test_lost_worker_gives_the_same_model(cluster, monkeypatch, tmp_path, estima
             _new_worker(client, joined)  # in the next case's wait for two workers
     if plugin is None:
         assert lose.lost, f"no worker was lost at phase {phase!r}"
-        assert not set(lose.lost) & set(est.part_worker_), \
+        assert phase == "between" or not set(lose.lost) & set(est.part_worker_), \
             "part_worker_ names a worker lost before the parts were fitted"
     else:
         assert flag.exists(), f"no worker was lost at phase {phase!r}"
@@ -350,6 +361,33 @@ def test_lost_scattered_rows_name_the_worker(cluster, monkeypatch):
     finally:
         monkeypatch.undo()
     assert lose.lost and lose.lost[0] in str(err.value)
+
+
+@pytest.mark.parametrize("estimator", ["casvm", "bkrr"])
+def test_lost_kept_parts_with_their_rows_gone_name_the_worker_and_parts(cluster, estimator):
+    """Parts kept on a worker that is lost, fitted from rows that Dask cannot compute again
+    (scattered, some on that worker): the prediction ends at once with LostParts naming
+    the worker and its parts, not Dask's "cancelled", and so does a prediction begun
+    afterwards; the parts of the other worker are there still."""
+    cluster, client, joined = cluster
+    _two_workers(client, joined)
+    X, y = _data(estimator)
+    xs = client.scatter([X[i:i + 300] for i in range(0, len(X), 300)])
+    ys = client.scatter([y[i:i + 300] for i in range(0, len(y), 300)])
+    Xd = da.concatenate([da.from_delayed(f, (300, X.shape[1]), X.dtype) for f in xs])
+    yd = da.concatenate([da.from_delayed(f, (300,), y.dtype) for f in ys])
+    est = _bounded(lambda: _estimator(estimator, "random").fit(Xd, yd))
+    victim = est.part_worker_[0]
+    parts = [p for p, w in enumerate(est.part_worker_) if w == victim]
+    assert 0 < len(parts) < len(est.part_worker_)
+    _Loser(client, "kill")(victim)
+    named = re.escape(f"{victim}: parts {', '.join(map(str, parts))}")
+    with pytest.raises(gd.LostParts, match=named):
+        _bounded(lambda: est.predict(X[:50]))
+    with pytest.raises(gd.LostParts, match=named):
+        _bounded(lambda: est.predict(Xd))
+    alive = [f for ids, f in est._kept_parts if ids[0] not in parts]
+    assert alive and all(f.status == "finished" for f in alive)
 
 
 def _hold(n_bytes, dask_worker):

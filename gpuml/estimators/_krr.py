@@ -51,6 +51,7 @@ from ..pipeline import (
     state_on_device,
 )
 from ..routing import route, rows_by_part
+from ._kept import KEPT_PREDICT_ROWS, KeptPartsMixin
 from ._params import CachedParamNames
 from ._partitioned import PARTITION_CONSTRAINTS, auto_n_partitions
 
@@ -133,10 +134,6 @@ class KRRPartFit:
     intercept: object
 
 
-#: Rows of in-memory input sent to the cluster per task when the parts of the model are kept
-#: on Dask workers (a Dask fit).
-KEPT_PREDICT_ROWS = 16384
-
 
 def _take(xp, A, idx):
     """Rows ``idx`` (host indices) of ``A`` on A's device."""
@@ -218,7 +215,7 @@ def part_shifts(sizes, lam, alpha=None) -> list:
     return [float(alpha) if alpha is not None else lam * m for m in sizes]
 
 
-class _BKRRBase(CachedParamNames, RegressorMixin, BaseEstimator):
+class _BKRRBase(CachedParamNames, KeptPartsMixin, RegressorMixin, BaseEstimator):
     """Validation, partitioning, memory check, prediction and pickling shared by both."""
 
     def __sklearn_tags__(self):
@@ -466,10 +463,6 @@ class _BKRRBase(CachedParamNames, RegressorMixin, BaseEstimator):
         if single and out.dtype != np.float32:
             out = out.astype(np.float32)
         return to_output(out, like)
-
-    def _kept(self) -> bool:
-        """Whether the parts are on the Dask workers that fitted them (a Dask fit)."""
-        return self.__dict__.get("_kept_parts") is not None
 
     # -- pickling: fitted device arrays travel as NumPy ---------------------
     def __getstate__(self):

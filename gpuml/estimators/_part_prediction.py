@@ -108,7 +108,7 @@ class PartPredictionMixin:
         """The rule that predicts: ``combine``, or ``"nearest"`` where no row can weigh
         several parts (one part, or no support vector)."""
         combine = getattr(self, "combine", "nearest")
-        if self.part_intercept_.shape[0] == 1 or len(self.support_) == 0:
+        if self.part_intercept_.shape[0] == 1 or not self.n_support_.any():
             return "nearest"
         return combine
 

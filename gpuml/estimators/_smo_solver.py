@@ -25,6 +25,7 @@ from ..kernels import SMOProblem, part_threads, smo_solve_batch
 from ..pairwise import Kernel
 from ..partition import Partitioning, split
 from ..pipeline import FitResult, PartCost, PartSolver
+from ._kept_svm import KeptSVMPart
 from ._svm import SVMPartFit, class_pairs, row_C
 from ._tree import TreeFit, fit_tree
 
@@ -105,6 +106,11 @@ class SMOPartSolver(PartSolver):
     n_jobs: int | None
     cost: SMOCost
     progress: Progress | None = None
+
+    #: on Dask each part stays on the worker that fitted it (:meth:`keep`), with the training
+    #: indices of its support vectors
+    keeps_parts_on_workers = True
+    keeps_row_ids = True
 
     @property
     def layered(self) -> bool:
@@ -268,6 +274,15 @@ class SMOPartSolver(PartSolver):
             fit.support_vectors = block
         return fits
 
+
+    def keep(self, fit, X_part, targets_part, row_ids) -> KeptSVMPart:
+        """A part as its Dask worker keeps it, ready to predict there (``targets_part``: the
+        class index of each of its rows, ``row_ids`` their training indices)."""
+        return KeptSVMPart.of(fit, targets_part, row_ids, self.n_classes)
+
+    def summary(self, fit: KeptSVMPart) -> KeptSVMPart:
+        """What the client keeps of a kept part: everything but its support vectors."""
+        return fit.summary()
 
     def _part_C_factor(self, m) -> float:
         """The factor on C in a part of ``m`` rows (``part_C``; 1 for the tree methods)."""

@@ -205,6 +205,33 @@ def ovr_decision(votes, confidence):
     return votes + confidence / (3 * (np.abs(confidence) + 1))
 
 
+def ovo_output(values, voting, classes, method: str, shape: str = "ovr",
+               break_ties: bool = False, dtype=np.float64):
+    """``predict``'s labels or ``decision_function``'s values (``method``) from the pairwise
+    values and voting pairs (host), as SVC makes them: for two classes minus the value
+    (positive for ``classes[1]``); for more, the pairwise values (``shape="ovo"``) or
+    SVC's "ovr" shape; labels by one-vs-one voting (ties: the lowest class), or with
+    ``break_ties`` ("ovr", more than two classes) the argmax of the decision values, in
+    ``dtype`` (that of the decision values returned).
+
+    >>> import numpy as np
+    >>> ovo_output(np.array([[0.5], [-2.0]]), None, np.array(["a", "b"]), "predict").tolist()
+    ['a', 'b']
+    """
+    n_classes = len(classes)
+    if method == "predict" and not (break_ties and n_classes > 2):
+        votes, _ = ovo_votes(values, n_classes, voting)
+        return classes[np.argmax(votes, axis=1)]
+    if n_classes == 2:
+        decision = -values[:, 0]
+    elif shape == "ovo":
+        decision = values
+    else:
+        decision = ovr_decision(*ovo_votes(values, n_classes, voting, zero_votes_first=True))
+    decision = decision.astype(dtype, copy=False)
+    return decision if method == "decision_function" else classes[np.argmax(decision, axis=1)]
+
+
 def pack_dual_coef(ovo_coef, sv_class, n_classes: int):
     """LIBSVM's (n_classes - 1, n_SV) layout from one row per pair.
 
@@ -410,20 +437,10 @@ class KernelSVMMixin:
             accumulation either way). A lazy Dask array for Dask input (each
             chunk computed on its worker).
         """
-        if is_dask_collection(X):
-            check_is_fitted(self)
+        check_is_fitted(self)
+        if self._on_cluster(X):
             return self._lazy(X, "decision_function")
-        dtype = value_dtype(X)
-        values, voting = self._ovo_values(X)
-        values = to_numpy(values)
-        n_classes = len(self.classes_)
-        if n_classes == 2:
-            decision = -values[:, 0]
-        elif self.decision_function_shape == "ovo":
-            decision = values
-        else:
-            decision = ovr_decision(*ovo_votes(values, n_classes, voting, zero_votes_first=True))
-        return to_output(decision.astype(dtype, copy=False), X)
+        return self._output(X, "decision_function")
 
     def predict(self, X):
         """Class labels by one-vs-one voting, as SVC (ties: the lowest class).
@@ -446,25 +463,35 @@ class KernelSVMMixin:
         check_is_fitted(self)
         if self.break_ties and self.decision_function_shape == "ovo":
             raise ValueError("break_ties must be False when decision_function_shape is 'ovo'")
-        if is_dask_collection(X):
+        if self._on_cluster(X):
             return self._lazy(X, "predict")
-        if self.break_ties and len(self.classes_) > 2:
-            decision = to_numpy(self.decision_function(X))
-            return to_output(self.classes_[np.argmax(decision, axis=1)], X)
+        return self._output(X, "predict")
+
+    def _output(self, X, method):
+        """``method``'s result for in-memory ``X`` (:func:`ovo_output`), on X's device."""
         values, voting = self._ovo_values(X)
-        votes, _ = ovo_votes(to_numpy(values), len(self.classes_), voting)
-        return to_output(self.classes_[np.argmax(votes, axis=1)], X)
+        return to_output(ovo_output(to_numpy(values), voting, self.classes_, method,
+                                    self.decision_function_shape, self.break_ties,
+                                    value_dtype(X)), X)
+
+    def _on_cluster(self, X) -> bool:
+        """Whether ``X`` is predicted on a Dask cluster (:meth:`_lazy`): Dask input."""
+        return is_dask_collection(X)
+
+    def _output_layout(self, X, method):
+        """``(columns, dtype)`` of ``method``'s result for ``X``: columns None for a 1-D
+        result."""
+        if method == "predict":
+            return None, self.classes_.dtype
+        k = len(self.classes_)
+        columns = (None if k == 2 else k if self.decision_function_shape == "ovr"
+                   else k * (k - 1) // 2)
+        return columns, value_dtype(X)
 
     def _lazy(self, X, method):
         """``method`` (``"predict"`` or ``"decision_function"``) over Dask ``X``, lazily:
         each block predicted on the worker holding it."""
-        if method == "predict":
-            columns, dtype = None, self.classes_.dtype
-        else:
-            k = len(self.classes_)
-            columns = (None if k == 2 else k if self.decision_function_shape == "ovr"
-                       else k * (k - 1) // 2)
-            dtype = value_dtype(X)
+        columns, dtype = self._output_layout(X, method)
         return dask_module().predict_blocks(self, X, method, out_columns=columns, dtype=dtype)
 
     def _check_predict_input(self, X):

@@ -10,12 +10,13 @@ from sklearn.base import BaseEstimator, ClassifierMixin, _fit_context
 from sklearn.utils._param_validation import Interval, StrOptions
 from sklearn.utils.validation import check_is_fitted
 
-from .._backend import stack_rows, to_numpy
+from .._backend import to_numpy
 from .._progress import Progress
 from .._validation import check_n_partitions
 from ..kernels import compile_after_fit
 from ..pipeline import Capability, FitData, Need, PartitionedEstimator
 from ..pipeline.fit import fit_partitioned
+from ._kept_svm import KEPT_STATE, KeptSVMMixin, support_arrays
 from ._params import CachedParamNames
 from ._part_prediction import PartPredictionMixin
 from ._partitioned import (
@@ -28,7 +29,7 @@ from ._partitioned import (
 from ._probability import PlattProbabilityMixin
 from ._smo_path_solver import solve_together
 from ._smo_solver import PART_C_SCALES, SMOCost, SMOPartSolver, part_line
-from ._svm import KernelSVMMixin, pack_dual_coef, primal_coef
+from ._svm import KernelSVMMixin, primal_coef
 
 #: Default number of parts: ``ceil(n / AUTO_PART_ROWS)`` (docs/casvm.md, "How many parts").
 DEFAULT_N_PARTITIONS = "auto"
@@ -55,7 +56,7 @@ DEFAULT_N_NEIGHBORS = 20
 DEFAULT_BLEND_MARGIN = 0.6
 
 
-class CASVMClassifier(CachedParamNames, PartitionedEstimator, PartPredictionMixin,
+class CASVMClassifier(CachedParamNames, PartitionedEstimator, PartPredictionMixin, KeptSVMMixin,
                       KernelSVMMixin, PlattProbabilityMixin, ClassifierMixin, BaseEstimator):
     """Communication-avoiding kernel SVM: P independent SMO solvers, samples judged by their parts.
 
@@ -427,7 +428,7 @@ default="auto"
     _solve_params = ("C", "gamma", "degree", "coef0", "class_weight", "tol", "max_iter",
                      "cache_size", "shrinking", "part_C", "combine", "n_neighbors",
                      "blend_margin", "decision_function_shape", "break_ties", "verbose")
-    _refit_drops = ("layer_sizes_", "layer_n_iter_")
+    _refit_drops = ("layer_sizes_", "layer_n_iter_", *KEPT_STATE)
 
     def _fit_needs(self, sample_weight=None) -> tuple:
         """A kernel matrix, the tree's layers, calibration: what not every executor runs."""
@@ -505,7 +506,7 @@ default="auto"
                                              f.converged))
         tree = result.layers
         if tree is None:
-            self._assemble_parts(partitioning, result.fits, data, progress)
+            self._assemble_parts(partitioning, result.fits, data, progress, result.kept)
             return
         self.layer_sizes_, self.layer_n_iter_ = tree.layer_sizes, tree.layer_n_iter
         self._assemble_parts(tree.root, result.fits, data, progress)
@@ -520,44 +521,38 @@ default="auto"
             self._fit_probability(data.X, y, data.targets,
                                   self._row_C(data.targets, data.weights), sample_weight)
 
-    def _assemble_parts(self, parts, fits, data, progress=None):
+    def _assemble_parts(self, parts, fits, data, progress=None, kept=None):
         """The fitted attributes from the per-part models (in part order) and the centres.
 
         The support vectors of all parts are put in SVC's order (by class,
         then by row); gpuml's pairwise layout (``ovo_dual_coef_``) and SVC's
-        packed one (``dual_coef_``) are both kept, in that order.
+        packed one (``dual_coef_``) are both kept, in that order. ``kept``: the parts
+        stayed on the Dask workers that fitted them (``fits`` are their summaries), and
+        so do the support vectors' arrays (:class:`~gpuml.estimators._kept_svm.KeptSVMMixin`).
         """
         n_classes = len(self.classes_)
         y_idx = data.class_index
-        rows = [np.asarray(r, dtype=np.int64)[f.support] for r, f in zip(parts.parts, fits)]
-        support = np.concatenate(rows + [np.zeros(0, np.int64)])
-        support_part = np.repeat(np.arange(len(fits)), [len(r) for r in rows])
-        ovo_coef = np.concatenate([f.dual_coef for f in fits], axis=1)
-        order = np.lexsort((support, y_idx[support]))
-        self.support_ = support[order]
-        self.support_part_ = support_part[order]
-        self.ovo_dual_coef_ = np.ascontiguousarray(ovo_coef[:, order])
-        self.n_support_ = np.bincount(y_idx[self.support_], minlength=n_classes).astype(np.int32)
-        if self._kernel.name == "precomputed":
-            self.support_vectors_ = np.empty((0, 0))
+        if kept is None:
+            rows = [np.asarray(r, dtype=np.int64)[f.support] for r, f in zip(parts.parts, fits)]
+            self.__dict__.update(support_arrays(
+                rows, [y_idx[r] for r in rows], None if self._kernel.name == "precomputed"
+                else [f.support_vectors for f in fits], [f.dual_coef for f in fits], n_classes,
+                self._sparse))
+            self.n_support_ = np.bincount(y_idx[self.support_],
+                                          minlength=n_classes).astype(np.int32)
+            self._check_finite_model(*[f.dual_coef for f in fits])
         else:
-            vectors = stack_rows([f.support_vectors for f in fits])
-            self.support_vectors_ = vectors[order]
+            self._keep_parts(kept, fits)
         self.part_intercept_ = np.stack([f.intercept for f in fits])
         self.pair_status_ = np.stack([f.pair_status for f in fits])
         self.part_n_iter_ = np.stack([f.n_iter for f in fits])
         self.objective_ = np.stack([f.objective for f in fits])
-        # SVC's public arrays: LIBSVM's packing, and for two classes SVC's sign
-        # (its decision function is minus LIBSVM's, positive for classes_[1]).
-        sign = -1.0 if n_classes == 2 else 1.0
-        packed = sign * pack_dual_coef(self.ovo_dual_coef_, y_idx[self.support_], n_classes)
-        self.dual_coef_ = sp.csr_matrix(packed) if self._sparse else packed
-        intercept = sign * self.part_intercept_
+        intercept = (-1.0 if n_classes == 2 else 1.0) * self.part_intercept_  # SVC's sign
         self.intercept_ = intercept[0] if len(fits) == 1 else intercept
         # The steps of every SMO problem solved, part by part: SVC's (n_pairs,) for one
         # part, and never a zero for a pair that a part did not train.
         self.n_iter_ = self.part_n_iter_[self.pair_status_ == 2].astype(np.int32)
-        self._check_finite_model(self.part_intercept_, ovo_coef)
+        self._check_finite_model(self.part_intercept_)
         converged = all(f.converged for f in fits)
         self.fit_status_ = 0 if converged else 1
         self.centers_ = to_numpy(parts.centers)
@@ -568,8 +563,8 @@ default="auto"
         warn_stopped_parts([f.converged for f in fits], self.max_iter)
         progress = progress or Progress("CASVM", 0, self.verbose)
         progress.close(f"{len(fits)} parts, {sum(f.n_problems for f in fits)} SMO problems, "
-                       f"{int(self.part_n_iter_.sum())} iterations, {len(self.support_)} "
-                       "support vectors")
+                       f"{int(self.part_n_iter_.sum())} iterations, "
+                       f"{int(self.n_support_.sum())} support vectors")
 
     @property
     def coef_(self):

@@ -128,9 +128,12 @@ class PartSolver(ABC):
 
     cost: PartCost
     progress: Progress | None = None
-    #: on Dask, the fitted parts stay on the workers that fitted them; the client
-    #: gathers each part's :meth:`summary`
+    #: on Dask, the fitted parts stay on the workers that fitted them (as :meth:`keep` makes
+    #: them); the client gathers each part's :meth:`summary`
     keeps_parts_on_workers: bool = False
+    #: what :meth:`keep` makes needs the training index of each of the part's rows (the
+    #: client sends them with the part's fit task)
+    keeps_row_ids: bool = False
     #: a layered fit (:attr:`Capability.LAYERS`): the executor calls :meth:`solve_layers`
     #: with all the parts instead of :meth:`solve`
     layered: bool = False
@@ -160,8 +163,16 @@ class PartSolver(ABC):
         """A part's fit as the host keeps it (``X_part``: the part's host rows)."""
         return fit
 
+    def keep(self, fit, X_part, targets_part, row_ids):
+        """What a Dask worker keeps of a part it fitted, when
+        :attr:`keeps_parts_on_workers` (``X_part``, ``targets_part``: the part's host rows
+        and targets; ``row_ids``: their training indices with :attr:`keeps_row_ids`, else
+        None). Default: the part as the host keeps it (:meth:`to_host`)."""
+        return self.to_host(fit, X_part)
+
     def summary(self, fit):
-        """What the client keeps of a part that stays on its Dask worker."""
+        """What the client keeps of a part that stays on its Dask worker (``fit``: what
+        :meth:`keep` made)."""
         return fit
 
     def __getstate__(self):

@@ -145,7 +145,7 @@ class OnDask(Executor):
     def fit_parts(self, solvers, data, partitioning, placement) -> list[FitResult]:
         fits, part_worker, centers, kept = ship_and_fit(
             data.X, self.labels, placement, solvers, data.classes, self.device, self.addresses,
-            partitioning.centers)
+            partitioning.centers, part_rows=partitioning.parts)
         part_worker = np.asarray(part_worker, dtype=object)
         return [FitResult(fits_k, solver=solver, backend=CPU, part_worker=part_worker,
                           centers=centers, kept=kept_k)

@@ -112,6 +112,33 @@ class RidgeSolver(PartSolver):
 
 
 @dataclass
+class KeptLine:
+    """What a Dask worker keeps of a part with :class:`KeptRidgeSolver`: the fit, and the
+    part's rows, targets and training indices as the worker saw them."""
+
+    coef: np.ndarray
+    X: np.ndarray
+    y: np.ndarray
+    row_ids: np.ndarray
+
+
+@dataclass
+class KeptRidgeSolver(RidgeSolver):
+    """:class:`RidgeSolver` whose parts stay on the Dask workers, with their rows' training
+    indices; the client keeps each part's coefficients."""
+
+    keeps_parts_on_workers = True
+    keeps_row_ids = True
+
+    def keep(self, fit, X_part, targets_part, row_ids):
+        return KeptLine(fit.coef, np.asarray(X_part), np.asarray(targets_part),
+                        np.asarray(row_ids))
+
+    def summary(self, fit):
+        return PartLine(fit.coef, len(fit.row_ids))
+
+
+@dataclass
 class RidgePathSolver(PartSolver):
     """:func:`ridge` of each part for every λ of ``lams`` at once (a solver of several
     settings): each part's normal equations formed once, solved once per λ."""
@@ -200,6 +227,7 @@ class PartRidge(PartitionedEstimator, RegressorMixin, BaseEstimator):
         return groups + [(path, single)]
 
     def _assemble(self, partitioning, result, data):
+        self.kept_ = result.kept
         if result.layers is not None:
             partitioning = result.layers[0]
         self.coef_ = np.stack([fit.coef for fit in result.fits])
@@ -212,3 +240,11 @@ class PartRidge(PartitionedEstimator, RegressorMixin, BaseEstimator):
         part = route(X, self.centers_)
         return np.einsum("ij,ij->i", np.hstack([X, np.ones((X.shape[0], 1))]),
                          self.coef_[part])
+
+
+class KeptRidge(PartRidge):
+    """:class:`PartRidge` whose parts stay on the Dask workers that fitted them."""
+
+    def _part_solver(self, data):
+        self.n_rows_ = data.n
+        return KeptRidgeSolver(self.lam, self._part_cost(), layers=self.layered)

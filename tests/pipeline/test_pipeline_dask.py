@@ -17,7 +17,7 @@ da = pytest.importorskip("dask.array")
 cloudpickle = pytest.importorskip("cloudpickle")
 
 import _standin  # noqa: E402
-from _standin import PartRidge, integer_rows, ridge  # noqa: E402
+from _standin import KeptRidge, PartRidge, integer_rows, ridge  # noqa: E402
 
 from gpuml import BKRRRegressor, CASVMClassifier  # noqa: E402
 from gpuml.partition import split  # noqa: E402
@@ -68,6 +68,26 @@ def test_parts_on_dask_are_numpys_ridge_over_the_same_split(client, data, weight
     workers = set(client.scheduler_info(n_workers=-1)["workers"])
     assert set(est.part_worker_.tolist()) <= workers and not est.reported_
     assert est.n_features_in_ == 4
+
+
+def test_kept_parts_hold_their_rows_and_training_indices(client, data):
+    """A solver that keeps its parts on the workers (``keep``, with ``keeps_row_ids``) gets
+    each part's rows, targets and training indices as the split made them; the client
+    gets each part's summary, and one future per worker's group of parts."""
+    X, y, _ = data
+    Xd, yd = _dask(X, y)
+    est = KeptRidge(lam=0.5, partition="kmeans").fit(Xd, yd)
+    parts = split(X, 3, "kmeans", 0)
+    kept = {p: line for ids, future in est.kept_
+            for p, line in zip(ids, future.result()[0])}
+    assert sorted(kept) == [0, 1, 2] and len(est.kept_) == len(set(est.part_worker_))
+    for p, rows in enumerate(parts.parts):
+        np.testing.assert_array_equal(kept[p].row_ids, rows)
+        np.testing.assert_array_equal(kept[p].X, X[rows])
+        np.testing.assert_array_equal(kept[p].y, y[rows])
+        np.testing.assert_allclose(kept[p].coef, ridge(X[rows], y[rows], None, 0.5),
+                                   rtol=1e-10, atol=1e-10)
+        np.testing.assert_array_equal(est.coef_[p], kept[p].coef)  # the summaries
 
 
 def test_settings_on_dask_are_the_separate_fits(client, data):

@@ -55,14 +55,19 @@ The steps, each a set of Dask tasks run from the client (the "driver",
    :func:`gpuml.pipeline.fit_settings`, each fitting the rows gathered once), in
    one batch: one SMO launch or one batched Cholesky (on a GPU under
    dask-cuda, where each worker sees one GPU, ``device="auto"`` resolves to it).
-5. **Gather** the small per-part fits (picklable ``SVMPartFit`` /
-   ``KRRPartFit``), with each group's sums and counts of its parts' rows (the
-   centres: the parts' means), and assemble the fitted attributes on the
-   client exactly as an in-process fit does.
+5. **Keep** the fitted parts on the workers that fitted them (each as the part
+   solver's :meth:`~gpuml.pipeline.PartSolver.keep` makes it: CA-SVM's support
+   vectors ready to predict, BKRR's rows and α) and gather each part's summary
+   (:meth:`~gpuml.pipeline.PartSolver.summary`), with each group's sums and counts of
+   its parts' rows (the centres: the parts' means); the fitted attributes are
+   assembled on the client as an in-process fit does, but for the parts themselves:
+   one future per worker's group of parts.
 
-Prediction on Dask input is lazy (:func:`predict_blocks`, :mod:`.predict`): ``map_blocks`` with
-the fitted model as one ``dask.delayed`` object, sent once to each worker that
-predicts; the rows never move.
+Prediction goes to the parts (:mod:`.kept`, :func:`predict_parts`): each chunk of
+rows routed where it lies, its rows sent to the workers of their parts, the values
+back in row order, lazily. A model fitted in memory predicts Dask input with
+``map_blocks`` (:func:`predict_blocks`, :mod:`.predict`), the model sent once to each
+worker that predicts, the rows never moving.
 
 A worker lost mid-fit: every task here is a pure function of its inputs, so
 the scheduler recomputes what was on the lost worker and runs the lost tasks
@@ -72,7 +77,8 @@ retried by Dask; when one is lost (a call waits only while the actor's worker
 runs), k-means runs again from the same random draws as tasks (a
 :class:`RuntimeWarning` says so), with the same result. Input that Dask cannot
 compute again (scattered rows) lost with its worker ends the fit with
-:class:`LostData`, naming that worker.
+:class:`LostData`, naming that worker; after the fit, parts kept on such a
+worker end a prediction with :class:`LostParts`, naming it and them.
 """
 
 from .data import DaskRows, check_dask_input, check_features, feature_source, is_dask, load_rows
@@ -88,7 +94,24 @@ from .driver import (
     workers_and_budget,
 )
 from .fit import check_budget, check_group_budget, place_parts, ship_and_fit
-from .kept import check_reachable, gathered, kept_arrays, predict_kept, predict_kept_in_memory
+from .kept import (
+    GATHER_LIMIT_BYTES,
+    KeptPlacement,
+    KernelPartsRule,
+    LostParts,
+    PartsRule,
+    check_gather,
+    check_reachable,
+    compute_kept,
+    gather_parts,
+    gathered,
+    kept_arrays,
+    predict_kept,
+    predict_kept_in_memory,
+    predict_parts,
+    predict_parts_in_memory,
+    register_placement,
+)
 from .predict import predict_blocks, score
 from .steps import (
     DASK_PARTITIONERS,
@@ -102,14 +125,19 @@ from .steps import (
 
 __all__ = [
     "DASK_PARTITIONERS",
+    "GATHER_LIMIT_BYTES",
     "KEY_PREFIX",
+    "KeptPlacement",
+    "KernelPartsRule",
     "LLOYD_MAX_ITER",
     "LLOYD_TOL",
     "ChunkRows",
     "DaskRows",
     "Driver",
     "LostData",
+    "LostParts",
     "LostWorker",
+    "PartsRule",
     "SplitStart",
     "Traffic",
     "check_budget",
@@ -117,10 +145,13 @@ __all__ = [
     "check_reachable",
     "check_dask_input",
     "check_features",
+    "check_gather",
+    "compute_kept",
     "counting",
     "current_client",
     "feature_source",
     "fills_on_client",
+    "gather_parts",
     "gathered",
     "is_dask",
     "kept_arrays",
@@ -131,6 +162,9 @@ __all__ = [
     "predict_blocks",
     "predict_kept",
     "predict_kept_in_memory",
+    "predict_parts",
+    "predict_parts_in_memory",
+    "register_placement",
     "score",
     "ship_and_fit",
     "workers_and_budget",

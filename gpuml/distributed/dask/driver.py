@@ -190,6 +190,16 @@ class Driver:
         return values
 
 
+def compute(*collections):
+    """``dask.compute``, on the current client through a :class:`Driver`'s wait (a worker
+    paused for memory ends it with a MemoryError, not a wait without end)."""
+    try:
+        client = get_client()
+    except ValueError:
+        return dask.compute(*collections)
+    return Driver(client).gather(client.compute(list(collections)))
+
+
 def _is_future(a) -> bool:
     return type(a).__name__ == "Future"
 

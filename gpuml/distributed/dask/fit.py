@@ -9,6 +9,7 @@ estimator's part solvers (a :class:`gpuml.pipeline.PartSolver` per setting) fit 
 from __future__ import annotations
 
 import numpy as np
+from dask.sizeof import sizeof
 from distributed import get_worker
 
 from ..._backend import resolve
@@ -125,12 +126,14 @@ def _waves(sizes, row_bytes, wave_bytes):
     return waves + ([current] if current else [])
 
 
-def _fit_group(solvers, device, classes, part_ids, sources, wave_bytes):
+def _fit_group(solvers, device, classes, part_ids, sources, wave_bytes, row_ids=None):
     """The parts ``part_ids`` fitted on this worker (its GPU when it has one: ``device``
     resolved here) by each solver, in waves of at most ``wave_bytes`` of rows
     (:data:`FIT_WAVE_BYTES`, sent by the client), each wave's rows gathered once for every
-    solver: each solver's fits as the host keeps them, their rows' sums and counts (the
-    parts' means) and this worker's address."""
+    solver: each solver's fits as the host keeps them (solvers that keep their parts on
+    the workers: as :meth:`~gpuml.pipeline.PartSolver.keep` makes them, with ``row_ids``,
+    each part's training indices, when they ask for them), their rows' sums and counts
+    (the parts' means) and this worker's address."""
     pieces = _pieces(part_ids, classes, sources)
     sums = _group_sums(pieces, len(part_ids))
     sizes = np.array([sum(piece[j][0].shape[0] for piece in pieces)
@@ -146,19 +149,50 @@ def _fit_group(solvers, device, classes, part_ids, sources, wave_bytes):
         for wave in _waves(sizes, row_bytes, wave_bytes):
             X, y, w, local = _group_rows([[piece[j] for j in wave] for piece in pieces],
                                          len(wave))
+            for piece in pieces:
+                # This wave's rows are in X now: the copies cut from this worker's chunks go
+                # (the rows the others sent stay with their task's arguments), so the parts
+                # kept grow as the rows held shrink.
+                for j in wave:
+                    piece[j] = None
             for k, solver in enumerate(solvers):
                 fits = solver.solve(backend, X, y, w, local, ids[wave])
-                host[k] += [solver.to_host(fit, X[rows]) for fit, rows in zip(fits, local)]
+                if solver.keeps_parts_on_workers:
+                    host[k] += [solver.keep(fit, X[rows], y[rows],
+                                            None if row_ids is None else row_ids[j])
+                                for fit, rows, j in zip(fits, local, wave)]
+                else:
+                    host[k] += [solver.to_host(fit, X[rows]) for fit, rows in zip(fits, local)]
                 del fits
             del X, y, w
     return host, sums, get_worker().address
 
 
+#: The step whose tasks hold the groups of parts kept on the workers (:func:`_setting`).
+KEPT_STEP = "fit-setting"
+
+
+class KeptGroup(tuple):
+    """What a group of parts kept on its worker holds: ``(fits, sums, address)``, one
+    solver's fits of the group's parts (:func:`_setting`)."""
+
+
+@sizeof.register(KeptGroup)
+def _sizeof_kept(group) -> int:
+    """The bytes of its parts' arrays. Without this Dask sizes each part by
+    ``sys.getsizeof`` (the object alone), and its scheduler, thinking a group of parts
+    free to move, may send it to the rows a prediction task reads instead of those rows to
+    it (its parts, megabytes or gigabytes of support vectors or training rows, copied to
+    another worker)."""
+    return int(sum(sizeof(v) for fit in group[0] for v in getattr(fit, "__dict__", {}).values()
+                   if hasattr(v, "nbytes") or hasattr(v, "data")) + group[1].nbytes)
+
+
 def _setting(result, k):
-    """Solver ``k``'s part of a group's result (:func:`_fit_group`): ``(fits, sums,
-    address)``, what a group kept on its worker holds."""
+    """Solver ``k``'s part of a group's result (:func:`_fit_group`): what a group kept on
+    its worker holds (:class:`KeptGroup`)."""
     host, sums, address = result
-    return host[k], sums, address
+    return KeptGroup((host[k], sums, address))
 
 
 def _kept_summaries(result, solver):
@@ -257,7 +291,8 @@ def place_parts(rows, labels, sizes, costs, addresses, check=None) -> list[np.nd
     return placement
 
 
-def ship_and_fit(rows, labels, placement, solvers, classes, device, addresses, centers):
+def ship_and_fit(rows, labels, placement, solvers, classes, device, addresses, centers,
+                 part_rows=None):
     """Step 4: each group's rows shipped to the worker it is placed on and fitted there.
 
     ``placement[a]`` are the parts of worker ``addresses[a]`` (:func:`place_parts`);
@@ -275,7 +310,9 @@ def ship_and_fit(rows, labels, placement, solvers, classes, device, addresses, c
     on the workers that fitted them; the client gathers each part's
     ``solver.summary(fit)`` in place of its fit, and each solver's kept groups are one
     ``(part_ids, future)`` per group, the future holding that solver's fits of the group
-    (:func:`_setting`). Otherwise they are None.
+    (:func:`_setting`). Otherwise they are None. Solvers that keep the training indices of
+    their parts' rows (:attr:`~gpuml.pipeline.PartSolver.keeps_row_ids`) get them from
+    ``part_rows`` (each part's, the split's), sent with each group's fit task.
     """
     driver = rows.driver
     P = sum(len(ids) for ids in placement)
@@ -298,12 +335,15 @@ def ship_and_fit(rows, labels, placement, solvers, classes, device, addresses, c
                                      priority=1, **_on(holder))
                 sources.append((ks, None, None, take))
         groups.append((ids_list, address, sources))
+    with_ids = solvers[0].keeps_parts_on_workers and solvers[0].keeps_row_ids
     futures = [driver.submit("fit-parts", _fit_group, solvers, device, classes, ids, sources,
-                             FIT_WAVE_BYTES, **_on(address))
+                             FIT_WAVE_BYTES,
+                             [part_rows[p] for p in ids] if with_ids else None,
+                             **_on(address))
                for ids, address, sources in groups]
     kept = [None] * len(solvers)
     if solvers[0].keeps_parts_on_workers:
-        kept = [[(ids, driver.submit("fit-setting", _setting, future, k))
+        kept = [[(ids, driver.submit(KEPT_STEP, _setting, future, k))
                  for (ids, _, _), future in zip(groups, futures)]
                 for k in range(len(solvers))]
         summaries = [driver.submit("fit-summary", _kept_summaries, future, solver)

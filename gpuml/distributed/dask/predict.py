@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import warnings
+from functools import partial
 
 import dask
 import numpy as np
@@ -14,7 +15,8 @@ from sklearn.exceptions import UndefinedMetricWarning
 from sklearn.metrics import accuracy_score, r2_score
 
 from .data import _as_array, _unknown, check_features, is_dask
-from .driver import BUDGET_RULE, KEY_PREFIX, Driver, fmt_bytes, workers_and_budget
+from .driver import BUDGET_RULE, KEY_PREFIX, compute, fmt_bytes, workers_and_budget
+from .kept import compute_kept
 
 
 def _apply(block, model, method, names):
@@ -101,33 +103,25 @@ def score(estimator, X, y, sample_weight=None) -> float:
     if y is None:
         raise ValueError("score requires y to be passed, but the target y is None")
     predicted = estimator.predict(X)
+    # a model whose parts are kept on the workers: its tasks where its parts are
+    run = (partial(compute_kept, estimator) if estimator.__dict__.get("_kept_parts") is not None
+           else compute)
     classifier = is_classifier(estimator)
     if not is_dask(y, sample_weight):
-        y_pred, = _compute(predicted)
+        y_pred, = run(predicted)
         metric = accuracy_score if classifier else r2_score
         return float(metric(y, y_pred, sample_weight=sample_weight))
     blocks = predicted.to_delayed().ravel().tolist()
     targets = _blocks_like(y, predicted, "y")
     weights = (_blocks_like(sample_weight, predicted, "sample_weight")
                if sample_weight is not None else [None] * len(blocks))
-    stats = _compute(*[dask.delayed(_score_sums)(p, t, w, classifier)
+    stats = run(*[dask.delayed(_score_sums)(p, t, w, classifier)
                        for p, t, w in zip(blocks, targets, weights)])
     if classifier:
         hits = math.fsum(h for h, _ in stats)
         total = math.fsum(t for _, t in stats)
         return hits / total if total else float("nan")
     return _r2_of(stats)
-
-
-def _compute(*collections):
-    """``dask.compute``, on the current client through a :class:`Driver`'s wait (a worker
-    paused for memory ends it with a MemoryError, not a wait without end)."""
-    try:
-        client = get_client()
-    except ValueError:
-        return dask.compute(*collections)
-    driver = Driver(client)
-    return driver.gather(client.compute(list(collections)))
 
 
 def _blocks_like(value, predicted, what) -> list:

@@ -115,11 +115,19 @@ def _merge_array(G, x_norms, v_norms, rows, part, best_d, best_r):
     farthest first (as the loop keeps them, should it take the next merge)."""
     xp = namespace_of(G)
     gram_to_sq_distances(G, x_norms, v_norms)
+    ranks = (int(part) << COLUMN_BITS) + xp.arange(G.shape[1], dtype=np.int64)
+    _keep_nearest(xp, rows, G.astype(best_d.dtype, copy=False),
+                  xp.broadcast_to(ranks, G.shape), best_d, best_r)
+
+
+def _keep_nearest(xp, rows, new_d, new_r, best_d, best_r):
+    """The rows ``rows``' kept candidates and the new ones (``new_d``, ``new_r``: a row of
+    candidates per row) sorted by (distance, rank) (two stable sorts), the k first kept,
+    farthest first."""
     k = best_d.shape[1]
     sel = xp.asarray(rows)
-    ranks = (int(part) << COLUMN_BITS) + xp.arange(G.shape[1], dtype=np.int64)
-    cand_d = xp.concatenate([best_d[sel], G.astype(best_d.dtype, copy=False)], axis=1)
-    cand_r = xp.concatenate([best_r[sel], xp.broadcast_to(ranks, G.shape)], axis=1)
+    cand_d = xp.concatenate([best_d[sel], new_d], axis=1)
+    cand_r = xp.concatenate([best_r[sel], new_r], axis=1)
     by_rank = xp.argsort(cand_r, axis=1, kind="stable")
     cand_d = xp.take_along_axis(cand_d, by_rank, axis=1)
     cand_r = xp.take_along_axis(cand_r, by_rank, axis=1)
@@ -200,13 +208,53 @@ class NearestMerge:
             _search_loop(*args)
         return True
 
+    def absorb(self, rows, best_d, best_r):
+        """Merge the candidates another merge kept for the rows ``rows`` (its ``best_d`` and
+        ``best_r``, as :class:`NearestMerge` holds them): afterwards each row keeps the
+        ``k`` nearest of both, by the same rule as :meth:`add` (parts searched apart, on
+        several machines, then merged, keep what one search of them all keeps).
+
+        >>> a, b = NearestMerge(np, 1, 2), NearestMerge(np, 1, 2)
+        >>> a.add(np.zeros((1, 2)), np.zeros(1), np.array([1.0, 4.0]), [0], 0)
+        >>> b.add(np.zeros((1, 1)), np.zeros(1), np.array([1.0]), [0], 3)
+        >>> a.absorb([0], b.best_d, b.best_r)
+        >>> a.counts(4)[0].tolist()
+        [[1.0, 0.0, 0.0, 1.0]]
+        """
+        xp = namespace_of(self.best_d)
+        if len(rows):
+            _keep_nearest(xp, rows, xp.asarray(best_d), xp.asarray(best_r), self.best_d,
+                          self.best_r)
+
+    def parts_of(self) -> np.ndarray:
+        """``(n, k)`` host array: the part of each kept candidate (-1 for an empty slot)."""
+        ranks = to_numpy(self.best_r)
+        return np.where(ranks != EMPTY_RANK, ranks >> COLUMN_BITS, -1)
+
+    def shares(self):
+        """Each row's share of its kept candidates held by each part where it is not zero:
+        ``(rows, parts, shares)`` (host), ordered by part then row; the entries of
+        :meth:`counts` divided by the row's candidates, without its ``(n, n_parts)`` array.
+
+        >>> merge = NearestMerge(np, 2, 2)
+        >>> merge.add(np.zeros((2, 2)), np.zeros(2), np.array([1.0, 2.0]), [0, 1], 5)
+        >>> [a.tolist() for a in merge.shares()]
+        [[0, 1], [5, 5], [1.0, 1.0]]
+        """
+        parts = self.parts_of()
+        n, k = parts.shape
+        found = parts >= 0
+        line = np.repeat(np.arange(n, dtype=np.int64), k)[found.ravel()]
+        keys, counts = np.unique(parts[found] * max(n, 1) + line, return_counts=True)
+        rows, parts = keys % max(n, 1), keys // max(n, 1)
+        return rows, parts, counts.astype(np.float64) / np.maximum(found.sum(axis=1), 1)[rows]
+
     def counts(self, n_parts: int):
         """``(n, n_parts)`` host array: how many of each row's kept candidates each part holds,
         and ``(n,)`` how many each row kept in all."""
-        ranks = to_numpy(self.best_r)
-        found = ranks != EMPTY_RANK
-        n, k = ranks.shape
+        parts = self.parts_of()
+        found = parts >= 0
+        n, k = parts.shape
         line = np.repeat(np.arange(n), k)[found.ravel()]
-        parts = ranks[found] >> COLUMN_BITS
-        out = np.bincount(line * n_parts + parts, minlength=n * n_parts)
+        out = np.bincount(line * n_parts + parts[found], minlength=n * n_parts)
         return out.reshape(n, n_parts).astype(np.float64), found.sum(axis=1)
