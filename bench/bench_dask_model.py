@@ -16,7 +16,7 @@ the in-memory model predicts the same rows on the same cores.
 
 Configurations: ``issue`` (1,000,000 x 300 float64 rows, 2.4 GB, workers of 2.2 GB:
 about 860,000 support vectors, a model of 2 GB) and ``two_budgets`` (more rows, a
-share of the labels flipped and ``partition="contiguous"``: a model larger than two
+share of the labels flipped, ``partition="contiguous"``, eight workers: a model larger than two
 workers' budgets together; contiguous parts move no row between workers, so that a
 worker holds its rows and its parts, not the rows it takes from the others as well).
 ``quick`` runs both on 12,000 rows (a check of the machinery, for the tests).
@@ -43,12 +43,14 @@ import numpy as np
 from bench._harness import record
 from bench.bench_dask_memory import Peaks, memory_cluster, smallest_limit, worker_memory
 
-#: worker processes (one thread each), of the full run and the quick one
+#: worker processes (one thread each), of the full run and the quick one; a configuration
+#: may name its own (the model over two budgets: eight workers, so that each holds its
+#: rows and its parts within its budget)
 WORKERS = {False: 6, True: 2}
 #: name: (rows, features, rows per chunk, memory_limit, labels flipped, partition)
 CONFIGS = {
     "issue": (1_000_000, 300, 50_000, "2.2GB", 0.0, "auto"),
-    "two_budgets": (1_200_000, 300, 50_000, "2.2GB", 0.3, "contiguous"),
+    "two_budgets": (1_300_000, 300, 50_000, "2.2GB", 0.3, "contiguous", 8),
 }
 QUICK = {
     "issue": (12_000, 20, 2_000, "1.5GB", 0.0, "auto"),
@@ -96,7 +98,8 @@ def run(name, config, test_rows, workers=WORKERS[False], test_block=TEST_BLOCK[F
     from gpuml import CASVMClassifier
     from gpuml.distributed.dask import counting, workers_and_budget
 
-    n, d, block, limit, flip, partition = config
+    n, d, block, limit, flip, partition = config[:6]
+    workers = config[6] if len(config) > 6 else workers
     me = psutil.Process()
     load_before = _load()
     cluster, client = memory_cluster(workers, limit)
@@ -137,7 +140,7 @@ def run(name, config, test_rows, workers=WORKERS[False], test_block=TEST_BLOCK[F
     local_predicted = local.predict(X_test)
     local_s = time.perf_counter() - t0
     return {
-        "config": name, "n": n, "d": d, "data_MB": n * d * 8 / 1e6,
+        "config": name, "workers": workers, "n": n, "d": d, "data_MB": n * d * 8 / 1e6,
         "partition": clf.partition_, "labels_flipped": flip, "n_partitions": clf.n_partitions_,
         "n_SV": n_sv, "model_MB": model_bytes / 1e6,
         "memory_limit_MB": limit_bytes / 1e6, "worker_budget_MB": (budget or 0) / 1e6,
@@ -163,7 +166,8 @@ def main(quick: bool = False, gpu: bool = False):
         rows.append(run(name, config, TEST_ROWS[quick], WORKERS[quick], TEST_BLOCK[quick]))
         print(rows[-1], flush=True)
     notes = (
-        f"{WORKERS[quick]} worker processes of one thread, each with the memory_limit given "
+        f"{WORKERS[quick]} worker processes of one thread (a configuration's own where the "
+        "workers column says so), each with the memory_limit given "
         "(Dask's spilling off: a worker pauses at 80 % of it), a fresh cluster per "
         "configuration. Rows drawn on the workers with da.random.RandomState(11)."
         "standard_normal((n, d)), labels x_0 + sin(2 x_1) / 2 > 0 (labels_flipped: that "
