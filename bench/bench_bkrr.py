@@ -32,7 +32,7 @@ from sklearn.model_selection import GridSearchCV, KFold
 from bench._harness import record, timeit
 from bench.datasets import load_california, train_test_split_std
 from gpuml.estimators.bkrr import BKRRRegressor, BKRRRegressorCV
-from gpuml.pairwise import Kernel
+from gpuml.kernels.pairwise import Kernel
 
 METHODS = {
     "DC-KRR": ("random", "average"),

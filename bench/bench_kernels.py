@@ -13,7 +13,7 @@ from sklearn.metrics import pairwise as skp
 
 from bench._harness import record, timeit
 from bench.datasets import load_adult, train_test_split_std
-from gpuml.pairwise import kernel_matrix
+from gpuml.kernels.pairwise import kernel_matrix
 
 SKLEARN = {
     "linear": lambda X, g: skp.linear_kernel(X),

@@ -32,8 +32,8 @@ def precompile(verbose: bool = True) -> dict:
     from gpuml.estimators.asygcd import AsyGCDSVC
     from gpuml.estimators.bkrr import BKRRRegressor
     from gpuml.estimators.casvm import CASVMClassifier
+    from gpuml.kernels.pairwise import Kernel
     from gpuml.kernels.smo.cpu import sgemm_matrix
-    from gpuml.pairwise import Kernel
 
     # 1,200 rows, 3 classes: one-vs-one pairs of ~800, enough for two Asy-GCD workers
     X, y = make_classification(1200, 8, n_classes=3, n_informative=4, random_state=0)

@@ -12,7 +12,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from ._backend import namespace_of, to_numpy
-from .pairwise import gram, sq_distances, squared_norms
+from .kernels.pairwise import gram, sq_distances, squared_norms
 from .partition import assign_nearest
 
 
@@ -130,7 +130,7 @@ def neighbor_blocks(X, parts: PartVectors, n_neighbors: int, centers=None,
     Yields ``(start, stop, weights, distances)`` for consecutive blocks of ``X``:
     ``weights`` the block's rows of :func:`neighbor_weights` (host), ``distances``
     a list of ``(p, rows, D)``, one per part searched: ``D`` the squared distances (on
-    X's device, as :func:`gpuml.pairwise.sq_distances`) of the block's rows ``rows`` (host
+    X's device, as :func:`gpuml.kernels.pairwise.sq_distances`) of the block's rows ``rows`` (host
     indices into the block) to part ``p``'s vectors (``parts.vectors[p]``,
     :class:`PartVectors`).
     A caller may overwrite ``D``; on the host it holds until the next block is asked for

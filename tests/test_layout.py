@@ -18,7 +18,7 @@ PACKAGE = ROOT / "gpuml"
 #: What every part of the library may use: the array seam, input checks, progress, errors.
 _BASE = {"gpuml._backend", "gpuml._validation", "gpuml._progress", "gpuml.errors"}
 #: The kernel methods' computation, below the partitioned fit.
-_COMPUTE = {"gpuml.pairwise", "gpuml.kernels", "gpuml.partition", "gpuml.routing"}
+_COMPUTE = {"gpuml.kernels", "gpuml.partition", "gpuml.routing"}
 
 #: Which packages (or top-level modules) each may import besides itself. A module belongs to
 #: the longest entry its dotted name equals or starts with (``gpuml`` alone: its
@@ -29,19 +29,17 @@ ALLOWED_IMPORTS = {
     "gpuml._progress": set(),
     "gpuml.errors": set(),
     "gpuml._validation": {"gpuml._backend"},
-    # the kernel functions and the solvers that evaluate them call each other's modules
-    "gpuml.pairwise": _BASE | {"gpuml.kernels"},
-    "gpuml.kernels": _BASE | {"gpuml.pairwise"},
-    "gpuml.partition": _BASE | {"gpuml.pairwise", "gpuml.kernels"},
-    "gpuml.routing": _BASE | {"gpuml.pairwise", "gpuml.kernels", "gpuml.partition"},
+    # the kernel functions (kernels.pairwise) and the solvers that evaluate them
+    "gpuml.kernels": _BASE,
+    "gpuml.partition": _BASE | {"gpuml.kernels"},
+    "gpuml.routing": _BASE | {"gpuml.kernels", "gpuml.partition"},
     "gpuml.distributed": _BASE | _COMPUTE,
     "gpuml.pipeline": _BASE | _COMPUTE | {"gpuml.distributed"},
     "gpuml.estimators": _BASE | _COMPUTE | {"gpuml.distributed", "gpuml.pipeline"},
     "gpuml.optim": {"gpuml.errors"},
     "gpuml.training": {"gpuml.errors", "gpuml.optim"},
     # the install-time compiler warms every package that compiles
-    "gpuml.precompile": {"gpuml.pairwise", "gpuml.kernels", "gpuml.estimators",
-                         "gpuml.optim"},
+    "gpuml.precompile": {"gpuml.kernels", "gpuml.estimators", "gpuml.optim"},
     "gpuml": {"gpuml.errors", "gpuml.estimators"},
 }
 

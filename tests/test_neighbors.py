@@ -8,7 +8,7 @@ import pytest
 from gpuml import CASVMClassifier
 from gpuml._backend import resolve
 from gpuml.kernels.nearest import neighbors
-from gpuml.pairwise import gram, sq_distances, squared_norms
+from gpuml.kernels.pairwise import gram, sq_distances, squared_norms
 
 
 def _merged(X, V, part, k, order, merge):

@@ -4,7 +4,7 @@ import scipy.sparse as sp
 from sklearn.datasets import load_breast_cancer
 from sklearn.metrics import pairwise as skp
 
-from gpuml.pairwise import Kernel, kernel_matrix, make_kernel, resolve_gamma, sq_distances
+from gpuml.kernels.pairwise import Kernel, kernel_matrix, make_kernel, resolve_gamma, sq_distances
 
 X_REAL = load_breast_cancer().data[:120]
 X_STD = (X_REAL - X_REAL.mean(0)) / X_REAL.std(0)
@@ -97,7 +97,7 @@ def test_gamma_scale_is_the_same_to_the_bit_for_sparse_and_dense():
     any CSR form of it (duplicates, unsorted indices, stored zeros) give one gamma."""
     from sklearn.datasets import load_digits
 
-    from gpuml.pairwise import entry_variance
+    from gpuml.kernels.pairwise import entry_variance
 
     X = load_digits().data  # pixels: many zeros, and X.var() and E[x^2] - E[x]^2 differ
     assert entry_variance(X) == pytest.approx(X.var(), rel=1e-13)

@@ -12,7 +12,7 @@ from sklearn.utils import check_random_state
 import gpuml.partition.local as local_module
 from gpuml.kernels import fill_nearest_open, nearest_centres, part_sums, read_lag, read_later
 from gpuml.kernels import nearest as nearest_module
-from gpuml.pairwise import squared_norms
+from gpuml.kernels.pairwise import squared_norms
 from gpuml.partition import (
     PARTITIONERS,
     LocalRows,
@@ -173,7 +173,7 @@ def test_open_distances_are_the_shifted_distances_of_open_parts_bit_for_bit(kind
     """A fill's blocks carry the -2 in the centres (exact) and inf for full parts: the
     open columns equal shifted_sq_distances' exactly, so the fill's decisions cannot move."""
     from gpuml.kernels import OpenDistances
-    from gpuml.pairwise import shifted_sq_distances
+    from gpuml.kernels.pairwise import shifted_sq_distances
 
     rng = np.random.default_rng(3)
     X = rng.normal(size=(300, 17)) * rng.uniform(0.01, 100, size=17)
@@ -197,7 +197,7 @@ def test_open_distances_are_the_shifted_distances_of_open_parts_bit_for_bit(kind
 def test_fill_in_blocks_is_the_papers_loop_over_the_distances(monkeypatch):
     """The in-process fill (full parts masked block by block, small blocks here) gives the
     paper's loop over every row's distances to every centre."""
-    from gpuml.pairwise import shifted_sq_distances
+    from gpuml.kernels.pairwise import shifted_sq_distances
 
     monkeypatch.setattr(nearest_module, "BLOCK_BYTES", 8 * 40 * 37)  # blocks of 37 rows
     rng = np.random.default_rng(11)
@@ -247,7 +247,7 @@ def test_only_a_small_fill_takes_the_numpy_twin(monkeypatch):
     cost it far more than the compile (a 1,000,000-row fill: seconds)."""
     from gpuml.kernels import _jit
     from gpuml.kernels.nearest import cpu as nearest_cpu
-    from gpuml.pairwise import shifted_sq_distances, squared_norms
+    from gpuml.kernels.pairwise import shifted_sq_distances, squared_norms
     from gpuml.partition.local import fill
 
     twin_rows = []

@@ -194,7 +194,7 @@ def test_the_rows_to_come_are_the_violators_not_yet_touched():
 @pytest.mark.parametrize("binary", [False, True])
 def test_sparse_and_dense_fits_agree_to_rounding(binary):
     """A sparse fit and a dense fit of the same data take the same steps: one gamma for both
-    formats (:func:`gpuml.pairwise.entry_variance`), and a part the solver densifies gives
+    formats (:func:`gpuml.kernels.pairwise.entry_variance`), and a part the solver densifies gives
     the kernel values of the dense rows. On digits (pixels, where working-set choices tie)
     the two used to part by 3e-4 of the decision values. Binary: one problem of 1,797
     variables, rows on demand; ten classes: 45 problems on one matrix."""

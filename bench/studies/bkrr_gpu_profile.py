@@ -182,7 +182,7 @@ def crossover(sizes=(64, 128, 256, 512, 768, 1152, 2048), repeat=3):
     import cupy
 
     from gpuml.kernels import krr
-    from gpuml.pairwise import Kernel
+    from gpuml.kernels.pairwise import Kernel
 
     if not hasattr(krr, "POTRF_BATCHED_MAX"):
         print("\ncrossover: this version has no POTRF_BATCHED_MAX switch; skipped")

@@ -35,7 +35,7 @@ import gpuml.routing as routing
 from bench._harness import RESULTS, machine_name
 from bench.datasets import CASVM_SETS, casvm_split
 from gpuml import CASVMClassifier
-from gpuml.pairwise import sq_distances, squared_norms
+from gpuml.kernels.pairwise import sq_distances, squared_norms
 
 QS = (2, 3, 4, 6)
 

@@ -31,7 +31,7 @@ from sklearn.svm import SVC
 from bench.datasets import casvm_split
 from gpuml import PartitionWarning
 from gpuml.estimators.casvm import CASVMClassifier
-from gpuml.pairwise import sq_distances
+from gpuml.kernels.pairwise import sq_distances
 from gpuml.partition import split
 from gpuml.routing import neighbor_weights
 

@@ -32,7 +32,7 @@ from sklearn.utils import check_random_state
 
 from .._backend import namespace_of, to_numpy
 from ..kernels import OpenDistances, fill_blocks, fill_nearest_open, nearest_centres, part_sums
-from ..pairwise import shifted_sq_distances, sq_distances, squared_norms
+from ..kernels.pairwise import shifted_sq_distances, sq_distances, squared_norms
 from ..partition import SPLITS, LocalRows, dense_rows, divide
 from .placement import shard_bounds
 

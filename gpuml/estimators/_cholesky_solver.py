@@ -21,7 +21,7 @@ import numpy as np
 from .._backend import to_numpy
 from ..distributed import cholesky_cost
 from ..kernels import NotPositiveDefiniteError, krr_lstsq_part, krr_solve_parts, part_threads
-from ..pairwise import Kernel
+from ..kernels.pairwise import Kernel
 from ..pipeline import PartCost, PartSolver
 from ._krr import KRRPartFit, _part_masses, _take, check_fit_memory, part_offsets, part_shifts
 

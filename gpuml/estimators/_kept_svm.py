@@ -33,7 +33,7 @@ from .._backend import is_dask_collection, stack_rows, to_output
 from .._validation import validate_X
 from ..kernels import rbf_from_sq_distances
 from ..kernels.nearest.neighbors import NearestMerge
-from ..pairwise import squared_norms
+from ..kernels.pairwise import squared_norms
 from ..pipeline import dask_module
 from ..routing import NEIGHBOR_BLOCK_BYTES, nearest_parts, route, rows_by_part, search_width
 from ._kept import KEPT_PREDICT_ROWS, KeptPartsMixin

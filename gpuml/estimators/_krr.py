@@ -39,7 +39,7 @@ from .._backend import (
 from .._progress import Progress
 from .._validation import check_n_partitions, validate_X, validate_X_y
 from ..kernels.krr import krr_fit_bytes
-from ..pairwise import HOST_KERNELS, Kernel, PairwiseKernel, resolve_gamma
+from ..kernels.pairwise import HOST_KERNELS, Kernel, PairwiseKernel, resolve_gamma
 from ..partition import fewest_parts_fitting, split
 from ..pipeline import (
     dask_module,

@@ -25,7 +25,7 @@ from sklearn.exceptions import ConvergenceWarning
 from sklearn.utils._param_validation import Interval, StrOptions
 
 from ..errors import PartitionWarning
-from ..pairwise import KERNELS
+from ..kernels.pairwise import KERNELS
 from ..partition import PARTITIONERS
 
 #: ``_parameter_constraints`` entries for the kernel parameters (names as sklearn.svm.SVC).

@@ -22,7 +22,7 @@ from .._backend import namespace_of, to_numpy, to_output
 from .._progress import Progress
 from ..distributed import smo_cost
 from ..kernels import SMOProblem, part_threads, smo_solve_batch
-from ..pairwise import Kernel
+from ..kernels.pairwise import Kernel
 from ..partition import Partitioning, split
 from ..pipeline import FitResult, PartCost, PartSolver
 from ._kept_svm import KeptSVMPart

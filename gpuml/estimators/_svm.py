@@ -28,7 +28,7 @@ from sklearn.utils.validation import (
 
 from .._backend import is_dask_collection, namespace_of, to_numpy, to_output
 from .._validation import check_class_labels, validate_X_y
-from ..pairwise import make_kernel, squared_norms, widened_dot
+from ..kernels.pairwise import make_kernel, squared_norms, widened_dot
 from ..pipeline import dask_module, on_device
 
 
@@ -114,7 +114,7 @@ class PairCoef:
 
     def times(self, K):
         """``K @ coef`` (float64) for kernel values ``K`` (``(n, m)``, any float dtype, on the
-        device): float64 accumulation (:func:`gpuml.pairwise.widened_dot`)."""
+        device): float64 accumulation (:func:`gpuml.kernels.pairwise.widened_dot`)."""
         if self.dense is not None:
             return widened_dot(K, self.dense)
         out = namespace_of(K).zeros((K.shape[0], self.n_pairs), dtype=np.float64)
@@ -125,7 +125,7 @@ class PairCoef:
 
 def pair_values(kernel, X, vectors, coef: PairCoef):
     """``K(X, vectors) @ coef`` (float64, one column per pair) for a :class:`PairCoef`, by
-    blocks of rows of the kernel values (:meth:`gpuml.pairwise.Kernel.blocks`); for a
+    blocks of rows of the kernel values (:meth:`gpuml.kernels.pairwise.Kernel.blocks`); for a
     precomputed kernel ``vectors`` are the support vectors' columns of ``X``."""
     if kernel.name == "precomputed":
         return coef.times(X[:, vectors])

@@ -24,7 +24,7 @@ from ..kernels import (
     tridiagonal_batch,
 )
 from ..kernels.krr import tridiagonal_form
-from ..pairwise import Kernel, sq_distances
+from ..kernels.pairwise import Kernel, sq_distances
 from ..routing import route
 from ._krr import _COMMON_CONSTRAINTS, _BKRRBase, _take
 from ._search import BestEstimatorMixin, search_results

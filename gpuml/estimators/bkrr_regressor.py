@@ -19,7 +19,7 @@ from sklearn.utils.validation import check_is_fitted
 
 from .._backend import CPU, from_device, is_dask_collection, to_numpy
 from ..kernels import compile_after_fit, tridiagonal_batch
-from ..pairwise import HOST_KERNELS
+from ..kernels.pairwise import HOST_KERNELS
 from ..pipeline import Capability, FitData, Need, PartitionedEstimator, dask_module, on_device
 from ..pipeline.fit import fit_partitioned
 from ._cholesky_solver import CholeskyCost, CholeskyPartSolver

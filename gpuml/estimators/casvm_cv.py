@@ -28,7 +28,7 @@ from .._backend import is_dask_collection, to_numpy, to_output
 from .._progress import Progress
 from .._validation import check_class_labels, validate_X_y
 from ..kernels import compile_after_fit, part_threads
-from ..pairwise import resolve_gamma
+from ..kernels.pairwise import resolve_gamma
 from ..pipeline.fit import Split
 from ._part_prediction import given_routes
 from ._search import BestEstimatorMixin, search_results

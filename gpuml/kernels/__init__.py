@@ -10,7 +10,7 @@ and eigen solves of kernel ridge, host and device; ``nearest/`` the
 nearest-centre sweep and the merge of each row's nearest support vectors
 (``neighbors.py``). ``_jit.py`` compiles the
 numba halves in the background and ``_cuda.py`` loads the CUDA sources. The
-kernel functions themselves are :mod:`gpuml.pairwise` (re-exported here), memory
+kernel functions themselves are :mod:`gpuml.kernels.pairwise` (re-exported here), memory
 probing and readback :mod:`gpuml._backend`. Nothing outside this package
 branches on the device.
 """
@@ -20,18 +20,6 @@ from __future__ import annotations
 import numpy as np
 
 from .._backend import available_bytes, is_cupy_array, namespace_of, read_lag, read_later, to_numpy
-from ..pairwise import (
-    HOST_KERNELS,
-    KERNELS,
-    Kernel,
-    PairwiseKernel,
-    kernel_matrix,
-    make_kernel,
-    resolve_gamma,
-    shifted_sq_distances,
-    sq_distances,
-    squared_norms,
-)
 from ._jit import deferring as compile_after_fit
 from ._jit import synchronous as compiling_in_caller
 from ._threads import (
@@ -55,6 +43,18 @@ from .krr import (
     tridiagonal_batch,
 )
 from .nearest import OpenDistances, fill_blocks, nearest_centres, part_sums, row_blocks
+from .pairwise import (
+    HOST_KERNELS,
+    KERNELS,
+    Kernel,
+    PairwiseKernel,
+    kernel_matrix,
+    make_kernel,
+    resolve_gamma,
+    shifted_sq_distances,
+    sq_distances,
+    squared_norms,
+)
 from .smo import SMOProblem, SMOResult
 from .vexp import rbf_from_sq_distances
 

@@ -30,8 +30,8 @@ import numpy as np
 import scipy.linalg
 
 from .._backend import is_cupy_array, namespace_of
-from ..pairwise import Kernel
 from ._threads import map_threads, part_threads
+from .pairwise import Kernel
 
 __all__ = [
     "NotPositiveDefiniteError",
@@ -188,7 +188,7 @@ def _rbf_from_gram_kernel():
 
     The five NumPy-style passes it replaces each read and write every value of
     the ``g m^2`` stack (for one 18,432 block in float64, 2.7 GB per pass). The
-    arithmetic is that of :func:`gpuml.pairwise.sq_distances` and
+    arithmetic is that of :func:`gpuml.kernels.pairwise.sq_distances` and
     :meth:`Kernel.matrix` in the same order (``-2 g`` is exact), so the blocks
     agree with the CPU's to rounding.
     """
@@ -222,7 +222,7 @@ def gram_batch(kernel: Kernel, parts: list, *, n_jobs=None) -> list:
     --------
     >>> import numpy as np
     >>> from gpuml.kernels.krr import gram_batch
-    >>> from gpuml.pairwise import Kernel
+    >>> from gpuml.kernels.pairwise import Kernel
     >>> parts = [np.zeros((2, 3)), np.ones((3, 3))]
     >>> [K.shape for K in gram_batch(Kernel("rbf", gamma=0.5), parts)]
     [(2, 2), (3, 3)]
@@ -482,7 +482,7 @@ def krr_solve_parts(kernel: Kernel, parts: list, targets: list, shifts, *, n_job
     --------
     >>> import numpy as np
     >>> from gpuml.kernels.krr import krr_solve_parts
-    >>> from gpuml.pairwise import Kernel
+    >>> from gpuml.kernels.pairwise import Kernel
     >>> X = np.array([[0.0], [1.0]])
     >>> a, = krr_solve_parts(Kernel("linear"), [X], [np.array([0.0, 2.0])], [1.0])
     >>> np.round(a, 12).tolist()

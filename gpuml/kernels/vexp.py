@@ -18,7 +18,7 @@ values under 3.3e-308) it returns 0. Three variants:
   :func:`rbf_in_place` turns inner products or squared distances into rbf kernel values
   with them in one pass (:func:`rbf_by_arrays` is the same by array operations, NumPy's
   twin on the host, the device's ``exp`` on a GPU): every rbf block on the host
-  (:meth:`gpuml.pairwise.Kernel.matrix` and ``dot``: SMO's rows, prediction, KRR)
+  (:meth:`gpuml.kernels.pairwise.Kernel.matrix` and ``dot``: SMO's rows, prediction, KRR)
   and the SMO solver's float32 part matrices
   (:func:`gpuml.kernels.smo.cpu.sgemm_matrix`). Where numba has not compiled yet,
   NumPy gives the same values: a fit does not depend on whether the compile is done.
@@ -124,7 +124,7 @@ def exp_nonpositive_f32(x, out, scratch):
 def rbf_exponent(row, scale, x_term, y_terms, gamma, arg):
     """``arg[j] = -gamma * max(scale * row[j] + y_terms[j] + x_term, 0)`` in ``row``'s dtype:
     from inner products (``scale=-2``, the squared norms) the rbf exponent of squared
-    distances rounded as :func:`gpuml.pairwise.gram_to_sq_distances` rounds them, and
+    distances rounded as :func:`gpuml.kernels.pairwise.gram_to_sq_distances` rounds them, and
     from squared distances (``scale=1``, zero terms) their exponent. No fused
     multiply-add: the distances equal NumPy's to the bit."""
     zero = row.dtype.type(0.0)

@@ -13,7 +13,7 @@ import numpy as np
 
 from .._backend import namespace_of, read_lag, to_numpy
 from ..kernels import OpenDistances, fill_blocks, fill_nearest_open, nearest_centres, part_sums
-from ..pairwise import shifted_sq_distances, sq_distances, squared_norms
+from ..kernels.pairwise import shifted_sq_distances, sq_distances, squared_norms
 from .algorithms import divide
 
 

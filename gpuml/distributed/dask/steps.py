@@ -16,7 +16,7 @@ import numpy as np
 from sklearn.utils import check_random_state
 
 from ...kernels import OpenDistances, fill_nearest_open, nearest_centres, row_blocks
-from ...pairwise import shifted_sq_distances, squared_norms
+from ...kernels.pairwise import shifted_sq_distances, squared_norms
 from ...partition import PARTITIONERS, SPLITS, LocalRows, fcfs_seeds
 from .data import DaskRows, _rows
 from .driver import LostData, LostWorker, _in_order_sum, _nbytes, _on, live_workers

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 #: Kernel codes understood by :func:`.cpu.fill_column` and ``gcd.cu`` (names as
-#: :mod:`gpuml.pairwise`).
+#: :mod:`gpuml.kernels.pairwise`).
 KERNEL_CODES = {"linear": 0, "poly": 1, "rbf": 2, "sigmoid": 3, "precomputed": 4}
 
 #: Floor on Q_ii, as LIBSVM's TAU: a non-positive diagonal (sigmoid kernel, zero rows of a

@@ -37,7 +37,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 
 from ..._backend import is_cupy_array, namespace_of, sparse_module
-from ...pairwise import gram, shifted_sq_distances, squared_norms
+from ..pairwise import gram, shifted_sq_distances, squared_norms
 
 #: Bound on each temporary (rows x P) distance block of the GEMM path.
 BLOCK_BYTES = 8 << 20
@@ -276,12 +276,12 @@ class OpenDistances:
     """The distance blocks of a greedy fill into the parts of ``centers``.
 
     ``OpenDistances(centers)(Xb, counts, caps)``: for the rows ``Xb``,
-    :func:`~gpuml.pairwise.shifted_sq_distances` to the centres of the parts with room
+    :func:`~gpuml.kernels.pairwise.shifted_sq_distances` to the centres of the parts with room
     (``counts < caps``, host arrays) and ``inf`` to the full ones, which a fill skips
     (:func:`gpuml.kernels.fill_nearest_open`). So a row's ``argmin`` is its nearest part
     with room when the block began, and the fill's scan of every part is left to the rows
     whose part filled within the block. The open columns equal
-    :func:`~gpuml.pairwise.shifted_sq_distances`' bit for bit: the ``-2`` is in the
+    :func:`~gpuml.kernels.pairwise.shifted_sq_distances`' bit for bit: the ``-2`` is in the
     centres (a power of two: every product and sum of the GEMM scales exactly), which
     spares a pass over each block.
 

@@ -28,7 +28,7 @@ import numpy as np
 from numba import njit
 
 from ..._backend import is_cupy_array, namespace_of, to_numpy
-from ...pairwise import gram_to_sq_distances
+from ..pairwise import gram_to_sq_distances
 
 #: A candidate's rank among equally near ones: ``part << COLUMN_BITS | column``.
 COLUMN_BITS = 32
@@ -153,7 +153,7 @@ class NearestMerge:
 
         ``G`` (dense, ``len(rows) x m``) holds the rows' inner products with the
         part's ``m`` vectors, ``x_norms`` and ``v_norms`` their squared norms; on
-        return ``G`` holds the squared distances (as :func:`gpuml.pairwise.sq_distances`
+        return ``G`` holds the squared distances (as :func:`gpuml.kernels.pairwise.sq_distances`
         computes them).
         """
         from .. import _jit

@@ -1,7 +1,7 @@
 """GPU SMO: the problems of a batch solved by a few launches of ``smo.cu`` (CuPy).
 
 The kernel matrix of every group (partition) is computed on the device with
-:class:`gpuml.pairwise.Kernel` and kept whole; the problems then
+:class:`gpuml.kernels.pairwise.Kernel` and kept whole; the problems then
 index into it. Two launch shapes, no Python loop per SMO step:
 
 * many problems (the P parts of a CA-SVM, times their one-vs-one pairs):
@@ -29,8 +29,8 @@ from __future__ import annotations
 import numpy as np
 
 from ..._backend import available_bytes
-from ...pairwise import BLOCK_BYTES
 from .. import _cuda as loader
+from ..pairwise import BLOCK_BYTES
 from . import SMOResult, check_flat, iteration_limit
 
 _KERNELS = ("smo_block", "smo_grid", "smo_grid_rows")
@@ -302,7 +302,7 @@ _KIND = {"linear": 0, "poly": 1, "rbf": 2, "sigmoid": 3}
 
 def _solve_on_the_fly(kernel, X, state, q, warm, tol, n_sm, device_id, cp):
     """Problem ``q``, whose group's matrix does not fit: the grid computes rows i, j each step."""
-    from ...pairwise import squared_norms
+    from ..pairwise import squared_norms
 
     s = state.span(q)
     Xp = X[state.idx[s]]

@@ -11,9 +11,9 @@ Either way a value is the kernel's map of an inner product computed by BLAS: a s
 row (what a working set needs, :meth:`Values.products`) by one matrix-vector product, a
 block of rows (the rest of a matrix, or a whole float32 matrix: :meth:`Values.fill_lower`)
 by matrix products over its lower triangle, mirrored so that the matrix is exactly
-symmetric; a whole matrix in the rows' dtype is :meth:`gpuml.pairwise.Kernel.matrix`'s.
+symmetric; a whole matrix in the rows' dtype is :meth:`gpuml.kernels.pairwise.Kernel.matrix`'s.
 The orders of summation differ in the last bit only, and the solver never mixes them
-within one value. In rows and blocks the diagonal is :meth:`gpuml.pairwise.Kernel.diag`
+within one value. In rows and blocks the diagonal is :meth:`gpuml.kernels.pairwise.Kernel.diag`
 exactly (1 for rbf), the float64 ``QD`` the solver reads, so that a row and the diagonal
 agree to the bit.
 """
@@ -25,8 +25,8 @@ import types
 import numpy as np
 from numba import njit
 
-from ...pairwise import gram, squared_norms
 from .._threads import blas_controller, threads_for
+from ..pairwise import gram, squared_norms
 from ..vexp import exp_nonpositive_f32, exp_nonpositive_f64, rbf_exponent
 from .loop import _FILL, _NEED, _run
 
@@ -267,7 +267,7 @@ class Values:
     def matrix(self, threads=1):
         """The whole kernel matrix: float32 values by :meth:`fill_lower` (exactly
         symmetric, its blocks in ``threads`` threads); values in the rows' dtype as
-        :meth:`gpuml.pairwise.Kernel.matrix` computes them (one product of all rows), so
+        :meth:`gpuml.kernels.pairwise.Kernel.matrix` computes them (one product of all rows), so
         that they equal a precomputed Gram matrix ``X @ X.T`` to the bit, as the GPU
         solver's do."""
         if self.from_centred:

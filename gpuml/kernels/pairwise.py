@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ._backend import namespace_of
+from .._backend import namespace_of
 
 KERNELS = ("linear", "poly", "rbf", "sigmoid", "precomputed")
 
@@ -157,7 +157,7 @@ class Kernel:
     Examples
     --------
     >>> import numpy as np
-    >>> from gpuml.pairwise import Kernel
+    >>> from gpuml.kernels.pairwise import Kernel
     >>> k = Kernel("rbf", gamma=0.5)
     >>> X = np.array([[0.0, 0.0], [1.0, 0.0]])
     >>> np.round(k.matrix(X), 4)
@@ -188,7 +188,7 @@ class Kernel:
     def _block(self, Xb, Y, y_norms):
         """Kernel values ``K(Xb, Y)`` for one row block (one GEMM plus a map)."""
         if self.name == "rbf":
-            from .kernels.vexp import rbf_by_arrays, rbf_in_place
+            from .vexp import rbf_by_arrays, rbf_in_place
 
             G, x_norms = gram(Xb, Y), squared_norms(Xb)
             y_norms = squared_norms(Y) if y_norms is None else y_norms
@@ -290,12 +290,12 @@ def kernel_matrix(X, Y=None, kernel="rbf", *, gamma=None, degree=3, coef0=1.0,
     --------
     >>> import numpy as np
     >>> from sklearn.metrics.pairwise import rbf_kernel
-    >>> from gpuml.pairwise import kernel_matrix
+    >>> from gpuml.kernels.pairwise import kernel_matrix
     >>> X = np.random.default_rng(0).normal(size=(5, 3))
     >>> bool(np.allclose(kernel_matrix(X, gamma=0.3), rbf_kernel(X, gamma=0.3)))
     True
     """
-    from ._validation import as_float_matrix
+    from .._validation import as_float_matrix
 
     X = as_float_matrix(X)
     Y = X if Y is None else as_float_matrix(Y, "Y")
