@@ -69,14 +69,15 @@ def shrinks(shrinking, n) -> bool:
 
     The sweeps of a step read every active variable and two kernel rows; shrinking
     (LIBSVM's heuristic, Chang & Lin 2011, section 5.1) keeps them to the variables that
-    may still move, which pays on the long solves of large problems (a hard problem of
-    thousands of rows takes a third to half less time). A small problem's sweeps are
-    short and its solve runs in the NumPy twin while numba compiles
-    (:mod:`gpuml.kernels._jit`), which has no shrinking.
+    may still move, which pays on the long solves of large problems
+    (bench/results/cpu-2core/exact_work_hard.md). A small problem's sweeps are short and
+    its solve runs in the NumPy twin while numba compiles (:mod:`gpuml.kernels._jit`),
+    which has no shrinking.
     """
     if shrinking == "auto":
         return n > WHOLE_MATRIX_MAX_ROWS
     return bool(shrinking)
+
 
 #: The rows still to come are counted (:meth:`RowCache.matrix_pays`) every quarter of the
 #: rows whose cost is this fraction of the whole matrix's (:func:`rows_before_asking`),
