@@ -18,7 +18,11 @@ the timed ones; medians of the repeats; wall seconds, and CPU seconds where note
 * ``exact_work_first_fit``: the first fit in a fresh process (numba's disk cache empty:
   ``cold``; filled: ``warm``), the easy 10,000-row problem;
 * ``exact_work_costs``: the cost model of ``gpuml.kernels.smo.rows`` (a row computed
-  alone, an entry of the whole matrix, per value) against its measurement.
+  alone, an entry of the whole matrix, per value) against its measurement;
+* ``exact_work_hard``: solves of many steps (MAGIC, 4,000 standardised rows, C in
+  {10, 100, 1000} x gamma in {0.3, 3} / (d Var X)), where a step's sweeps are the cost:
+  ours with its default ``shrinking="auto"`` and with ``shrinking=False`` against SVC
+  (shrinking on).
 
 With ``GPUML_EXACT_WORK_BASELINE=DIR`` (DIR holding another version's package under the
 name ``gpuml_baseline``, and its commit in ``DIR/COMMIT``: ``git archive <commit> gpuml |
@@ -26,7 +30,9 @@ tar -x -C DIR && mv DIR/gpuml DIR/gpuml_baseline && git rev-parse --short <commi
 DIR/COMMIT``) that version's ``CASVMClassifier`` is timed too, in the same turns (the
 ``baseline`` columns).
 
-Run: ``python -m bench.run exact_work`` (``:quick``: fewer cases and repeats).
+Run: ``python -m bench.run exact_work`` (``:quick``: fewer cases and repeats); one table:
+``python -m bench.bench_exact_work hard`` (``exact``, ``defaults``, ``path``, ``first_fit``,
+``costs``).
 """
 
 from __future__ import annotations
@@ -51,6 +57,7 @@ from bench.datasets import (
     casvm_split,
     load_adult,
     load_letter,
+    load_magic,
     load_mnist5k,
     train_test_split_std,
 )
@@ -74,8 +81,9 @@ def _baseline():
     return importlib.import_module("gpuml_baseline").CASVMClassifier
 
 
-def _record(name, rows, title, notes):
-    """:func:`bench._harness.record` with the baseline's commit and the command that sets it."""
+def _record(name, rows, title, notes, table=None):
+    """:func:`bench._harness.record` with the baseline's commit and the command that sets it
+    (``table``: the one table run, ``python -m bench.bench_exact_work <table>``)."""
     folder = os.environ.get("GPUML_EXACT_WORK_BASELINE")
     command = None
     if folder:
@@ -84,6 +92,9 @@ def _record(name, rows, title, notes):
         notes += f" Baseline: {version}."
         command = "GPUML_EXACT_WORK_BASELINE=DIR python -m bench.run " + (
             "exact_work:quick" if name.endswith("_quick") else "exact_work")
+        if table is not None:
+            command = (f"GPUML_EXACT_WORK_BASELINE=DIR python -m bench.bench_exact_work "
+                       f"{table}" + (" --quick" if name.endswith("_quick") else ""))
     record(name, rows, title=title, notes=notes, command=command)
 
 
@@ -167,8 +178,8 @@ def exact_table(quick, baseline):
                  "use two while it makes a matrix); ours_vs_baseline: ours / the baseline "
                  "version's (GPUML_EXACT_WORK_BASELINE). same_predictions: the share of "
                  "training rows both predict alike. Default settings otherwise "
-                 "(tol=1e-3, cache_size: ours 1024 MB, SVC 200 MB; shrinking: ours off, "
-                 "SVC on).")
+                 "(tol=1e-3, cache_size: ours 1024 MB, SVC 200 MB; shrinking: ours "
+                 "'auto', on past 1,024 rows, SVC on).")
 
 
 def defaults_table(quick, baseline):
@@ -368,12 +379,66 @@ def _matrix_seconds(values):
     return time.process_time() - c0
 
 
-def main(quick: bool = False, gpu: bool = False):
+HARD_CS, HARD_GAMMAS = (10.0, 100.0, 1000.0), (0.3, 3.0)
+
+
+def hard_table(quick, baseline):
+    X, y = load_magic()
+    X, _, y, _ = train_test_split_std(X, y, train_size=4000, test_size=1000, random_state=0,
+                                      stratify=True)
+    unit = 1.0 / (X.shape[1] * X.var())
+    repeat = 1 if quick else 3
+    rows = []
+    for C in HARD_CS[:2] if quick else HARD_CS:
+        for g in HARD_GAMMAS:
+            ours = dict(n_partitions=1, C=C, gamma=g * unit, device="cpu")
+            fits = _fits(X, y, ours, baseline, svc=dict(C=C, gamma=g * unit))
+            fits["ours_no_shrinking"] = lambda p=ours: CASVMClassifier(
+                **p, shrinking=False).fit(X, y)
+            out = _turns(fits, repeat)
+            row = {"case": "magic 4k", "C": C, "gamma_x_scale": g, "svc_s": out["svc"][0],
+                   "ours_s": out["ours"][0], "no_shrinking_s": out["ours_no_shrinking"][0],
+                   "ratio": out["ours"][0] / out["svc"][0],
+                   "ratio_no_shrinking": out["ours_no_shrinking"][0] / out["svc"][0]}
+            if baseline is not None:
+                row["baseline_s"] = out["baseline"][0]
+                row["ours_vs_baseline"] = out["ours"][0] / out["baseline"][0]
+            row["ours_iter"] = int(out["ours"][2].n_iter_.sum())
+            row["svc_iter"] = int(out["svc"][2].n_iter_.sum())
+            row["same_predictions"] = float(np.mean(out["ours"][2].predict(X)
+                                                    == out["svc"][2].predict(X)))
+            rows.append(row)
+            print(row, flush=True)
+    _record("exact_work_hard" + ("_quick" if quick else ""), rows,
+            title="Exact SVM solves of many steps: shrinking against SVC",
+            notes=f"MAGIC, 4,000 standardised training rows; medians of {repeat} alternating "
+                  "warm fits (after two untimed each). ours: CASVMClassifier(n_partitions=1) "
+                  "at its defaults (shrinking='auto': on for this problem); no_shrinking: "
+                  "the same with shrinking=False; ratio = ours / SVC's wall time; "
+                  "ours_vs_baseline: ours / the baseline version's "
+                  "(GPUML_EXACT_WORK_BASELINE, its defaults). same_predictions: the share "
+                  "of training rows ours and SVC predict alike.", table="hard")
+
+
+TABLES = {"costs": costs_table, "exact": exact_table, "defaults": defaults_table,
+          "path": path_table, "first_fit": first_fit_table, "hard": hard_table}
+
+
+def main(quick: bool = False, gpu: bool = False, tables=tuple(TABLES)):
     baseline = _baseline()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        costs_table(quick)
-        exact_table(quick, baseline)
-        defaults_table(quick, baseline)
-        path_table(quick)
-        first_fit_table(quick)
+        for name in tables:
+            table = TABLES[name]
+            if name in ("exact", "defaults", "hard"):
+                table(quick, baseline)
+            else:
+                table(quick)
+
+
+if __name__ == "__main__":
+    unknown = [a for a in sys.argv[1:] if a not in TABLES and a != "--quick"]
+    if unknown:
+        sys.exit(f"unknown table {unknown}; tables: {', '.join(TABLES)} (and --quick)")
+    main(quick="--quick" in sys.argv,
+         tables=[a for a in sys.argv[1:] if a in TABLES] or tuple(TABLES))

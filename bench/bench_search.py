@@ -38,7 +38,8 @@ notes of the table say which were met, with the figures.
 
 ``python -m bench.run search`` (about 40 minutes on 2 cores; run it when ``uptime``
 shows a low load: the load before and after is in the notes); ``search:quick``: small
-subsets and grids, a minute (``search_quick``).
+subsets and grids, a minute (``search_quick``); ``python -m bench.bench_search exact
+magic adult``: the exact rows of the sets named only (``search_exact``).
 """
 
 from __future__ import annotations
@@ -291,7 +292,7 @@ def targets(rows, quick) -> list[str]:
         for method in exact:
             ours = find(name, method)
             if ours is None:
-                lines.append(f"- exact, {name}: not run (data missing)")
+                lines.append(f"- exact, {name}: not run")
                 break
             speed, gap = ours["svc_ratio"], ours["gs_gap"]
             lines.append(f"- exact, {name}, {method}: {speed:.1f}x GridSearchCV(SVC())'s "
@@ -320,6 +321,20 @@ def targets(rows, quick) -> list[str]:
                          f" MiB against one fit's {one['peak_mib']:.0f} MiB, {ratio:.2f}x "
                          f"(target <= 2x): {verdict(ratio <= 2)}")
     return lines
+
+
+def exact_only(names) -> None:
+    """The exact rows of the sets ``names`` (``search_exact``), the targets of those."""
+    warnings.simplefilter("ignore")
+    before = _load_average()
+    rows = []
+    for name in names:
+        rows += exact_set(name, EXACT_SETS[name], EXACT_CS, EXACT_GAMMAS, 3)
+    verdicts = [line for line in targets(rows, False) if "not run" not in line]
+    record("search_exact", rows, title="CASVMClassifierCV against GridSearchCV: exact rows",
+           notes=f"The exact rows of `python -m bench.run search` for {', '.join(names)} "
+                 f"only; columns as there.\n\nLoad average before: {before}; after: "
+                 f"{_load_average()}.\n\nTargets:\n" + "\n".join(verdicts))
 
 
 def main(quick: bool = False, gpu: bool = False) -> None:
@@ -354,3 +369,13 @@ def main(quick: bool = False, gpu: bool = False) -> None:
              f"{_load_average()}.\n\nTargets:\n" + "\n".join(verdicts))
     record("search_quick" if quick else "search", rows, notes=notes,
            title="CASVMClassifierCV against GridSearchCV")
+
+
+if __name__ == "__main__":
+    import sys
+
+    names = sys.argv[2:]
+    if sys.argv[1:2] != ["exact"] or not names or any(n not in EXACT_SETS for n in names):
+        sys.exit("usage: python -m bench.bench_search exact SET [SET ...]; sets: "
+                 + ", ".join(EXACT_SETS))
+    exact_only(names)

@@ -88,3 +88,23 @@ def cp():
     import cupy
 
     return cupy
+
+
+@pytest.fixture
+def smo_gpu_on_host(monkeypatch):
+    """The GPU branch of :mod:`gpuml.kernels`' SMO entry points, run on the host: every
+    array taken for CuPy's, each batch the branch hands to ``smo_solve_batch`` solved by
+    the CPU solver and recorded in the list returned. ``monkeypatch.undo()`` ends it."""
+    import gpuml.kernels as kernels
+    from gpuml.kernels.smo import cpu
+
+    batches = []
+
+    def host_batch(kernel, Xs, batch, **kw):
+        batches.append(batch)
+        return cpu.solve_batch(kernel, Xs, batch, tol=kw["tol"], max_iter=kw["max_iter"],
+                               shrinking=kw["shrinking"])
+
+    monkeypatch.setattr(kernels, "is_cupy_array", lambda X: True)
+    monkeypatch.setattr(kernels, "smo_solve_batch", host_batch)
+    return batches

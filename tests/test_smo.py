@@ -525,9 +525,12 @@ def test_small_batch_takes_the_twin_while_numba_compiles(monkeypatch):
     np.testing.assert_array_equal(run.checked.alpha, ref.checked.alpha)
     monkeypatch.setattr(smo, "NUMPY_TWIN_MAX_ROWS", int(run.sizes.max()) - 1)
     run(K, which)  # too large now: compiled (in this thread)
-    run.settings = run.settings[:2] + (True,)
+    monkeypatch.setattr(smo, "NUMPY_TWIN_MAX_ROWS", int(run.sizes.max()))
+    run.shrinking = True
     run(K, which)  # shrinking: compiled
-    assert calls == [len(which)]
+    run.shrinking = "auto"
+    run(K, which)  # "auto" on problems this small: no shrinking, the twin
+    assert calls == [len(which)] * 2
 
 
 def test_many_small_groups_take_the_twin_only_when_the_batch_is_small(monkeypatch):
@@ -559,3 +562,37 @@ def test_many_small_groups_take_the_twin_only_when_the_batch_is_small(monkeypatc
         for got, want in zip(results, expected):
             np.testing.assert_array_equal(got.alpha, want.alpha)
             assert got.intercept == want.intercept
+
+
+def test_shrinking_keeps_the_active_variables_in_order():
+    """A shrink is a stable partition: the variables kept stay ascending (the sweeps read
+    the kernel rows forwards), the shrunk ones are LIBSVM's be_shrunk set."""
+    from gpuml.kernels.smo.loop import _ACTIVE, _UNSHRUNK, STATE_SIZE, _shrink, _shrinkable
+
+    rng = np.random.default_rng(3)
+    n = 500
+    y = np.where(rng.random(n) < 0.5, 1.0, -1.0)
+    C = np.full(n, 2.0)
+    alpha = rng.choice([0.0, 2.0, 1.0], size=n, p=[0.5, 0.3, 0.2])
+    G = rng.standard_normal(n)
+    active = np.arange(n, dtype=np.int64)
+    state = np.zeros(STATE_SIZE, dtype=np.int64)
+    state[_ACTIVE] = n
+    state[_UNSHRUNK] = 1
+    assert not _shrink(y, C, alpha, G, active, state, 1e-3)
+    kept = active[:state[_ACTIVE]]
+    up = np.where(y > 0, alpha < C, alpha > 0)
+    low = np.where(y > 0, alpha > 0, alpha < C)
+    g1, g2 = np.max(-y[up] * G[up]), np.max(y[low] * G[low])
+    expected = [k for k in range(n) if not _shrinkable(k, y, C, alpha, G, g1, g2)]
+    assert 0 < len(expected) < n
+    np.testing.assert_array_equal(kept, expected)
+    np.testing.assert_array_equal(np.sort(active), np.arange(n))
+
+
+def test_auto_shrinking_is_for_problems_past_the_whole_matrix_size():
+    from gpuml.kernels.smo.rows import WHOLE_MATRIX_MAX_ROWS, shrinks
+
+    assert not shrinks("auto", WHOLE_MATRIX_MAX_ROWS)
+    assert shrinks("auto", WHOLE_MATRIX_MAX_ROWS + 1)
+    assert shrinks(True, 10) and not shrinks(False, 10**6)

@@ -159,23 +159,14 @@ def test_bad_paths_are_refused_before_any_work():
         smo_solve_path(kernel, Xs, bad, [1.0, 2.0])
 
 
-def test_the_gpu_branch_warm_starts_each_batch(monkeypatch):
+def test_the_gpu_branch_warm_starts_each_batch(monkeypatch, smo_gpu_on_host):
     """On a GPU each C is one smo_solve_batch from the previous C's seed (its logic run here
     on the host: the batch solver replaced by the CPU one)."""
     import gpuml.kernels as kernels
-    from gpuml.kernels.smo import cpu
 
     Xs, problems = _digits_pairs()
     kernel = make_kernel("rbf", "scale", X=Xs[0])
-    batches = []
-
-    def host_batch(kernel, Xs, batch, **kw):
-        batches.append(batch)
-        return cpu.solve_batch(kernel, Xs, batch, tol=kw["tol"], max_iter=kw["max_iter"],
-                               shrinking=kw["shrinking"])
-
-    monkeypatch.setattr(kernels, "is_cupy_array", lambda X: True)
-    monkeypatch.setattr(kernels, "smo_solve_batch", host_batch)
+    batches = smo_gpu_on_host
     Cs = [0.3, 1.0, 3.0]
     gpu = kernels.smo_solve_path(kernel, Xs, problems, Cs)
     monkeypatch.undo()

@@ -28,24 +28,12 @@ def _pairs():
     return Xs, problems
 
 
-def _on_host_gpu(monkeypatch):
-    batches = []
-
-    def host_batch(kernel, Xs, batch, **kw):
-        batches.append(batch)
-        return cpu.solve_batch(kernel, Xs, batch, tol=kw["tol"], max_iter=kw["max_iter"],
-                               shrinking=kw["shrinking"])
-
-    monkeypatch.setattr(kernels, "is_cupy_array", lambda X: True)
-    monkeypatch.setattr(kernels, "smo_solve_batch", host_batch)
-    return batches
-
-
-def test_one_launch_solves_every_problem_for_every_c_in_one_batch(monkeypatch):
+def test_one_launch_solves_every_problem_for_every_c_in_one_batch(monkeypatch,
+                                                                  smo_gpu_on_host):
     Xs, problems = _pairs()
     kernel = Kernel("rbf", 0.05)
     Cs = [0.1, 1.0, 10.0]
-    batches = _on_host_gpu(monkeypatch)
+    batches = smo_gpu_on_host
     path = kernels.smo_solve_path(kernel, Xs, problems, Cs, one_launch=True)
     monkeypatch.undo()
     assert len(batches) == 1 and len(batches[0]) == len(problems) * len(Cs)
@@ -64,10 +52,10 @@ def test_one_launch_solves_every_problem_for_every_c_in_one_batch(monkeypatch):
             np.testing.assert_array_equal(a.alpha, b.alpha)
 
 
-def test_auto_takes_one_launch_for_problems_of_one_block_each(monkeypatch):
+def test_auto_takes_one_launch_for_problems_of_one_block_each(monkeypatch, smo_gpu_on_host):
     Xs, problems = _pairs()
     kernel = Kernel("rbf", 0.05)
-    batches = _on_host_gpu(monkeypatch)
+    batches = smo_gpu_on_host
     kernels.smo_solve_path(kernel, Xs, problems, [0.5, 5.0], one_launch="auto")
     assert len(batches) == 1
     # a problem at least GRID_MIN_SIZE long takes the whole device: one batch per C, seeded

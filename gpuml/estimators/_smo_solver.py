@@ -102,7 +102,7 @@ class SMOPartSolver(PartSolver):
     tol: float
     max_iter: int
     cache_size: float
-    shrinking: bool
+    shrinking: bool | str
     n_jobs: int | None
     cost: SMOCost
     progress: Progress | None = None

@@ -176,10 +176,11 @@ default="auto"
         parts' matrices at once; every part's when there are fewer than
         8 x ``n_jobs`` parts); otherwise rows are computed on demand and kept
         in an LRU cache of this size.
-    shrinking : bool, default=False
-        LIBSVM's shrinking heuristic. Off by default, unlike SVC: here a row
-        costs one GEMV, so shrinking saves less per step than its
-        full-gradient reconstructions cost (docs/casvm.md, "The SMO solver").
+    shrinking : bool or "auto", default="auto"
+        LIBSVM's shrinking heuristic (SVC's ``shrinking=True``). ``"auto"``:
+        on for the SMO problems of more than 1,024 samples, where a solve is
+        long enough for it to pay, off for smaller ones (their solves are
+        short, and a first fit's run in NumPy while numba compiles).
     class_weight : dict, "balanced" or None, default=None
         Multiplies C per class, as SVC.
     decision_function_shape : {"ovr", "ovo"}, default="ovr"
@@ -360,7 +361,7 @@ default="auto"
         "tol": [Interval(Real, 0.0, None, closed="neither")],
         "max_iter": [Interval(Integral, -1, None, closed="left")],
         "cache_size": [Interval(Real, 0.0, None, closed="neither")],
-        "shrinking": ["boolean"],
+        "shrinking": ["boolean", StrOptions({"auto"})],
         "class_weight": [StrOptions({"balanced"}), dict, None],
         "decision_function_shape": [StrOptions({"ovr", "ovo"})],
         "break_ties": ["boolean"],
@@ -372,7 +373,7 @@ default="auto"
                  n_partitions=DEFAULT_N_PARTITIONS, partition="auto", method="casvm",
                  part_C="sqrt", combine="auto", n_neighbors=DEFAULT_N_NEIGHBORS,
                  blend_margin=DEFAULT_BLEND_MARGIN, tol=1e-3, max_iter=-1,
-                 cache_size=DEFAULT_CACHE_SIZE, shrinking=False, class_weight=None,
+                 cache_size=DEFAULT_CACHE_SIZE, shrinking="auto", class_weight=None,
                  decision_function_shape="ovr", break_ties=False, probability="deprecated",
                  device="auto", devices=None, max_device_memory=None, n_jobs=None,
                  random_state=None, verbose=0):

@@ -223,7 +223,7 @@ random_state
                  scoring=None, refit=True, halving_factor=None, kernel="rbf", degree=3,
                  coef0=0.0, n_partitions="auto", partition="auto", method="casvm",
                  part_C="sqrt", combine="auto", n_neighbors=20, blend_margin=0.6, tol=1e-3,
-                 max_iter=-1, cache_size=1024.0, shrinking=False, class_weight=None,
+                 max_iter=-1, cache_size=1024.0, shrinking="auto", class_weight=None,
                  decision_function_shape="ovr", break_ties=False, probability="deprecated",
                  device="auto", devices=None, max_device_memory=None, n_jobs=None,
                  random_state=None, verbose=0):

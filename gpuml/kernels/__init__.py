@@ -322,8 +322,9 @@ def smo_solve(kernel, X, y, C=1.0, *, tol=1e-3, max_iter=-1, cache_size=1024.0,
         problem stopped by either has ``converged=False``.
     cache_size : float
         Kernel-row cache in MB; the whole kernel matrix is computed at once when it fits.
-    shrinking : bool
-        LIBSVM's shrinking heuristic.
+    shrinking : bool or "auto"
+        LIBSVM's shrinking heuristic; ``"auto"``: on a problem of more than 1,024
+        variables only (:func:`gpuml.kernels.smo.rows.shrinks`). No effect on a GPU.
     alpha0 : array of shape (n,) or None
         Feasible warm start.
 

@@ -31,7 +31,7 @@ from .loop import (
     _solve_dense_problems,
     _solve_dense_problems_numpy,
 )
-from .rows import WHOLE_MATRIX_MAX_ROWS, RowCache
+from .rows import WHOLE_MATRIX_MAX_ROWS, RowCache, shrinks
 from .values import (  # noqa: F401  (the float32 matrices' rule and builder, named here too)
     PART_SGEMM_MIN_ROWS,
     SGEMM_EXPONENT_ERROR,
@@ -132,8 +132,8 @@ class _DenseRun:
         self.objective = np.zeros(n_problems)
         limits = [iteration_limit(int(max_iter), int(n)) for n in self.sizes.tolist()]
         self.limits = np.array(limits, dtype=np.int64)
-        # None, not False: the compiled code without shrinking is a smaller, faster compile.
-        self.settings = (float(tol), self.limits, True if shrinking else None)
+        self.shrinking = shrinking
+        self.settings = (float(tol), self.limits)
 
     def __call__(self, K, which):
         """Solve the problems ``which`` on rows of ``K`` (one compiled call, GIL released)."""
@@ -144,10 +144,13 @@ class _DenseRun:
         # would compile NumPy's allocators into the first fit.
         sub = np.empty((side, side), dtype=K.dtype)
         which = np.asarray(which, dtype=np.int64)
-        args = (K, *self.args, self.G, which, *self.settings, self.n_iter, self.status,
+        # None, not False: the compiled code without shrinking is a smaller, faster compile.
+        shrink = True if shrinks(self.shrinking, m) else None
+        args = (K, *self.args, self.G, which, *self.settings, shrink, self.n_iter, self.status,
                 self.rho, self.objective, sub, np.empty(m), np.empty(m, dtype=np.int64),
                 np.empty(m, dtype=np.int64), np.empty(m), np.zeros(STATE_SIZE, dtype=np.int64))
-        if self._small(which) and not _jit.ready(_solve_dense_problems, *args):
+        if shrink is None and self._small(which) and not _jit.ready(_solve_dense_problems,
+                                                                    *args):
             _solve_dense_problems_numpy(K, *self.args, self.G, which, self.settings[0],
                                         self.limits, self.n_iter, self.status, self.rho,
                                         self.objective)
@@ -160,7 +163,7 @@ class _DenseRun:
         small problems, the parts of a CA-SVM, would otherwise run the twin in every
         call, the compile waiting for the fit to end)."""
         sizes = self.sizes
-        return (self.settings[2] is None and len(which) > 0
+        return (len(which) > 0
                 and int(sizes.max()) <= NUMPY_TWIN_MAX_ROWS
                 and int((sizes * sizes).sum()) <= NUMPY_TWIN_MAX_WORK)
 

@@ -159,15 +159,18 @@ def _shrink(y, C, alpha, G, active, state, tol):
     if state[_UNSHRUNK] == 0 and g1 + g2 <= 10.0 * tol:
         state[_UNSHRUNK] = 1
         return True
-    t = 0
-    while t < n_active:
+    # The variables kept stay in their order (a stable partition): ``active`` then stays
+    # ascending, so the sweeps read the kernel rows forwards, as the hardware prefetches
+    # them; swapping each shrunk variable with the last active one scattered the order,
+    # and every read of a row of a matrix too large for the cache missed.
+    kept = 0
+    for t in range(n_active):
         k = active[t]
-        if _shrinkable(k, y, C, alpha, G, g1, g2):
-            n_active -= 1
-            active[t] = active[n_active]
-            active[n_active] = k
-        else:
-            t += 1
+        if not _shrinkable(k, y, C, alpha, G, g1, g2):
+            active[t] = active[kept]
+            active[kept] = k
+            kept += 1
+    n_active = kept
     if n_active < state[_ACTIVE]:
         state[_ACTIVE] = n_active
         state[_VERSION] += 1

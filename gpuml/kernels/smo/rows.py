@@ -62,6 +62,23 @@ from .loop import (
 #: (the NumPy twin of the dense solver serves it bit for bit, :mod:`gpuml.kernels._jit`).
 WHOLE_MATRIX_MAX_ROWS = 1024
 
+
+def shrinks(shrinking, n) -> bool:
+    """Whether a problem of ``n`` variables shrinks: ``shrinking`` when it is a bool; with
+    ``"auto"`` when ``n > WHOLE_MATRIX_MAX_ROWS``.
+
+    The sweeps of a step read every active variable and two kernel rows; shrinking
+    (LIBSVM's heuristic, Chang & Lin 2011, section 5.1) keeps them to the variables that
+    may still move, which pays on the long solves of large problems
+    (bench/results/cpu-2core/exact_work_hard.md). A small problem's sweeps are short and
+    its solve runs in the NumPy twin while numba compiles (:mod:`gpuml.kernels._jit`),
+    which has no shrinking.
+    """
+    if shrinking == "auto":
+        return n > WHOLE_MATRIX_MAX_ROWS
+    return bool(shrinking)
+
+
 #: The rows still to come are counted (:meth:`RowCache.matrix_pays`) every quarter of the
 #: rows whose cost is this fraction of the whole matrix's (:func:`rows_before_asking`),
 #: and compared in cost with the rest of the matrix once that many rows are computed.
@@ -166,7 +183,7 @@ class RowCache:
         state = np.zeros(STATE_SIZE, dtype=np.int64)
         state[_MAX] = iteration_limit(max_iter, n)
         state[_CLOCK] = self.clock
-        shrink = True if shrinking else None
+        shrink = True if shrinks(shrinking, n) else None
         if self.order is None and self.grow:
             # a start's gradient reads the rows of its non-zero variables
             missing = np.flatnonzero((alpha > 0) & (self.slot_of < 0))
