@@ -232,10 +232,52 @@ def _bounded(fn):
     thread = threading.Thread(target=run, daemon=True)
     thread.start()
     thread.join(RUN_LIMIT)
-    assert not thread.is_alive(), f"the fit or prediction hung (over {RUN_LIMIT} s)"
+    assert not thread.is_alive(), (f"the fit or prediction hung (over {RUN_LIMIT} s); where it "
+                                   f"waits:\n{_where(thread)}")
     if "error" in out:
         raise out["error"]
     return out["value"]
+
+
+def _where(thread):
+    """The stack of ``thread`` and the state of gpuml's unfinished tasks on the scheduler
+    (what a hang report needs)."""
+    import traceback
+
+    stack = "".join(traceback.format_stack(sys._current_frames()[thread.ident]))
+    try:
+        client = distributed.get_client()
+
+        def tasks(dask_scheduler):
+            return {str(k): (ts.state, sorted(ws.address for ws in ts.who_has or ()),
+                             ts.processing_on.address if ts.processing_on else None)
+                    for k, ts in dask_scheduler.tasks.items()
+                    if str(k).startswith("gpuml") and ts.state != "memory"}
+
+        state = (f"workers {_workers(client)}; unfinished gpuml tasks "
+                 f"{client.run_on_scheduler(tasks)}")
+        answers = {}
+        asking = threading.Thread(target=lambda: answers.update(client.run(_busy_threads)),
+                                  daemon=True)
+        asking.start()
+        asking.join(20)  # a worker whose event loop is stuck does not answer
+        state += f"\nthe workers' busy threads: {answers or 'no answer in 20 s'}"
+    except Exception as err:  # noqa: BLE001 - a report, not the test
+        state = f"(no scheduler state: {err!r})"
+    return f"{stack}\n{state}"
+
+
+def _busy_threads():
+    """The innermost frames of this process's threads that are not waiting (run in a
+    worker, for a hang report)."""
+    import traceback
+
+    out = {}
+    for ident, frame in sys._current_frames().items():
+        lines = traceback.format_stack(frame)[-4:]
+        if not any(w in lines[-1] for w in ("wait(", "select(", "poll(", "_worker(")):
+            out[ident] = "".join(lines)
+    return out
 
 
 def _workers(client):
