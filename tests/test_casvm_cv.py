@@ -278,13 +278,13 @@ def test_verbose_reports_each_solve_and_the_choice(cancer, capsys):
 def test_n_jobs_reaches_every_solve_and_the_gammas_share_the_threads(cancer, monkeypatch):
     X, y = cancer
     paths = []
-    solve_path = casvm_cv.Split.fit
+    solve_path = casvm_cv.Split.fits
 
     def counted(self, estimators, **kwargs):
         paths.append(len({e.gamma for e in estimators}))
         return solve_path(self, estimators, **kwargs)
 
-    monkeypatch.setattr(casvm_cv.Split, "fit", counted)
+    monkeypatch.setattr(casvm_cv.Split, "fits", counted)
     jobs = _counting(monkeypatch, smo_path, "part_threads")
     CASVMClassifierCV(Cs=[1.0, 10.0], gammas=[0.5, 1.0, 2.0], cv=FOLDS, n_partitions=1,
                       n_jobs=2, refit=False, device="cpu").fit(X, y)
@@ -304,14 +304,14 @@ def test_halving_keeps_the_choice_and_explains_the_rounds(three_classes, monkeyp
                   cv=FOLDS, n_partitions=4, random_state=0, device="cpu")
     full = CASVMClassifierCV(**common).fit(X, y)
     solved = []
-    fit = casvm_cv.Split.fit
+    fit = casvm_cv.Split.fits
 
     def counted(self, estimators, **kwargs):
         solved.append((len(estimators), None if kwargs.get("parts") is None
                        else len(kwargs["parts"])))
         return fit(self, estimators, **kwargs)
 
-    monkeypatch.setattr(casvm_cv.Split, "fit", counted)
+    monkeypatch.setattr(casvm_cv.Split, "fits", counted)
     halved = CASVMClassifierCV(halving_factor=2, **common).fit(X, y)
     results = halved.cv_results_
     # rounds of 1, 2 and 4 parts; 12 candidates, then 6, then 3

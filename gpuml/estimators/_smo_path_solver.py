@@ -63,7 +63,11 @@ class SMOPathSolver(SMOPartSolver):
             by_C = smo_solve_path(kernel, Xs, problems, Cs, tol=self.tol, max_iter=self.max_iter,
                                   cache_size=self.cache_size, shrinking=self.shrinking,
                                   n_jobs=inner, partitioned=partitioned, one_launch="auto")
-            return [self._part_fits(X, part_rows, layout, results) for results in by_C]
+            # With the rows in this process, the support vectors are gathered as each
+            # setting's model is assembled, not here: every C's at once would be as many
+            # copies of the support vectors as there are Cs.
+            return [self._part_fits(X, part_rows, layout, results, gather=not self.rows_here)
+                    for results in by_C]
 
         per_setting = [fits for path in map_threads(path_fits, self.paths, outer)
                        for fits in path]

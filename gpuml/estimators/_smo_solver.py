@@ -26,7 +26,7 @@ from ..kernels.pairwise import Kernel
 from ..partition import Partitioning, split
 from ..pipeline import FitResult, PartCost, PartSolver
 from ._kept_svm import KeptSVMPart
-from ._svm import SVMPartFit, class_pairs, row_C
+from ._svm import SVMPartFit, class_pairs, row_C, support_vector_blocks
 from ._tree import TreeFit, fit_tree
 
 #: How C grows in a part of m of the n training rows (``part_C=``): the factor on C.
@@ -89,7 +89,9 @@ class SMOPartSolver(PartSolver):
     ``method="casvm"`` (the tree methods keep C and train their layers:
     :meth:`solve_layers`). ``tol``, ``max_iter``, ``cache_size``, ``shrinking`` and
     ``n_jobs`` are the estimator's. The targets it takes are class indices, the
-    weights the sample weights (None: ones).
+    weights the sample weights (None: ones). ``rows_here``: the fit's rows are in this
+    process, where the model is assembled (not on Dask workers): a joint solve of many
+    settings leaves its support vectors to each model's assembly.
     """
 
     kernel: Kernel
@@ -106,6 +108,7 @@ class SMOPartSolver(PartSolver):
     n_jobs: int | None
     cost: SMOCost
     progress: Progress | None = None
+    rows_here: bool = False
 
     #: on Dask each part stays on the worker that fitted it (:meth:`keep`), with the training
     #: indices of its support vectors
@@ -226,9 +229,10 @@ class SMOPartSolver(PartSolver):
             layout.append((has_first, has_second, q, pos[idx], labels))
         return problems, layout, Xs
 
-    def _part_fits(self, X, part_rows, layout, results) -> list[SVMPartFit]:
+    def _part_fits(self, X, part_rows, layout, results, gather=True) -> list[SVMPartFit]:
         """One :class:`SVMPartFit` per part from its problems' results (in the order of
-        :meth:`_problems`, whose ``layout`` it reads)."""
+        :meth:`_problems`, whose ``layout`` it reads). ``gather=False``: the support
+        vectors are left to the model's assembly (``support_vectors`` None)."""
         n_pairs = len(class_pairs(self.n_classes))
         # One copy to the host: the GPU solver's alphas are joined on the device first.
         alphas = [res.alpha for res in results]
@@ -262,14 +266,12 @@ class SMOPartSolver(PartSolver):
             supports.append(np.asarray(rows, dtype=np.int64)[support])
             fits.append(SVMPartFit(support, None, dual_coef, intercept, status, n_iter,
                                    objective, all(bool(res.converged) for res in mine), len(q)))
-        # The support vectors of all parts in one gather and one copy to the host.
-        sv_rows = np.concatenate(supports + [np.zeros(0, np.int64)])
         if self.kernel.name == "precomputed":
             vectors = [np.empty((0, 0))] * len(fits)
+        elif gather:
+            vectors = support_vector_blocks(X, supports)
         else:
-            stacked = to_numpy(X[to_output(sv_rows, X)])
-            ends = np.cumsum([len(s) for s in supports]).tolist()
-            vectors = [stacked[lo:hi] for lo, hi in zip([0] + ends[:-1], ends)]
+            vectors = [None] * len(fits)
         for fit, block in zip(fits, vectors):
             fit.support_vectors = block
         return fits

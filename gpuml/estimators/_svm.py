@@ -275,8 +275,10 @@ class SVMPartFit:
     ----------
     support : int ndarray of shape (n_SV,)
         Positions of the part's support vectors among the part's rows, ascending.
-    support_vectors : ndarray or CSR of shape (n_SV, n_features)
-        (0, 0) for ``kernel="precomputed"``.
+    support_vectors : ndarray or CSR of shape (n_SV, n_features), or None
+        (0, 0) for ``kernel="precomputed"``. None: not gathered by the solve (a joint
+        solve of many settings, whose models are assembled one at a time); the model's
+        assembly gathers them from the training rows (:func:`support_vector_blocks`).
     dual_coef : ndarray of shape (n_pairs, n_SV)
     intercept, pair_status, n_iter, objective : ndarrays of shape (n_pairs,)
         As the rows of the estimator's attributes of those names.
@@ -294,6 +296,15 @@ class SVMPartFit:
     objective: np.ndarray
     converged: bool
     n_problems: int
+
+
+def support_vector_blocks(X, supports) -> list:
+    """The rows ``supports[p]`` of ``X`` (index arrays, one per part) on the host, one block
+    per part: one gather and one copy for all parts (a GPU's rows come over once)."""
+    sv_rows = np.concatenate(list(supports) + [np.zeros(0, np.int64)])
+    stacked = to_numpy(X[to_output(sv_rows, X)])
+    ends = np.cumsum([len(s) for s in supports]).tolist()
+    return [stacked[lo:hi] for lo, hi in zip([0] + ends[:-1], ends)]
 
 
 class KernelSVMMixin:

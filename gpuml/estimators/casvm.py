@@ -29,7 +29,7 @@ from ._partitioned import (
 from ._probability import PlattProbabilityMixin
 from ._smo_path_solver import solve_together
 from ._smo_solver import PART_C_SCALES, SMOCost, SMOPartSolver, part_line
-from ._svm import KernelSVMMixin, primal_coef
+from ._svm import KernelSVMMixin, primal_coef, support_vector_blocks
 
 #: Default number of parts: ``ceil(n / AUTO_PART_ROWS)`` (docs/casvm.md, "How many parts").
 DEFAULT_N_PARTITIONS = "auto"
@@ -493,7 +493,8 @@ default="auto"
             self._part_cost(),
             # The tree's layers report as a whole (its parts are not the model's).
             progress=Progress("CASVM", data.n_parts if self.method == "casvm" else 0,
-                              self.verbose))
+                              self.verbose),
+            rows_here=data.targets is not None)
 
     def _assemble(self, partitioning, result, data):
         """The fitted attributes (:meth:`_assemble_parts`); for the tree methods, the last
@@ -535,10 +536,13 @@ default="auto"
         y_idx = data.class_index
         if kept is None:
             rows = [np.asarray(r, dtype=np.int64)[f.support] for r, f in zip(parts.parts, fits)]
+            vectors = (None if self._kernel.name == "precomputed"
+                       else [f.support_vectors for f in fits])
+            if vectors is not None and any(v is None for v in vectors):
+                vectors = support_vector_blocks(data.X, rows)  # left by a joint solve
             self.__dict__.update(support_arrays(
-                rows, [y_idx[r] for r in rows], None if self._kernel.name == "precomputed"
-                else [f.support_vectors for f in fits], [f.dual_coef for f in fits], n_classes,
-                self._sparse))
+                rows, [y_idx[r] for r in rows], vectors, [f.dual_coef for f in fits],
+                n_classes, self._sparse))
             self.n_support_ = np.bincount(y_idx[self.support_],
                                           minlength=n_classes).astype(np.int32)
             self._check_finite_model(*[f.dual_coef for f in fits])

@@ -468,21 +468,28 @@ class _Grid:
         weighted = {} if w_val is None else {"sample_weight": w_val}
         shared = fold["seconds"] / self.n_candidates
         for ids in self._batches(split, alive):
-            start = time.perf_counter()
-            models = split.fit([self.candidate(i) for i in ids.tolist()], jointly=True,
-                               parts=parts)
-            each = (time.perf_counter() - start) / ids.size
-            for i, model in zip(ids.tolist(), models):
+            # Each model scored as it is assembled and dropped before the next: one model
+            # held at a time (Split.fits).
+            models = split.fits([self.candidate(i) for i in ids.tolist()], jointly=True,
+                                parts=parts)
+            fitting = 0.0
+            while True:
+                start = time.perf_counter()
+                fitted = next(models, None)
+                fitting += time.perf_counter() - start
+                if fitted is None:
+                    break
+                i, model = int(ids[fitted[0]]), fitted[1]
+                del fitted
                 start = time.perf_counter()
                 with given_routes(model, X_val, owner):
                     self.scores[i, f] = self.search.scorer_(model, X_val, y_val, **weighted)
                 self.score_times[i, f] = time.perf_counter() - start
-                self.fit_times[i, f] = each + shared
                 self.n_iter[i, f] = int(model.n_iter_.sum())
                 self.n_support[i, f] = len(model.support_)
-            del models
-            self._report(f, ids, each * ids.size, used, whole,
-                         "parts" if n_parts > 1 else "rows")
+                del model
+            self.fit_times[ids, f] = fitting / ids.size + shared
+            self._report(f, ids, fitting, used, whole, "parts" if n_parts > 1 else "rows")
         return used
 
     def _report(self, f, ids, seconds, n_used, whole, unit):

@@ -79,14 +79,21 @@ class FitResult:
     reported: bool = False
     layers: object = None
 
-    def setting(self, k: int, solver) -> FitResult:
+    def take(self, k: int, solver) -> FitResult:
         """The fits of setting ``k`` of a solver that fits several at once (its
         ``n_settings``; each part's fit a tuple, one per setting), named as ``solver``'s:
-        the same parts, placed where they were."""
+        the same parts, placed where they were. Handed over: this result forgets them, so
+        that a setting's part fits go once its model is assembled and dropped (a search
+        holds one setting's model at a time, not every setting's)."""
         if self.kept is not None or self.layers is not None:
             raise ValueError("the fits of a layered solve, or of parts kept on Dask workers, "
                              "hold one setting")
         device_fits = (None if self.device_fits is None else
                        [(backend, fit[k]) for backend, fit in self.device_fits])
-        return replace(self, fits=[fit[k] for fit in self.fits], solver=solver,
-                       device_fits=device_fits, reported=False)
+        one = replace(self, fits=[fit[k] for fit in self.fits], solver=solver,
+                      device_fits=device_fits, reported=False)
+        self.fits = [fit[:k] + (None,) + fit[k + 1:] for fit in self.fits]
+        if self.device_fits is not None:
+            self.device_fits = [(backend, fit[:k] + (None,) + fit[k + 1:])
+                                for backend, fit in self.device_fits]
+        return one

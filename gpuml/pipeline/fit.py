@@ -151,7 +151,20 @@ class Split:
         theirs, in that order: a search that spends parts as its resource); in
         this process only.
         """
+        for _ in self.fits(estimators, jointly=jointly, parts=parts):
+            pass
+        return estimators
+
+    def fits(self, estimators, *, jointly=False, parts=None):
+        """:meth:`fit`, one model at a time: yields ``(k, estimators[k])`` as each is
+        assembled (the parts solved first, every setting of a joint solve at once).
+
+        It keeps no model it has yielded, and a joint solve's part fits of a setting go
+        as its model is assembled: a caller that scores each model and drops it holds
+        the part fits of the settings still to come and one model, not every model.
+        """
         data, executor = self.data, self.executor
+        estimators = list(estimators)
         solvers = [self._solver(fitted) for fitted in estimators]
         partitioning = self.partitioning if parts is None else self._parts(parts)
         groups = (self.first._solve_together(solvers) if jointly else
@@ -159,13 +172,16 @@ class Split:
         placement = executor.place([solver for solver, _ in groups], data, partitioning)
         results = executor.fit_parts([solver for solver, _ in groups], data, partitioning,
                                      placement)
-        for (solver, members), result in zip(groups, results):
-            per_setting = ([result] if solver.n_settings == 1 else
-                           [result.setting(k, solvers[m]) for k, m in enumerate(members)])
-            for m, one in zip(members, per_setting):
-                assemble(estimators[m], partitioning, one, data)
-                estimators[m]._finish_fit(data, self._y, self._sample_weight)
-        return estimators
+        for g, (solver, members) in enumerate(groups):
+            for k, m in enumerate(members):
+                one = (results[g] if solver.n_settings == 1 else
+                       results[g].take(k, solvers[m]))
+                fitted, estimators[m] = estimators[m], None
+                assemble(fitted, partitioning, one, data)
+                fitted._finish_fit(data, self._y, self._sample_weight)
+                del one
+                yield m, fitted
+            results[g] = None
 
     def _solver(self, fitted):
         """The solver of ``fitted``: the one derived with the split, or derived now for an

@@ -121,3 +121,43 @@ def test_settings_that_change_the_split_are_refused(digits):
     with pytest.raises(ValueError, match="not dtype, partition"):
         fit_settings(BKRRRegressor(), [{"partition": "random", "dtype": "float32"}], X,
                      y * 1.0)
+
+
+@pytest.mark.parametrize("sparse", [False, True])
+def test_split_fits_one_model_at_a_time(digits, sparse):
+    """Split.fits yields the models Split.fit makes (a joint C path, its support vectors
+    gathered as each model is assembled), and keeps none it has yielded: a search that
+    scores each model and drops it holds one model, not every setting's."""
+    import gc
+    import weakref
+
+    from gpuml.pipeline.fit import Split
+
+    X, y = digits
+    rows = sp.csr_matrix(np.where(X > 0.4, X, 0.0)) if sparse else X
+    base = CASVMClassifier(n_partitions=3, random_state=0, device="cpu")
+    settings = [{"C": C, "gamma": g} for C in (0.3, 3.0, 30.0) for g in (0.02, 0.05)]
+
+    def models():
+        return [clone(base).set_params(**s) for s in settings]
+
+    whole = fit_settings(base, settings, rows, y, jointly=True)
+    split = Split(models(), rows, y)
+    seen, gone = [], []
+    for k, model in split.fits(models(), jointly=True):
+        _same_casvm(model, whole[k], rows)
+        gone.extend(ref() is None for ref in seen)
+        seen.append(weakref.ref(model))
+        del model
+        gc.collect()
+    assert len(seen) == len(settings) and gone and all(gone)
+
+
+def test_a_joint_result_hands_each_setting_over():
+    """FitResult.take: the fits of one setting, forgotten by the joint result."""
+    from gpuml.pipeline import FitResult
+
+    joint = FitResult([("a0", "b0"), ("a1", "b1")], solver="joint")
+    one = joint.take(1, "second")
+    assert one.fits == ["b0", "b1"] and one.solver == "second"
+    assert joint.fits == [("a0", None), ("a1", None)]
