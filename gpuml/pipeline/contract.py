@@ -31,8 +31,8 @@ is assembled into its own estimator. An ordinary fit is the case of one solver.
 A solver may fit several settings at once (``n_settings > 1``: a C path, each
 part's kernel values computed once for every C): its fit of a part is then a
 tuple of one fit per setting, which the executors carry as any part's fit and
-the fit splits into one :class:`~gpuml.pipeline.FitResult` per setting
-(:meth:`~gpuml.pipeline.FitResult.setting`). The estimator says which of its
+the fit splits into one :class:`~gpuml.pipeline.FitResult` per setting as it
+assembles each (:meth:`~gpuml.pipeline.FitResult.take`). The estimator says which of its
 settings' solvers one solver fits together (``_solve_together``).
 """
 
