@@ -469,25 +469,21 @@ class _Grid:
         shared = fold["seconds"] / self.n_candidates
         for ids in self._batches(split, alive):
             # Each model scored as it is assembled and dropped before the next: one model
-            # held at a time (Split.fits).
-            models = split.fits([self.candidate(i) for i in ids.tolist()], jointly=True,
-                                parts=parts)
-            fitting = 0.0
-            while True:
-                start = time.perf_counter()
-                fitted = next(models, None)
-                fitting += time.perf_counter() - start
-                if fitted is None:
-                    break
-                i, model = int(ids[fitted[0]]), fitted[1]
-                del fitted
-                start = time.perf_counter()
+            # held at a time (Split.fits). The fitting time is the generator's.
+            fitting, start = 0.0, time.perf_counter()
+            for k, model in split.fits([self.candidate(i) for i in ids.tolist()],
+                                       jointly=True, parts=parts):
+                scored = time.perf_counter()
+                fitting += scored - start
+                i = int(ids[k])
                 with given_routes(model, X_val, owner):
                     self.scores[i, f] = self.search.scorer_(model, X_val, y_val, **weighted)
-                self.score_times[i, f] = time.perf_counter() - start
                 self.n_iter[i, f] = int(model.n_iter_.sum())
                 self.n_support[i, f] = len(model.support_)
                 del model
+                start = time.perf_counter()
+                self.score_times[i, f] = start - scored
+            fitting += time.perf_counter() - start
             self.fit_times[ids, f] = fitting / ids.size + shared
             self._report(f, ids, fitting, used, whole, "parts" if n_parts > 1 else "rows")
         return used
