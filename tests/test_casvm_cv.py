@@ -326,6 +326,32 @@ def test_halving_keeps_the_choice_and_explains_the_rounds(three_classes, monkeyp
     assert halved.best_params_ == full.best_params_
 
 
+@pytest.mark.parametrize("n_Cs, n_gammas", [(5, 5), (2, 5), (3, 3)])
+def test_halving_runs_halving_grid_search_cvs_rounds(n_Cs, n_gammas):
+    """As many rounds as HalvingGridSearchCV's candidates need (1 + floor(log_factor n)),
+    each keeping as many candidates as its: 25 -> 9 -> 3, 10 -> 4 -> 2, 9 -> 3 -> 1, on
+    an exact SVM whose rows (the resource) allow a round more than that."""
+    from sklearn.experimental import enable_halving_search_cv  # noqa: F401
+    from sklearn.model_selection import HalvingGridSearchCV
+
+    X, y = make_classification(4500, 8, n_informative=5, random_state=3)
+    X = StandardScaler().fit_transform(X)
+    Cs, gammas = np.logspace(-1, 2, n_Cs), np.logspace(-2, 0, n_gammas)
+    ours = CASVMClassifierCV(Cs=Cs, gammas=gammas, gamma_unit=1.0, cv=FOLDS, n_partitions=1,
+                             halving_factor=3, refit=False, random_state=0,
+                             device="cpu").fit(X, y)
+    with warnings.catch_warnings():  # the schedule, not the fits: a few SMO steps each
+        warnings.simplefilter("ignore")
+        theirs = HalvingGridSearchCV(SVC(max_iter=20), {"C": Cs, "gamma": gammas}, factor=3,
+                                     cv=FOLDS, refit=False, random_state=0).fit(X, y)
+    reached = np.bincount(ours.cv_results_["iter"])
+    assert np.cumsum(reached[::-1])[::-1].tolist() == list(theirs.n_candidates_)
+    # the rows of each round grow by the factor up to the fold's
+    rounds = sorted(set(ours.cv_results_["n_resources"].tolist()))
+    assert rounds[-1] == 3000 and len(rounds) == theirs.n_iterations_
+    np.testing.assert_allclose(np.diff(np.log(rounds)), np.log(3), atol=0.01)
+
+
 def test_a_device_group_searches_where_its_parts_live(cancer):
     X, y = cancer
     common = dict(Cs=[0.1, 10.0], gammas=[0.01, 0.1], gamma_unit=1.0, cv=FOLDS,

@@ -395,7 +395,14 @@ class _Grid:
         """The share of the resource each round spends (successive halving), the last
         all of it: the fold's parts, or with one part its rows (at least
         :data:`HALVING_MIN_ROWS_PER_CLASS` a class in the first round). One round
-        without ``halving_factor`` or with one candidate."""
+        without ``halving_factor`` or with one candidate.
+
+        The rounds are ``HalvingGridSearchCV``'s: as many as the candidates need, ``1 +
+        floor(log_factor(n_candidates))`` (so the last round solves up to ``factor`` of
+        them, the choice made among them on all the resource), and no more than the
+        resource allows. One more round than that, down to a single survivor, spends a
+        ``factor`` times smaller first round and left the choice to fewer rows than
+        tell the candidates apart (bench/results/cpu-2core/search-runs.md)."""
         factor = self.search.halving_factor
         if factor is None or self.n_candidates == 1:
             return [1.0]
@@ -403,7 +410,7 @@ class _Grid:
         most = (n_parts if n_parts > 1 else
                 fold["train"].size / (HALVING_MIN_ROWS_PER_CLASS * len(self.search.classes_)))
         count = 1 + max(0, min(int(math.floor(math.log(max(most, 1.0), factor) + 1e-9)),
-                               int(math.ceil(math.log(self.n_candidates, factor) - 1e-9))))
+                               int(math.floor(math.log(self.n_candidates, factor) + 1e-9))))
         return [float(factor) ** -(count - 1 - r) for r in range(count)]
 
     def _fold(self, train, test) -> dict:
