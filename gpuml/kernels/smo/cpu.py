@@ -148,7 +148,8 @@ class _DenseRun:
         shrink = True if shrinks(self.shrinking, m) else None
         args = (K, *self.args, self.G, which, *self.settings, shrink, self.n_iter, self.status,
                 self.rho, self.objective, sub, np.empty(m), np.empty(m, dtype=np.int64),
-                np.empty(m, dtype=np.int64), np.empty(m), np.zeros(STATE_SIZE, dtype=np.int64))
+                np.empty(m, dtype=np.int64), np.empty(m), np.zeros(STATE_SIZE, dtype=np.int64),
+                np.empty((2, m)))
         if shrink is None and self._small(which) and not _jit.ready(_solve_dense_problems,
                                                                     *args):
             _solve_dense_problems_numpy(K, *self.args, self.G, which, self.settings[0],

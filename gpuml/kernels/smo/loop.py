@@ -116,6 +116,14 @@ def _pair_step_py(ai, aj, opposite, quad, Gi, Gj, Ci, Cj):
 _pair_step = njit(nogil=True, cache=True, inline="always", _nrt=False)(_pair_step_py)
 
 
+@njit(nogil=True, cache=True, inline="always", _nrt=False)
+def _set_sides(k, yk, ak, ck, masks):
+    """Variable ``k``'s entries of the selection masks: ``masks[0, k]`` 0 where it is in
+    I_up, -inf where not; ``masks[1, k]`` the same for I_low."""
+    masks[0, k] = 0.0 if _in_up(yk, ak, ck) else -np.inf
+    masks[1, k] = 0.0 if _in_low(yk, ak, ck) else -np.inf
+
+
 @njit(nogil=True, cache=True, _nrt=False)
 def _lookup(r, slot_of, slot_time, state):
     """Cache slot of row ``r`` (refreshing its LRU time), or -1."""
@@ -178,15 +186,29 @@ def _shrink(y, C, alpha, G, active, state, tol):
 
 
 @njit(nogil=True, cache=True, _nrt=False)
-def _run(y, C, QD, alpha, G, active, cache, slot_of, slot_time, state, tol, shrinking):
+def _run(y, C, QD, alpha, G, active, cache, slot_of, slot_time, state, tol, shrinking,
+         masks):
     """SMO iterations until convergence, ``max_iter``, a cache miss or an unshrink request.
 
     Returns a status code; on ``_NEED_ROWS`` the missing row is ``state[_NEED]``. The
     working pair chosen so far is kept in the state (``_PAIR_I``, ``_PAIR_J``), and
     re-entering after the caller filled the cache resumes the step there: the choice
     sweeping again would make (it depends only on the state), a sweep or two fewer.
+
+    ``masks`` (a ``(2, n)`` workspace) holds which of I_up and I_low each active variable
+    is in, as 0 or -inf added to ``-y G`` and ``y G`` (:func:`_set_sides`): set on entry,
+    then for the two variables of each step, so the selection sweeps read one value per
+    variable and branch only where a better one is found. Branching on each variable's
+    bound status, as it was, mispredicts about as often as the statuses mix, and those
+    sweeps are most of a step (bench/results/cpu-2core/search-runs.md). The choices are
+    the same, ties included: a variable outside a set sweeps as -inf.
     """
     n = y.shape[0]
+    for t in range(state[_ACTIVE]):
+        k = t if shrinking is None else active[t]
+        _set_sides(k, y[k], alpha[k], C[k], masks)
+    up = masks[0]
+    low = masks[1]
     # slot_of (with slot_time) None: the whole matrix is ``cache``, row k in slot k (the
     # dense path). It and ``shrinking=None`` are pruned at compile time (numba drops the
     # branches on an argument typed None), so a dense fit without shrinking compiles
@@ -204,14 +226,11 @@ def _run(y, C, QD, alpha, G, active, cache, slot_of, slot_time, state, tol, shri
             g_max = -np.inf
             for t in range(n_active):
                 k = t if shrinking is None else active[t]
-                if y[k] > 0:
-                    if alpha[k] < C[k] and -G[k] >= g_max:
-                        g_max = -G[k]
-                        i = k
-                elif alpha[k] > 0 and G[k] >= g_max:
-                    g_max = G[k]
+                v = up[k] - y[k] * G[k]
+                if v >= g_max:
+                    g_max = v
                     i = k
-            if i < 0:
+            if g_max == -np.inf:  # I_up is empty (i: a variable outside it, or none)
                 return _CONVERGED
         si = i
         if slot_of is not None:
@@ -225,29 +244,19 @@ def _run(y, C, QD, alpha, G, active, cache, slot_of, slot_time, state, tol, shri
         if j < 0:
             g_max2 = -np.inf
             best = np.inf
+            QDi = QD[i]
             for t in range(n_active):
                 k = t if shrinking is None else active[t]
-                if y[k] > 0:
-                    if alpha[k] > 0:
-                        if G[k] > g_max2:
-                            g_max2 = G[k]
-                        diff = g_max + G[k]
-                        if diff > 0:
-                            quad = QD[i] + QD[k] - 2.0 * Ki[k]
-                            dec = -diff * diff / (quad if quad > 0 else TAU)
-                            if dec <= best:
-                                best = dec
-                                j = k
-                elif alpha[k] < C[k]:
-                    if -G[k] > g_max2:
-                        g_max2 = -G[k]
-                    diff = g_max - G[k]
-                    if diff > 0:
-                        quad = QD[i] + QD[k] - 2.0 * Ki[k]
-                        dec = -diff * diff / (quad if quad > 0 else TAU)
-                        if dec <= best:
-                            best = dec
-                            j = k
+                yg = low[k] + y[k] * G[k]
+                if yg > g_max2:
+                    g_max2 = yg
+                diff = g_max + yg
+                if diff > 0:
+                    quad = QDi + QD[k] - 2.0 * Ki[k]
+                    dec = -diff * diff / (quad if quad > 0 else TAU)
+                    if dec <= best:
+                        best = dec
+                        j = k
             if g_max + g_max2 < tol or j < 0:
                 state[_PAIR_I] = 0
                 return _CONVERGED
@@ -270,6 +279,8 @@ def _run(y, C, QD, alpha, G, active, cache, slot_of, slot_time, state, tol, shri
                             G[i], G[j], Ci, Cj)
         alpha[i] = ai
         alpha[j] = aj
+        _set_sides(i, y[i], ai, Ci, masks)
+        _set_sides(j, y[j], aj, Cj, masks)
         # G_k += Q_ki d_i + Q_kj d_j with Q_kl = y_k y_l K_kl.
         di = (ai - old_i) * y[i]
         dj = (aj - old_j) * y[j]
@@ -368,14 +379,14 @@ def _gradient_from_rows(K, slot_of, y, alpha, G, ks, nz, v):
 
 
 @njit(nogil=True, cache=True, _nrt=False)
-def _solve_dense(K, y, C, alpha, G, state, tol, shrinking, QD, active, nz, v):
+def _solve_dense(K, y, C, alpha, G, state, tol, shrinking, QD, active, nz, v, masks):
     """SMO on one problem whose kernel matrix ``K`` is in memory: no row ever leaves numba.
 
     The same iteration (:func:`_run`) as the cached path, with every row
     "cached" (row k of ``K`` is slot k); shrinking's gradient reconstruction is a
     loop over ``K``. ``shrinking=None`` compiles the variant without shrinking.
-    ``QD``, ``active``, ``nz``, ``v``: workspaces of at least n entries (no
-    allocation in compiled code: every NumPy allocator costs compile time).
+    ``QD``, ``active``, ``nz``, ``v``: workspaces of at least n entries, ``masks`` of
+    ``(2, n)`` (no allocation in compiled code: every NumPy allocator costs compile time).
     """
     n = y.shape[0]
     for k in range(n):
@@ -384,16 +395,18 @@ def _solve_dense(K, y, C, alpha, G, state, tol, shrinking, QD, active, nz, v):
     state[_ACTIVE] = n
     state[_COUNTER] = n if n < 1000 else 1000
     _dense_gradient(K, y, alpha, G, active[:n], nz, v)
-    return _continue_dense(K, y, C, alpha, G, state, tol, shrinking, QD, active, nz, v)
+    return _continue_dense(K, y, C, alpha, G, state, tol, shrinking, QD, active, nz, v,
+                           masks)
 
 
 @njit(nogil=True, cache=True, _nrt=False)
-def _continue_dense(K, y, C, alpha, G, state, tol, shrinking, QD, active, nz, v):
+def _continue_dense(K, y, C, alpha, G, state, tol, shrinking, QD, active, nz, v, masks):
     """:func:`_solve_dense` from a state it (or the row cache, :mod:`.rows`) left: every
     variable active (``active[t] == t``, ``state[_ACTIVE] == n``), ``G`` exact."""
     n = y.shape[0]
     while True:
-        status = _run(y, C, QD, alpha, G, active, K, None, None, state, tol, shrinking)
+        status = _run(y, C, QD, alpha, G, active, K, None, None, state, tol, shrinking,
+                      masks)
         if shrinking is not None:
             if state[_ACTIVE] < n:
                 _dense_gradient(K, y, alpha, G, active[state[_ACTIVE]:n], nz, v)
@@ -412,7 +425,7 @@ def _continue_dense(K, y, C, alpha, G, state, tol, shrinking, QD, active, nz, v)
 @njit(nogil=True, cache=True, _nrt=False)
 def _solve_dense_problems(K, whole, offsets, idx, y, C, alpha, G, which, tol, limits,
                           shrinking, n_iter, status, rho, objective, sub, QD, active, nz, v,
-                          state):
+                          state, masks):
     """Solve the problems ``which`` of a flat batch, all on rows of ``K``, in one call.
 
     Problem ``w`` owns ``offsets[w]:offsets[w + 1]`` of the flat ``idx`` (rows of
@@ -420,9 +433,9 @@ def _solve_dense_problems(K, whole, offsets, idx, y, C, alpha, G, which, tol, li
     stops after ``limits[w]`` steps. ``whole[w]``: the problem is all rows of ``K``
     in order, so ``K`` is used as it is; otherwise its submatrix is gathered into
     the workspace ``sub`` (as large as the largest such problem, same type as
-    ``K``). ``QD``, ``active``, ``nz``, ``v`` (the largest problem's size) and
-    ``state`` (8) are workspaces too. ``shrinking=None``: no shrinking (compiled
-    without it).
+    ``K``). ``QD``, ``active``, ``nz``, ``v`` (the largest problem's size), ``masks``
+    (2 by that size) and ``state`` (:data:`STATE_SIZE`) are workspaces too.
+    ``shrinking=None``: no shrinking (compiled without it).
     """
     for w in which:
         a = offsets[w]
@@ -438,7 +451,8 @@ def _solve_dense_problems(K, whole, offsets, idx, y, C, alpha, G, which, tol, li
         Ca = C[a:b]
         al = alpha[a:b]
         Ga = G[a:b]
-        status[w] = _solve_dense(Kw, ya, Ca, al, Ga, state, tol, shrinking, QD, active, nz, v)
+        status[w] = _solve_dense(Kw, ya, Ca, al, Ga, state, tol, shrinking, QD, active, nz, v,
+                                 masks)
         n_iter[w] = state[_ITER]
         rho[w] = _rho(ya, Ca, al, Ga)
         f = 0.0

@@ -171,6 +171,7 @@ class RowCache:
         # workspaces of the compiled calls
         self._nz = np.empty(n, dtype=np.int64)
         self._v = np.empty(n)
+        self._masks = np.empty((2, n))
 
     @property
     def n(self) -> int:
@@ -205,10 +206,10 @@ class RowCache:
                 if self.grow:
                     status = self.values.fill_and_run(self.cache, self.slot_of, self.slot_time,
                                                       self.slot_row, y, C, alpha, G, active,
-                                                      state, tol, shrink)
+                                                      state, tol, shrink, self._masks)
                 else:
                     status = _run(y, C, self.values.QD, alpha, G, active, self.cache,
-                                  self.slot_of, self.slot_time, state, tol, shrink)
+                                  self.slot_of, self.slot_time, state, tol, shrink, self._masks)
                 if status == _NEED_ROWS:
                     if not self.grow:
                         self._request(int(state[_NEED]), active, state)
@@ -344,13 +345,13 @@ class RowCache:
         active = np.arange(n, dtype=np.int64)
         if fresh:
             status = _solve_dense(self.cache, ya, Ca, aa, Ga, state, float(tol), shrink, QD,
-                                  active, self._nz, self._v)
+                                  active, self._nz, self._v, self._masks)
         else:
             state[_ACTIVE] = n
             state[_COUNTER] = min(n, 1000)
             state[_PAIR_I] = state[_PAIR_J] = 0  # a pair of the old order
             status = _continue_dense(self.cache, ya, Ca, aa, Ga, state, float(tol), shrink, QD,
-                                     active, self._nz, self._v)
+                                     active, self._nz, self._v, self._masks)
         alpha[order] = aa
         G[order] = Ga
         self.clock = int(state[_CLOCK])

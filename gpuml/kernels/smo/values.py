@@ -189,7 +189,7 @@ class Values:
                        self._arg, self._scratch, cache, slot_of, r, slot)
 
     def fill_and_run(self, cache, slot_of, slot_time, slot_row, y, C, alpha, G, active, state,
-                     tol, shrinking):
+                     tol, shrinking, masks):
         """The iteration (:func:`~.loop._run`) after the row ``state[_NEED]`` of
         :meth:`products` is put in the slot ``state[_FILL] - 1`` (when set), in one
         compiled call: its values, its diagonal, and its values at the rows in the slots
@@ -198,7 +198,8 @@ class Values:
             self._workspaces()
         return self._fill_and_run(self._products, self.norms, self.kernel.gamma, self.diag,
                                   slot_row, self._arg, self._scratch, y, C, self.QD, alpha, G,
-                                  active, cache, slot_of, slot_time, state, tol, shrinking)
+                                  active, cache, slot_of, slot_time, state, tol, shrinking,
+                                  masks)
 
     def active_row(self, r, active, version):
         """Row ``r`` over the columns ``active`` (the unshrunk variables), their rows
@@ -318,7 +319,7 @@ def _fill_row(products, norms, gamma, diag, slot_row, arg, scratch, cache, slot_
 
 
 def _fill_and_run(products, norms, gamma, diag, slot_row, arg, scratch, y, C, QD, alpha, G,
-                  active, cache, slot_of, slot_time, state, tol, shrinking):
+                  active, cache, slot_of, slot_time, state, tol, shrinking, masks):
     """Row ``state[_NEED]`` into slot ``state[_FILL] - 1`` when set (:func:`_fill_row`),
     then :func:`~.loop._run`: one compiled call per row missed."""
     f = state[_FILL] - 1
@@ -326,7 +327,8 @@ def _fill_and_run(products, norms, gamma, diag, slot_row, arg, scratch, y, C, QD
         _fill_row(products, norms, gamma, diag, slot_row, arg, scratch, cache, slot_of,
                   state[_NEED], f)
         state[_FILL] = 0
-    return _run(y, C, QD, alpha, G, active, cache, slot_of, slot_time, state, tol, shrinking)
+    return _run(y, C, QD, alpha, G, active, cache, slot_of, slot_time, state, tol, shrinking,
+                masks)
 
 
 def _with_exp(py_func, name, **bound):
