@@ -14,7 +14,9 @@ predictions).
 workload starts a two-worker ``LocalCluster`` in each process; ``predict`` times
 ``CASVMClassifier()``'s prediction of 20,000 rows after a fit on ``--n`` rows (fitted
 in each process, not timed) and a first prediction, ``predict100`` the median of 21
-predictions of 100 rows each.
+predictions of 100 rows each, ``predict26`` the prediction of 20,000 rows of 26 classes (as
+letter's) by ``CASVMClassifier(n_partitions=1)`` fitted on ``--n`` rows (325 one-vs-one
+pairs a row).
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ import time
 
 import numpy as np
 
-WORKLOADS = ("casvm", "bkrr", "dask", "predict", "predict100")
+WORKLOADS = ("casvm", "bkrr", "dask", "predict", "predict100", "predict26")
 
 _CHILD = r"""
 import json, sys, time, warnings
@@ -46,6 +48,15 @@ else:
     X, y = make_classification(n, 28, n_informative=20, n_redundant=4, flip_y=0.05,
                                class_sep=0.8, random_state=0)
     make = lambda: CASVMClassifier(n_partitions=16, random_state=0, device="cpu")
+if kind == "predict26":  # the exact SVM's predict of 26 classes after a fit on n
+    X, y = make_classification(n + 20000, 16, n_informative=12, n_classes=26,
+                               n_clusters_per_class=1, class_sep=2.0, random_state=0)
+    model = CASVMClassifier(n_partitions=1, device="cpu").fit(X[:n], y[:n])
+    model.predict(X[n:n + 100])
+    t0 = time.perf_counter(); pred = model.predict(X[n:]); seconds = time.perf_counter() - t0
+    print(json.dumps({"seconds": seconds, "pred": np.asarray(pred[:2000]).tolist(),
+                      "gpuml": gpuml.__file__}))
+    sys.exit(0)
 if kind in ("predict", "predict100"):  # CASVMClassifier()'s predict after a fit on n
     X, y = make_classification(n + 20000, 28, n_informative=20, n_redundant=4, flip_y=0.05,
                                class_sep=0.8, random_state=0)

@@ -135,7 +135,7 @@ def pair_values(kernel, X, vectors, coef: PairCoef):
     return out
 
 
-def ovo_votes(values, n_classes: int, voting=None, zero_votes_first=False):
+def ovo_votes(values, n_classes: int, voting=None, zero_votes_first=False, confidence=True):
     """Votes and summed confidences from pairwise values.
 
     ``values[:, q] > 0`` is a vote for the first class of pair ``q``;
@@ -143,17 +143,38 @@ def ovo_votes(values, n_classes: int, voting=None, zero_votes_first=False):
     A value of exactly 0 votes for the second class, as LIBSVM's predict does;
     with ``zero_votes_first`` for the first, as scikit-learn's "ovr"
     ``decision_function`` counts it (``_ovr_decision_function(dec < 0, ...)``).
+
+    The votes are counted for every pair at once (two products with the pairs' classes:
+    sums of ones, exact); the confidences, where asked for (``confidence``; else None),
+    are added pair by pair in pair order, as scikit-learn's ``_ovr_decision_function``
+    adds them, so that they round alike.
+
+    >>> import numpy as np
+    >>> votes, conf = ovo_votes(np.array([[1.0, 2.0, -0.5]]), 3)
+    >>> votes.tolist(), conf.tolist()
+    ([[2.0, 0.0, 1.0]], [[3.0, -1.5, -1.5]])
     """
-    votes = np.zeros((values.shape[0], n_classes))
-    confidence = np.zeros_like(votes)
-    for q, (a, b) in enumerate(class_pairs(n_classes)):
-        first = values[:, q] >= 0 if zero_votes_first else values[:, q] > 0
-        vote = np.ones_like(first) if voting is None else voting[:, q]
-        votes[:, a] += first & vote
-        votes[:, b] += ~first & vote
-        confidence[:, a] += values[:, q]
-        confidence[:, b] -= values[:, q]
-    return votes, confidence
+    pairs = np.asarray(class_pairs(n_classes), dtype=np.int64).reshape(-1, 2)
+    first = values >= 0 if zero_votes_first else values > 0
+    second = ~first
+    if voting is not None:
+        first &= voting
+        second &= voting
+    columns = np.arange(pairs.shape[0])
+    to_class = np.zeros((2, pairs.shape[0], n_classes))
+    to_class[0, columns, pairs[:, 0]] = 1.0
+    to_class[1, columns, pairs[:, 1]] = 1.0
+    votes = first.astype(np.float64) @ to_class[0]
+    votes += second.astype(np.float64) @ to_class[1]
+    if not confidence:
+        return votes, None
+    # by rows of the transposes: each pair's values and each class's sums contiguous
+    by_pair = np.ascontiguousarray(values.T)
+    summed = np.zeros((n_classes, values.shape[0]))
+    for q, (a, b) in enumerate(pairs.tolist()):
+        summed[a] += by_pair[q]
+        summed[b] -= by_pair[q]
+    return votes, summed.T
 
 
 def unsettled_votes(values, voting, n_classes: int, margin: float) -> np.ndarray:
@@ -220,7 +241,7 @@ def ovo_output(values, voting, classes, method: str, shape: str = "ovr",
     """
     n_classes = len(classes)
     if method == "predict" and not (break_ties and n_classes > 2):
-        votes, _ = ovo_votes(values, n_classes, voting)
+        votes, _ = ovo_votes(values, n_classes, voting, confidence=False)
         return classes[np.argmax(votes, axis=1)]
     if n_classes == 2:
         decision = -values[:, 0]
