@@ -48,22 +48,18 @@ else:
     X, y = make_classification(n, 28, n_informative=20, n_redundant=4, flip_y=0.05,
                                class_sep=0.8, random_state=0)
     make = lambda: CASVMClassifier(n_partitions=16, random_state=0, device="cpu")
-if kind == "predict26":  # the exact SVM's predict of 26 classes after a fit on n
-    X, y = make_classification(n + 20000, 16, n_informative=12, n_classes=26,
-                               n_clusters_per_class=1, class_sep=2.0, random_state=0)
-    model = CASVMClassifier(n_partitions=1, device="cpu").fit(X[:n], y[:n])
+if kind in ("predict", "predict100", "predict26"):  # a predict after a fit on n
+    if kind == "predict26":  # the exact SVM of 26 classes
+        X, y = make_classification(n + 20000, 16, n_informative=12, n_classes=26,
+                                   n_clusters_per_class=1, class_sep=2.0, random_state=0)
+        model = CASVMClassifier(n_partitions=1, device="cpu").fit(X[:n], y[:n])
+    else:  # CASVMClassifier()
+        X, y = make_classification(n + 20000, 28, n_informative=20, n_redundant=4,
+                                   flip_y=0.05, class_sep=0.8, random_state=0)
+        X = X.astype(np.float32)
+        model = CASVMClassifier(random_state=0, device="cpu").fit(X[:n], y[:n])
     model.predict(X[n:n + 100])
-    t0 = time.perf_counter(); pred = model.predict(X[n:]); seconds = time.perf_counter() - t0
-    print(json.dumps({"seconds": seconds, "pred": np.asarray(pred[:2000]).tolist(),
-                      "gpuml": gpuml.__file__}))
-    sys.exit(0)
-if kind in ("predict", "predict100"):  # CASVMClassifier()'s predict after a fit on n
-    X, y = make_classification(n + 20000, 28, n_informative=20, n_redundant=4, flip_y=0.05,
-                               class_sep=0.8, random_state=0)
-    X = X.astype(np.float32)
-    model = CASVMClassifier(random_state=0, device="cpu").fit(X[:n], y[:n])
-    model.predict(X[n:n + 100])
-    if kind == "predict":  # 20,000 rows
+    if kind != "predict100":  # 20,000 rows
         t0 = time.perf_counter(); pred = model.predict(X[n:]); seconds = time.perf_counter() - t0
     else:  # 100 rows at a time: the median of 21 calls
         calls = []

@@ -57,6 +57,26 @@ def class_pairs(n_classes: int) -> list[tuple[int, int]]:
     return [(a, b) for a in range(n_classes) for b in range(a + 1, n_classes)]
 
 
+def pair_classes(n_classes: int, xp=np):
+    """``(first, second)``: ``(n_pairs, n_classes)`` float64 matrices (on ``xp``) with a 1
+    at each pair's first class and at its second (:func:`class_pairs`); see
+    :func:`count_by_class`."""
+    pairs = np.asarray(class_pairs(n_classes), dtype=np.int64).reshape(-1, 2)
+    first = np.zeros((len(pairs), n_classes))
+    second = np.zeros_like(first)
+    first[np.arange(len(pairs)), pairs[:, 0]] = 1.0
+    second[np.arange(len(pairs)), pairs[:, 1]] = 1.0
+    return xp.asarray(first), xp.asarray(second)
+
+
+def count_by_class(to_first, to_second, classes):
+    """Per row and class, the pairs (bool ``(n, n_pairs)`` masks) that go to the pair's
+    first class (``to_first``) or its second (``to_second``), counted by two products with
+    :func:`pair_classes`' matrices (``classes``): sums of ones, exact."""
+    first, second = classes
+    return to_first.astype(np.float64) @ first + to_second.astype(np.float64) @ second
+
+
 def pair_table(n_classes: int) -> np.ndarray:
     """``(n_classes, n_classes - 1)`` ints: row ``c`` the pairs (:func:`class_pairs`) of class
     ``c`` with each other class ``d`` in increasing ``d``, the order of LIBSVM's packed
@@ -144,34 +164,28 @@ def ovo_votes(values, n_classes: int, voting=None, zero_votes_first=False, confi
     with ``zero_votes_first`` for the first, as scikit-learn's "ovr"
     ``decision_function`` counts it (``_ovr_decision_function(dec < 0, ...)``).
 
-    The votes are counted for every pair at once (two products with the pairs' classes:
-    sums of ones, exact); the confidences, where asked for (``confidence``; else None),
-    are added pair by pair in pair order, as scikit-learn's ``_ovr_decision_function``
-    adds them, so that they round alike.
+    The votes are counted for every pair at once (:func:`count_by_class`); the
+    confidences, where asked for (``confidence``; else None), are added pair by pair in
+    pair order, as scikit-learn's ``_ovr_decision_function`` adds them, so that they round
+    alike.
 
     >>> import numpy as np
     >>> votes, conf = ovo_votes(np.array([[1.0, 2.0, -0.5]]), 3)
     >>> votes.tolist(), conf.tolist()
     ([[2.0, 0.0, 1.0]], [[3.0, -1.5, -1.5]])
     """
-    pairs = np.asarray(class_pairs(n_classes), dtype=np.int64).reshape(-1, 2)
     first = values >= 0 if zero_votes_first else values > 0
     second = ~first
     if voting is not None:
         first &= voting
         second &= voting
-    columns = np.arange(pairs.shape[0])
-    to_class = np.zeros((2, pairs.shape[0], n_classes))
-    to_class[0, columns, pairs[:, 0]] = 1.0
-    to_class[1, columns, pairs[:, 1]] = 1.0
-    votes = first.astype(np.float64) @ to_class[0]
-    votes += second.astype(np.float64) @ to_class[1]
+    votes = count_by_class(first, second, pair_classes(n_classes))
     if not confidence:
         return votes, None
     # by rows of the transposes: each pair's values and each class's sums contiguous
     by_pair = np.ascontiguousarray(values.T)
     summed = np.zeros((n_classes, values.shape[0]))
-    for q, (a, b) in enumerate(pairs.tolist()):
+    for q, (a, b) in enumerate(class_pairs(n_classes)):
         summed[a] += by_pair[q]
         summed[b] -= by_pair[q]
     return votes, summed.T
@@ -195,24 +209,17 @@ def unsettled_votes(values, voting, n_classes: int, margin: float) -> np.ndarray
     [False, True, False]
     """
     xp = namespace_of(values)
-    pairs = np.array(class_pairs(n_classes))
-    first = np.zeros((len(pairs), n_classes))
-    second = np.zeros_like(first)
-    first[np.arange(len(pairs)), pairs[:, 0]] = 1.0
-    second[np.arange(len(pairs)), pairs[:, 1]] = 1.0
-    first, second = xp.asarray(first), xp.asarray(second)
+    classes = pair_classes(n_classes, xp)
     vote = xp.asarray(voting)
     wins_first = (values > 0) & vote
     wins_second = ~(values > 0) & vote
     close = xp.abs(values) < margin
     silent = ~vote
 
-    def per_class(to_first, to_second):
-        return to_first.astype(np.float64) @ first + to_second.astype(np.float64) @ second
-
-    votes = per_class(wins_first, wins_second)
-    may_lose = per_class(wins_first & close, wins_second & close)
-    may_gain = per_class((wins_second & close) | silent, (wins_first & close) | silent)
+    votes = count_by_class(wins_first, wins_second, classes)
+    may_lose = count_by_class(wins_first & close, wins_second & close, classes)
+    may_gain = count_by_class((wins_second & close) | silent, (wins_first & close) | silent,
+                              classes)
     rows = xp.arange(values.shape[0])
     winner = xp.argmax(votes, axis=1)
     fewest = votes[rows, winner] - may_lose[rows, winner]

@@ -198,10 +198,10 @@ def _run(y, C, QD, alpha, G, active, cache, slot_of, slot_time, state, tol, shri
     ``masks`` (a ``(2, n)`` workspace) holds which of I_up and I_low each active variable
     is in, as 0 or -inf added to ``-y G`` and ``y G`` (:func:`_set_sides`): set on entry,
     then for the two variables of each step, so the selection sweeps read one value per
-    variable and branch only where a better one is found. Branching on each variable's
-    bound status, as it was, mispredicts about as often as the statuses mix, and those
-    sweeps are most of a step (bench/results/cpu-2core/search-runs.md). The choices are
-    the same, ties included: a variable outside a set sweeps as -inf.
+    variable and branch only where a better one is found (branching on each variable's
+    ``y`` and bounds mispredicts about as often as the statuses mix, and the sweeps are
+    most of a step: bench/results/cpu-2core/search-runs.md). The choices are those of
+    LIBSVM's sweeps, ties included: a variable outside a set sweeps as -inf.
     """
     n = y.shape[0]
     for t in range(state[_ACTIVE]):
